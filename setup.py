@@ -1,0 +1,44 @@
+"""bert_jax: BERT pretraining and ablations in JAX/Flax, TPU-first."""
+
+import setuptools
+
+setuptools.setup(
+  name="bert_jax",
+  version="0.1.0",
+  description="Faithful, fast BERT pretraining and ablations in JAX/Flax (linen).",
+  python_requires=">=3.11",
+  packages=setuptools.find_packages(include=["bert_jax", "bert_jax.*"]),
+  package_data={"bert_jax": ["data/*.txt"]},
+  install_requires=[
+    "jax==0.10.2",
+    "flax==0.12.8",
+    "optax>=0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "grain==0.2.18",
+    "array_record>=0.8.6",
+    "sentencepiece>=0.2",
+    "tokenizers>=0.22",
+    "tensorflow-datasets>=4.9.10",
+    "ml-collections>=1.1",
+    "absl-py>=2.1",
+    "tensorboardX>=2.6",
+    "matplotlib>=3.8",
+    "safetensors>=0.4",
+    "numpy>=2.0",
+  ],
+  extras_require={
+    "test": ["pytest>=8", "ruff>=0.6"],
+    "tpu": ["jax[tpu]==0.10.2"],
+    "tf": ["tensorflow-cpu"],
+    "peers": ["torch==2.13.0", "transformers==4.57.6"],
+  },
+  entry_points={
+    "console_scripts": [
+      "bert_jax_train=bert_jax.main:run",
+      "bert_jax_create_data=bert_jax.create_data:run",
+      "bert_jax_train_tokenizer=bert_jax.train_tokenizer:run",
+      "bert_jax_convert=bert_jax.convert:run",
+      "bert_jax_benchmark=bert_jax.benchmark:run",
+    ]
+  },
+)
