@@ -1,0 +1,497 @@
+"""BERT (Devlin et al. 2019) in Flax linen, faithful to the released models and sharded by
+logical axes.
+
+Post-LN Transformer encoder, exact-erf GELU, LayerNorm eps 1e-12, truncated-normal init
+(std 0.02), learned positions, 2 token types, tanh pooler, MLM head (dense + GELU + LayerNorm,
+decoder tied to the word embeddings plus an output bias) evaluated only at the gathered masked
+positions, and a 2-way NSP head. Parameter names map 1:1 onto HuggingFace's
+`BertForPreTraining` (see convert.py).
+
+Shape key: B batch, L sequence length, D hidden, H heads, K head dim, F intermediate (FFN),
+V vocab, P predicted positions, N layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax import sharding as sh
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  """Every hyper-parameter of the network; the keys of `config.model` in configs/."""
+
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  hidden_dropout_prob: float = 0.1
+  attention_dropout_prob: float = 0.1
+  layer_norm_eps: float = 1e-12
+  initializer_range: float = 0.02
+  # Left-to-right (causal) self-attention, for the paper's LTR ablation.
+  causal: bool = False
+  # Compute dtype; params are stored in param_dtype. Softmax, LayerNorm statistics, logits
+  # and losses are always float32.
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  # 'fused' uses jax.nn.dot_product_attention whenever attention dropout is inactive
+  # (eval, or attention_dropout_prob == 0); 'explicit' always materialises the probabilities.
+  attention_impl: str = "fused"
+  scan_layers: bool = False  # nn.scan over layers: compile time independent of depth
+  remat_policy: str = "none"  # none | full | dots | dots_no_batch | minimal
+
+  def __post_init__(self):
+    if self.hidden_size % self.num_heads:
+      raise ValueError(
+        f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
+      )
+    if self.attention_impl not in ("fused", "explicit"):
+      raise ValueError(f"attention_impl must be 'fused' or 'explicit', not {self.attention_impl!r}")
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"remat_policy {self.remat_policy!r} not in {sorted(REMAT_POLICIES)}")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in ("float32", "bfloat16", "float16"):
+        raise ValueError(
+          f"{name} must be float32, bfloat16 or float16, not {getattr(self, name)!r}"
+        )
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @property
+  def storage_dtype(self):
+    return jnp.dtype(self.param_dtype)
+
+
+REMAT_POLICIES = {
+  "none": None,
+  "full": jax.checkpoint_policies.nothing_saveable,
+  "dots": jax.checkpoint_policies.checkpoint_dots,
+  "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+  "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+# (num_layers, hidden_size, num_heads); intermediate = 4 * hidden.
+SIZES = {
+  "tiny": (2, 128, 2),
+  "mini": (4, 256, 4),
+  "small": (4, 512, 8),
+  "medium": (8, 512, 8),
+  "base": (12, 768, 12),
+  "large": (24, 1024, 16),
+  # The paper's Table 6 (ablation over model size).
+  "L3_H768_A12": (3, 768, 12),
+  "L6_H768_A3": (6, 768, 3),
+  "L6_H768_A12": (6, 768, 12),
+  "L12_H768_A12": (12, 768, 12),
+  "L12_H1024_A16": (12, 1024, 16),
+  "L24_H1024_A16": (24, 1024, 16),
+}
+
+
+def size_fields(name: str) -> dict[str, int]:
+  """BertConfig fields for a named size ('tiny' ... 'large', or a Table 6 row)."""
+  if name not in SIZES:
+    raise ValueError(f"unknown model size {name!r}; choose from {', '.join(SIZES)}")
+  n, d, h = SIZES[name]
+  return dict(num_layers=n, hidden_size=d, num_heads=h, intermediate_size=4 * d)
+
+
+def config_for_size(name: str, **overrides: Any) -> BertConfig:
+  return BertConfig(**{**size_fields(name), **overrides})
+
+
+def gelu(x: Array) -> Array:
+  """BERT's exact (erf) GELU, not the tanh approximation."""
+  return jax.nn.gelu(x, approximate=False)
+
+
+def _init(cfg: BertConfig, names: tuple[str | None, ...]):
+  return nn.with_logical_partitioning(
+    nn.initializers.truncated_normal(stddev=cfg.initializer_range), names
+  )
+
+
+def _zeros(names: tuple[str | None, ...]):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+def matmul(x: Array, w: Array, contract: int, dtype) -> Array:
+  """x[..., *c] @ w[*c, ...] in `dtype`, accumulated in float32.
+
+  The single place that decides matmul precision: bf16 operands with a float32 accumulator
+  (`preferred_element_type`) are ~2.7x faster on XLA:CPU than bf16 -> bf16 and match what
+  TPU MXUs do.
+  """
+  x = x.astype(dtype)
+  w = w.astype(dtype)
+  dims = ((tuple(range(x.ndim - contract, x.ndim)), tuple(range(contract))), ((), ()))
+  y = jax.lax.dot_general(x, w, dims, preferred_element_type=jnp.float32)
+  return y.astype(dtype)
+
+
+class Dense(nn.Module):
+  """Dense layer with an N-d kernel `in_shape + features` and named logical axes."""
+
+  features: tuple[int, ...]
+  axes: tuple[str | None, ...]  # logical names of the kernel dims (inputs then outputs)
+  cfg: BertConfig
+  contract: int = 1
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    in_shape = x.shape[x.ndim - self.contract :]
+    kernel = self.param(
+      "kernel", _init(self.cfg, self.axes), (*in_shape, *self.features), self.cfg.storage_dtype
+    )
+    bias = self.param(
+      "bias", _zeros(self.axes[self.contract :]), self.features, self.cfg.storage_dtype
+    )
+    y = matmul(x, kernel, self.contract, self.cfg.compute_dtype)
+    return y + bias.astype(y.dtype)
+
+
+def layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
+  # Statistics are reduced in float32 (force_float32_reductions) whatever the compute dtype.
+  return nn.LayerNorm(
+    epsilon=cfg.layer_norm_eps,
+    dtype=cfg.compute_dtype,
+    param_dtype=cfg.storage_dtype,
+    scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (sh.EMBED,)),
+    bias_init=_zeros((sh.EMBED,)),
+    name=name,
+  )
+
+
+def _constrain(x: Array, names: tuple[str, ...]) -> Array:
+  return nn.with_logical_constraint(x, names)
+
+
+class Embeddings(nn.Module):
+  """Word + learned position + token type embeddings, LayerNorm, dropout."""
+
+  cfg: BertConfig
+
+  def setup(self):
+    cfg = self.cfg
+    # setup (not compact) so BertForPreTraining can tie the MLM decoder to this table.
+    self.word_embeddings = nn.Embed(
+      cfg.vocab_size,
+      cfg.hidden_size,
+      embedding_init=_init(cfg, (sh.VOCAB, sh.EMBED)),
+      param_dtype=cfg.storage_dtype,
+      dtype=cfg.compute_dtype,
+    )
+    self.position_embeddings = nn.Embed(
+      cfg.max_position_embeddings,
+      cfg.hidden_size,
+      embedding_init=_init(cfg, (None, sh.EMBED)),
+      param_dtype=cfg.storage_dtype,
+      dtype=cfg.compute_dtype,
+    )
+    self.token_type_embeddings = nn.Embed(
+      cfg.type_vocab_size,
+      cfg.hidden_size,
+      embedding_init=_init(cfg, (None, sh.EMBED)),
+      param_dtype=cfg.storage_dtype,
+      dtype=cfg.compute_dtype,
+    )
+    self.LayerNorm = layer_norm(cfg, "LayerNorm")
+    self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+  def __call__(self, input_ids_BL: Array, segment_ids_BL: Array, deterministic: bool) -> Array:
+    length = input_ids_BL.shape[1]
+    if length > self.cfg.max_position_embeddings:
+      raise ValueError(
+        f"sequence length {length} exceeds max_position_embeddings "
+        f"{self.cfg.max_position_embeddings}"
+      )
+    x_BLD = self.word_embeddings(input_ids_BL)
+    x_BLD = x_BLD + self.position_embeddings(jnp.arange(length))[None]
+    x_BLD = x_BLD + self.token_type_embeddings(segment_ids_BL)
+    x_BLD = self.LayerNorm(x_BLD)
+    x_BLD = self.dropout(x_BLD, deterministic=deterministic)
+    return _constrain(x_BLD, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_EMBED))
+
+  def attend(self, h_BPD: Array) -> Array:
+    """Logits against the word embeddings (the tied MLM decoder), in float32."""
+    table_VD = self.word_embeddings.embedding
+    dims = (((h_BPD.ndim - 1,), (1,)), ((), ()))
+    dtype = self.cfg.compute_dtype
+    return jax.lax.dot_general(
+      h_BPD.astype(dtype), table_VD.astype(dtype), dims, preferred_element_type=jnp.float32
+    )
+
+
+def attention_mask(input_mask_BL: Array, causal: bool) -> Array:
+  """Boolean [B, 1, L, L] mask: query i may attend key j."""
+  mask_B11L = input_mask_BL.astype(bool)[:, None, None, :]
+  if causal:
+    length = input_mask_BL.shape[1]
+    mask_B11L = mask_B11L & jnp.tril(jnp.ones((length, length), bool))[None, None]
+  return mask_B11L
+
+
+class Layer(nn.Module):
+  """One post-LN Transformer layer (self-attention, FFN), as the original BERT."""
+
+  cfg: BertConfig
+  deterministic: bool = True
+  output_attentions: bool = False
+
+  @nn.compact
+  def __call__(self, x_BLD: Array, mask_B1LL: Array) -> tuple[Array, Array | None]:
+    cfg = self.cfg
+    h, k = cfg.num_heads, cfg.head_dim
+    qkv_axes = (sh.EMBED, sh.HEADS, sh.KV)
+    q_BLHK = Dense((h, k), qkv_axes, cfg, name="query")(x_BLD)
+    k_BLHK = Dense((h, k), qkv_axes, cfg, name="key")(x_BLD)
+    v_BLHK = Dense((h, k), qkv_axes, cfg, name="value")(x_BLD)
+    act = (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_HEADS, sh.ACT_KV)
+    q_BLHK, k_BLHK, v_BLHK = (_constrain(t, act) for t in (q_BLHK, k_BLHK, v_BLHK))
+
+    dropout_active = not self.deterministic and cfg.attention_dropout_prob > 0
+    probs_BHLL = None
+    if cfg.attention_impl == "fused" and not dropout_active and not self.output_attentions:
+      ctx_BLHK = jax.nn.dot_product_attention(
+        q_BLHK, k_BLHK, v_BLHK, mask=mask_B1LL, implementation="xla"
+      )
+    else:
+      # Logits and softmax in float32 whatever the compute dtype.
+      logits_BHLL = jnp.einsum(
+        "bqhk,bshk->bhqs", q_BLHK, k_BLHK, preferred_element_type=jnp.float32
+      ) / jnp.sqrt(jnp.float32(k))
+      logits_BHLL = jnp.where(mask_B1LL, logits_BHLL, jnp.finfo(jnp.float32).min)
+      probs_BHLL = jax.nn.softmax(logits_BHLL, axis=-1)
+      dropped_BHLL = nn.Dropout(cfg.attention_dropout_prob)(
+        probs_BHLL, deterministic=self.deterministic
+      )
+      ctx_BLHK = jnp.einsum(
+        "bhqs,bshk->bqhk",
+        dropped_BHLL.astype(cfg.compute_dtype),
+        v_BLHK,
+        preferred_element_type=jnp.float32,
+      ).astype(cfg.compute_dtype)
+    ctx_BLHK = _constrain(ctx_BLHK, act)
+
+    out_BLD = Dense(
+      (cfg.hidden_size,), (sh.HEADS, sh.KV, sh.EMBED), cfg, contract=2, name="attention_output"
+    )(ctx_BLHK)
+    out_BLD = nn.Dropout(cfg.hidden_dropout_prob)(out_BLD, deterministic=self.deterministic)
+    x_BLD = layer_norm(cfg, "attention_LayerNorm")(out_BLD + x_BLD)
+    x_BLD = _constrain(x_BLD, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_EMBED))
+
+    ff_BLF = Dense((cfg.intermediate_size,), (sh.EMBED, sh.MLP), cfg, name="intermediate")(x_BLD)
+    ff_BLF = _constrain(gelu(ff_BLF), (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_MLP))
+    ff_BLD = Dense((cfg.hidden_size,), (sh.MLP, sh.EMBED), cfg, name="output")(ff_BLF)
+    ff_BLD = nn.Dropout(cfg.hidden_dropout_prob)(ff_BLD, deterministic=self.deterministic)
+    x_BLD = layer_norm(cfg, "output_LayerNorm")(ff_BLD + x_BLD)
+    x_BLD = _constrain(x_BLD, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_EMBED))
+    return x_BLD, probs_BHLL
+
+
+class _ScanLayer(nn.Module):
+  """Layer with the (carry, per-step output) signature nn.scan needs."""
+
+  cfg: BertConfig
+  deterministic: bool = True
+  output_hidden_states: bool = False
+  output_attentions: bool = False
+
+  @nn.compact
+  def __call__(self, x_BLD: Array, mask_B1LL: Array):
+    layer_cls = _maybe_remat(Layer, self.cfg, prevent_cse=False)
+    x_BLD, probs = layer_cls(self.cfg, self.deterministic, self.output_attentions, name="layer")(
+      x_BLD, mask_B1LL
+    )
+    return x_BLD, (x_BLD if self.output_hidden_states else None, probs)
+
+
+def _maybe_remat(cls, cfg: BertConfig, prevent_cse: bool):
+  if cfg.remat_policy == "none":
+    return cls
+  return nn.remat(cls, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=prevent_cse)
+
+
+class Encoder(nn.Module):
+  """N layers, unrolled (`layer_{i}`) or scanned (`layers/layer`, leading layer axis)."""
+
+  cfg: BertConfig
+
+  @nn.compact
+  def __call__(
+    self,
+    x_BLD: Array,
+    mask_B1LL: Array,
+    deterministic: bool,
+    output_hidden_states: bool = False,
+    output_attentions: bool = False,
+  ):
+    cfg = self.cfg
+    hidden, attentions = [x_BLD], []
+    if cfg.scan_layers:
+      scanned = nn.scan(
+        _ScanLayer,
+        variable_axes={"params": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast,),
+        length=cfg.num_layers,
+        metadata_params={nn.PARTITION_NAME: sh.LAYERS},
+      )
+      x_BLD, (h_NBLD, p_NBHLL) = scanned(
+        cfg, deterministic, output_hidden_states, output_attentions, name="layers"
+      )(x_BLD, mask_B1LL)
+      if output_hidden_states:
+        hidden += list(h_NBLD)
+      if output_attentions:
+        attentions = list(p_NBHLL)
+    else:
+      layer_cls = _maybe_remat(Layer, cfg, prevent_cse=True)
+      for i in range(cfg.num_layers):
+        x_BLD, probs = layer_cls(cfg, deterministic, output_attentions, name=f"layer_{i}")(
+          x_BLD, mask_B1LL
+        )
+        hidden.append(x_BLD)
+        attentions.append(probs)
+    return (
+      x_BLD,
+      tuple(hidden) if output_hidden_states else None,
+      tuple(attentions) if output_attentions else None,
+    )
+
+
+class BertModel(nn.Module):
+  """Embeddings -> encoder -> tanh pooler. Returns a dict of outputs."""
+
+  cfg: BertConfig
+
+  def setup(self):
+    self.embeddings = Embeddings(self.cfg)
+    self.encoder = Encoder(self.cfg)
+    self.pooler = Dense((self.cfg.hidden_size,), (sh.EMBED, sh.EMBED_OUT), self.cfg)
+
+  def __call__(
+    self,
+    input_ids_BL: Array,
+    segment_ids_BL: Array | None = None,
+    input_mask_BL: Array | None = None,
+    *,
+    deterministic: bool = True,
+    output_hidden_states: bool = False,
+    output_attentions: bool = False,
+  ) -> dict[str, Any]:
+    if segment_ids_BL is None:
+      segment_ids_BL = jnp.zeros_like(input_ids_BL)
+    if input_mask_BL is None:
+      input_mask_BL = jnp.ones_like(input_ids_BL)
+    x_BLD = self.embeddings(input_ids_BL, segment_ids_BL, deterministic)
+    mask_B1LL = attention_mask(input_mask_BL, self.cfg.causal)
+    x_BLD, hidden, attentions = self.encoder(
+      x_BLD, mask_B1LL, deterministic, output_hidden_states, output_attentions
+    )
+    pooled_BD = jnp.tanh(self.pooler(x_BLD[:, 0]))
+    out = {"sequence_output": x_BLD, "pooled_output": pooled_BD}
+    if output_hidden_states:
+      out["hidden_states"] = hidden
+    if output_attentions:
+      out["attentions"] = attentions
+    return out
+
+
+class MLMHead(nn.Module):
+  """transform (dense + GELU + LayerNorm) then the tied decoder plus an output bias."""
+
+  cfg: BertConfig
+
+  @nn.compact
+  def __call__(self, h_BPD: Array, embeddings: Embeddings) -> Array:
+    cfg = self.cfg
+    h_BPD = Dense((cfg.hidden_size,), (sh.EMBED, sh.EMBED_OUT), cfg, name="transform")(h_BPD)
+    h_BPD = layer_norm(cfg, "transform_LayerNorm")(gelu(h_BPD))
+    bias_V = self.param("bias", _zeros((sh.VOCAB,)), (cfg.vocab_size,), cfg.storage_dtype)
+    logits_BPV = embeddings.attend(h_BPD) + bias_V.astype(jnp.float32)
+    return _constrain(logits_BPV, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_VOCAB))
+
+
+def gather_positions(x_BLD: Array, positions_BP: Array) -> Array:
+  return jnp.take_along_axis(x_BLD, positions_BP[..., None].astype(jnp.int32), axis=1)
+
+
+class BertForPreTraining(nn.Module):
+  """BertModel + MLM head (at `masked_positions`, or every position if None) + NSP head.
+
+  For the left-to-right objective pass every position (or None); the same tied head then
+  predicts the next token.
+  """
+
+  cfg: BertConfig
+
+  def setup(self):
+    self.bert = BertModel(self.cfg)
+    self.predictions = MLMHead(self.cfg)
+    self.seq_relationship = Dense((2,), (sh.EMBED, None), self.cfg)
+
+  def __call__(
+    self,
+    input_ids_BL: Array,
+    segment_ids_BL: Array | None = None,
+    input_mask_BL: Array | None = None,
+    masked_positions_BP: Array | None = None,
+    *,
+    deterministic: bool = True,
+    output_hidden_states: bool = False,
+    output_attentions: bool = False,
+  ) -> dict[str, Any]:
+    out = self.bert(
+      input_ids_BL,
+      segment_ids_BL,
+      input_mask_BL,
+      deterministic=deterministic,
+      output_hidden_states=output_hidden_states,
+      output_attentions=output_attentions,
+    )
+    h_BLD = out["sequence_output"]
+    h_BPD = h_BLD if masked_positions_BP is None else gather_positions(h_BLD, masked_positions_BP)
+    out["mlm_logits"] = self.predictions(h_BPD, self.bert.embeddings)
+    out["nsp_logits"] = self.seq_relationship(out["pooled_output"]).astype(jnp.float32)
+    return out
+
+
+def dummy_inputs(batch: int = 1, length: int = 8) -> tuple[Array, Array, Array]:
+  ids = jnp.zeros((batch, length), jnp.int32)
+  return ids, ids, jnp.ones_like(ids)
+
+
+def init_params(model: nn.Module, rng: Array, length: int = 8) -> Any:
+  """Boxed params (LogicallyPartitioned leaves); unbox with nn.meta.unbox."""
+  return model.init({"params": rng}, *dummy_inputs(1, length))["params"]
+
+
+def count_params(params: Any) -> int:
+  return sum(int(x.size) for x in jax.tree.leaves(nn.meta.unbox(params)))
+
+
+@functools.lru_cache(maxsize=None)
+def abstract_params(cfg: BertConfig, pretraining: bool = True) -> Any:
+  """Unboxed ShapeDtypeStructs of the params, without any compute."""
+  model = BertForPreTraining(cfg) if pretraining else BertModel(cfg)
+  boxed = jax.eval_shape(lambda r: init_params(model, r), jax.random.key(0))
+  return nn.meta.unbox(boxed)

@@ -1,0 +1,157 @@
+"""Logical axis names, default rules onto the ('data', 'fsdp', 'tensor') mesh, sharded init.
+
+Every parameter is annotated with logical axis names (`nn.with_logical_partitioning`) and
+every layer boundary with `nn.with_logical_constraint`; the rules below map those names onto
+mesh axes. The same model code therefore runs on 1 CPU, 8 fake CPU devices or a TPU pod: only
+the mesh shape and the rules change.
+
+Use `jax.set_mesh(mesh)` (see `mesh_context`), never `with mesh:` -- in this JAX version the
+latter silently turns every Flax activation constraint into a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+DATA_AXES = ("data", "fsdp")  # the batch dimension is split over both data-parallel axes
+
+# Parameter axes.
+VOCAB = "vocab"
+EMBED = "embed"
+EMBED_OUT = "embed_out"  # output side of a hidden->hidden dense (pooler, MLM transform)
+MLP = "mlp"
+HEADS = "heads"
+KV = "kv"
+LAYERS = "layers"
+# Activation axes.
+ACT_BATCH = "act_batch"
+ACT_LENGTH = "act_length"
+ACT_EMBED = "act_embed"
+ACT_MLP = "act_mlp"
+ACT_HEADS = "act_heads"
+ACT_KV = "act_kv"
+ACT_VOCAB = "act_vocab"
+
+Rules = tuple[tuple[str, Any], ...]
+
+DEFAULT_RULES: Rules = (
+  (ACT_BATCH, DATA_AXES),  # data parallelism: FSDP shards the batch too
+  (ACT_LENGTH, None),  # sequences are short (128/512): no sequence parallelism
+  (ACT_EMBED, None),  # hidden activations replicated over 'tensor' (Megatron-style)
+  (ACT_MLP, "tensor"),  # FFN intermediate split over tensor parallelism
+  (ACT_HEADS, "tensor"),  # attention heads split over tensor parallelism
+  (ACT_KV, None),  # head dim stays whole
+  (ACT_VOCAB, "tensor"),  # MLM logits split over the vocab
+  (VOCAB, "tensor"),  # word embedding / decoder rows
+  (EMBED, "fsdp"),  # every weight's hidden dim is FSDP-sharded (gathered per layer)
+  (EMBED_OUT, "tensor"),  # hidden->hidden denses split on their output side
+  (MLP, "tensor"),  # FFN weights split over tensor parallelism
+  (HEADS, "tensor"),  # q/k/v/output weights split by head
+  (KV, None),  # head dim stays whole
+  (LAYERS, None),  # the scanned layer axis is never sharded
+)
+
+
+def rules_from_config(rules: Sequence[Sequence[Any]] | None) -> Rules:
+  """Normalises rules read from an ml_collections config (lists become tuples)."""
+  if rules is None:
+    return DEFAULT_RULES
+  out = []
+  for rule in rules:
+    if len(rule) != 2:
+      raise ValueError(f"mesh rule {rule!r} must be (logical_name, mesh_axes)")
+    name, axes = rule
+    if isinstance(axes, list):
+      axes = tuple(axes)
+    for a in axes if isinstance(axes, tuple) else (axes,):
+      if a is not None and a not in MESH_AXES:
+        raise ValueError(f"mesh rule {rule!r} names unknown mesh axis {a!r}; use {MESH_AXES}")
+    out.append((name, axes))
+  return tuple(out)
+
+
+def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
+  """Fills one -1 entry so the mesh uses every device; errors name the mismatch."""
+  shape = tuple(int(s) for s in shape)
+  if len(shape) != len(MESH_AXES):
+    raise ValueError(f"mesh shape {shape} must have {len(MESH_AXES)} entries {MESH_AXES}")
+  if shape.count(-1) > 1:
+    raise ValueError(f"mesh shape {shape} may contain at most one -1")
+  if any(s == 0 or s < -1 for s in shape):
+    raise ValueError(f"mesh shape {shape} has a non-positive entry")
+  known = math.prod(s for s in shape if s != -1)
+  if -1 in shape:
+    if num_devices % known:
+      raise ValueError(
+        f"mesh shape {shape}: {num_devices} devices are not divisible by the fixed axes ({known})"
+      )
+    shape = tuple(num_devices // known if s == -1 else s for s in shape)
+  if math.prod(shape) != num_devices:
+    raise ValueError(
+      f"mesh shape {shape} needs {math.prod(shape)} devices but {num_devices} are available"
+    )
+  return shape
+
+
+def make_mesh(shape: Sequence[int] = (1, -1, 1), devices: Sequence[Any] | None = None) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh with Auto axes (Flax's logical constraints need Auto)."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = resolve_mesh_shape(shape, len(devices))
+  try:  # topology-aware device order on TPU/GPU
+    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+  except (ValueError, NotImplementedError, AssertionError):
+    return Mesh(np.array(devices).reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+  return math.prod(mesh.shape[a] for a in DATA_AXES)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading (batch) dim over ('data', 'fsdp'), everything else replicated."""
+  return NamedSharding(mesh, PartitionSpec(DATA_AXES))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+@contextlib.contextmanager
+def mesh_context(mesh: Mesh, rules: Rules):
+  """Mesh + logical rules for tracing; activation constraints are live inside."""
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    yield
+
+
+def logical_shardings(boxed_tree: Any, mesh: Mesh, rules: Rules) -> Any:
+  """NamedShardings for a tree of (possibly abstract) LogicallyPartitioned leaves."""
+  specs = nn.get_partition_spec(boxed_tree)
+  return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def init_sharded(
+  init_fn: Callable[..., Any], mesh: Mesh, rules: Rules, *args: Any
+) -> tuple[Any, Any, Any]:
+  """Materialises `nn.meta.unbox(init_fn(*args))` directly sharded.
+
+  `init_fn` returns a tree with LogicallyPartitioned boxes (Flax params and, if it calls
+  `tx.init` on the boxed params, the optimizer moments too). Returns (unboxed tree,
+  shardings, abstract unboxed tree): nothing is ever materialised on one device first.
+  """
+  boxed = jax.eval_shape(init_fn, *args)
+  shardings = logical_shardings(boxed, mesh, rules)
+  with mesh_context(mesh, rules):
+    tree = jax.jit(lambda *a: nn.meta.unbox(init_fn(*a)), out_shardings=shardings)(*args)
+  abstract = jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.meta.unbox(boxed), shardings
+  )
+  return tree, shardings, abstract
