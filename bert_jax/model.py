@@ -489,7 +489,7 @@ def count_params(params: Any) -> int:
   return sum(int(x.size) for x in jax.tree.leaves(nn.meta.unbox(params)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def abstract_params(cfg: BertConfig, pretraining: bool = True) -> Any:
   """Unboxed ShapeDtypeStructs of the params, without any compute."""
   model = BertForPreTraining(cfg) if pretraining else BertModel(cfg)
