@@ -495,3 +495,18 @@ def abstract_params(cfg: BertConfig, pretraining: bool = True) -> Any:
   model = BertForPreTraining(cfg) if pretraining else BertModel(cfg)
   boxed = jax.eval_shape(lambda r: init_params(model, r), jax.random.key(0))
   return nn.meta.unbox(boxed)
+
+
+def train_flops_per_token(cfg: BertConfig, seq_len: int, predictions_per_seq: int) -> float:
+  """Model FLOPs per token of one training step (3x the forward matmul FLOPs).
+
+  Encoder matmuls, attention scores and values (the full L x L is computed even when causal),
+  the MLM head at the positions actually computed (`predictions_per_seq`; = seq_len for LTR or
+  an all-position head) and the pooler + NSP head (once per sequence).
+  """
+  n, d, f, v = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+  encoder = 6 * n * (4 * d * d + 2 * d * f)
+  attention = 12 * n * d * seq_len
+  head = 6 * (d * d + d * v) * predictions_per_seq / seq_len
+  pooler_nsp = 6 * (d * d + 2 * d) / seq_len
+  return float(encoder + attention + head + pooler_nsp)

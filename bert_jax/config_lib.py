@@ -1,0 +1,117 @@
+"""The one base config every file in configs/ and experiments/ starts from, and the `:ARG`
+parser. Keys of `config.model` are `BertConfig` fields (`causal` follows the LTR objective)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_collections
+from ml_collections import config_dict
+
+from bert_jax import model as model_lib
+from bert_jax import sharding as sh
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
+  """'size=small,nsp=False' (or a bare first value for the first key) -> ConfigDict.
+
+  Values are converted to the type of their default; unknown keys are errors.
+  """
+  out = ml_collections.ConfigDict(defaults)
+  if not arg:
+    return out
+  keys = list(defaults)
+  for i, item in enumerate(arg.split(",")):
+    if not item:
+      continue
+    if "=" in item:
+      key, value = item.split("=", 1)
+    elif i == 0 and keys:
+      key, value = keys[0], item
+    else:
+      key, value = item, "True"
+    if key not in defaults:
+      raise ValueError(f"unknown config argument {key!r}; known: {', '.join(keys)}")
+    default = defaults[key]
+    if isinstance(default, bool):
+      if value not in ("True", "False", "true", "false", "1", "0"):
+        raise ValueError(f"config argument {key}={value!r} is not a bool")
+      out[key] = value in ("True", "true", "1")
+    elif default is None:
+      out[key] = value
+    else:
+      try:
+        out[key] = type(default)(value)
+      except ValueError:
+        raise ValueError(
+          f"config argument {key}={value!r} is not a {type(default).__name__}"
+        ) from None
+  return out
+
+
+def base_config(size: str = "base") -> ml_collections.ConfigDict:
+  """BERT's recipe (Devlin et al. 2019, A.2) for the given model size."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  # Weights (only) of another bert_jax run, e.g. phase 1 (seq 128) for phase 2 (seq 512).
+  c.init_from = config_dict.placeholder(str)
+
+  fields = {f.name: f.default for f in dataclasses.fields(model_lib.BertConfig)}
+  fields.pop("causal")  # derived from objective.ltr
+  fields.update(model_lib.size_fields(size))
+  c.model = ml_collections.ConfigDict(fields)
+
+  c.objective = ml_collections.ConfigDict(dict(mlm=True, nsp=True, ltr=False))
+
+  c.masking = ml_collections.ConfigDict()
+  c.masking.mode = "static"  # static: mask fixed per example id (BERT) | dynamic (RoBERTa)
+  c.masking.seed = 0
+  c.masking.max_predictions = 20
+  c.masking.prob = 0.15
+  c.masking.whole_word = False
+
+  c.data = ml_collections.ConfigDict()
+  c.data.dir = config_dict.placeholder(str)  # a create_data output directory
+  # Or text to build from on first use (into <workdir>/data); the vocab defaults to BERT's.
+  c.data.input = ""
+  c.data.vocab = ""
+  c.data.max_seq_length = 128
+  c.data.dupe_factor = 10
+  c.data.short_seq_prob = 0.1
+  c.data.eval_fraction = 0.01
+  c.data.seed = 12345
+  c.data.batch_size = 256  # global, in sequences
+  c.data.worker_count = 0  # grain worker processes per host
+
+  c.opt = ml_collections.ConfigDict()
+  c.opt.name = "adamw"  # adamw | lamb
+  c.opt.lr = 1e-4
+  c.opt.b1 = 0.9
+  c.opt.b2 = 0.999
+  c.opt.eps = 1e-6
+  c.opt.weight_decay = 0.01  # not on LayerNorm or biases
+  c.opt.warmup_steps = 10_000
+  c.opt.total_steps = 1_000_000
+  c.opt.clip_norm = 1.0
+  c.opt.grad_accum_steps = 1
+
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.shape = (1, -1, 1)  # (data, fsdp, tensor); one -1 takes the remaining devices
+  # Logical axis -> mesh axes; the comments on each rule live in bert_jax/sharding.py.
+  c.mesh.rules = tuple(sh.DEFAULT_RULES)
+
+  c.ckpt = ml_collections.ConfigDict()
+  c.ckpt.every_steps = 10_000
+  c.ckpt.keep = 2
+  c.ckpt.async_save = True
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.every_steps = 50_000
+  c.eval.batch_size = config_dict.placeholder(int)  # default: data.batch_size
+  c.eval.max_batches = config_dict.placeholder(int)  # default: the whole eval split
+
+  c.log = ml_collections.ConfigDict()
+  c.log.every_steps = 100
+  c.log.peak_flops = config_dict.placeholder(float)  # per device; known TPUs/GPUs built in
+  return c

@@ -1,0 +1,476 @@
+"""Pretraining: `train_and_evaluate(config, workdir)`.
+
+One code path for 1 CPU, 8 fake CPU devices, TPU pods and GPU clusters: the state is created
+abstractly and materialised directly sharded by the logical axis rules; `train_step` is a pure
+function jitted with explicit in/out shardings and the state donated. Resume order: the
+workdir's own checkpoints, then `config.init_from` (weights only), then scratch. Checkpoints
+hold the data-iterator state, so a resumed run sees exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from absl import logging
+
+from bert_jax import checkpoints as ckpt_lib
+from bert_jax import create_data, input_pipeline, masking, objectives, optim
+from bert_jax import model as model_lib
+from bert_jax import sharding as sh
+from bert_jax import tokenizer as tokenizer_lib
+
+# Per-chip peak dense bf16 FLOP/s by device kind, for MFU on accelerators. On CPU set
+# config.log.peak_flops (the benchmark measures it).
+PEAK_FLOPS = {
+  "TPU v4": 275e12,
+  "TPU v5 lite": 197e12,
+  "TPU v5e": 197e12,
+  "TPU v5p": 459e12,
+  "TPU v5": 459e12,
+  "TPU v6 lite": 918e12,
+  "TPU v6e": 918e12,
+  "NVIDIA A100-SXM4-80GB": 312e12,
+  "NVIDIA A100-SXM4-40GB": 312e12,
+  "NVIDIA H100 80GB HBM3": 989e12,
+}
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+def bert_config(config: ml_collections.ConfigDict) -> model_lib.BertConfig:
+  """BertConfig from `config.model`; `causal` follows the LTR objective."""
+  return model_lib.BertConfig(**config.model.to_dict(), causal=bool(config.objective.ltr))
+
+
+def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
+  """The dataset directory: `config.data.dir`, or build `config.data.input` into
+  `<workdir>/data` on first use (the bundled default does this)."""
+  if config.data.dir:
+    if not os.path.isfile(os.path.join(config.data.dir, "metadata.json")):
+      raise FileNotFoundError(
+        f"config.data.dir={config.data.dir} has no metadata.json: build it with "
+        "python -m bert_jax.create_data"
+      )
+    return config.data.dir
+  if not config.data.input:
+    raise ValueError("set config.data.dir (a create_data output) or config.data.input (text)")
+  data_dir = os.path.join(workdir, "data")
+  if os.path.isfile(os.path.join(data_dir, "metadata.json")):
+    return data_dir
+  if jax.process_index() == 0:
+    logging.info("Building pretraining data from %s into %s", config.data.input, data_dir)
+    create_data.build(
+      input=config.data.input,
+      output_dir=data_dir,
+      vocab=config.data.vocab or tokenizer_lib.default_vocab_path(),
+      max_seq_length=config.data.max_seq_length,
+      max_predictions_per_seq=config.masking.max_predictions,
+      short_seq_prob=config.data.short_seq_prob,
+      dupe_factor=config.data.dupe_factor,
+      nsp=bool(config.objective.nsp),
+      eval_fraction=config.data.eval_fraction,
+      seed=config.data.seed,
+    )
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("bert_jax:data_built")
+  return data_dir
+
+
+def validate(config: ml_collections.ConfigDict, mesh, metadata: dict) -> None:
+  """One-line errors, before any compute, for settings that cannot work together."""
+  dp = sh.data_parallel_size(mesh)
+  b, accum = config.data.batch_size, config.opt.grad_accum_steps
+  if accum < 1:
+    raise ValueError(f"config.opt.grad_accum_steps must be >= 1, got {accum}")
+  if b % accum:
+    raise ValueError(f"config.data.batch_size={b} is not divisible by grad_accum_steps={accum}")
+  if (b // accum) % dp:
+    raise ValueError(
+      f"micro-batch {b // accum} (config.data.batch_size={b} / grad_accum_steps={accum}) is not "
+      f"divisible by the data-parallel size {dp} (mesh data x fsdp = {dict(mesh.shape)})"
+    )
+  if b % jax.process_count():
+    raise ValueError(f"config.data.batch_size={b} is not divisible by {jax.process_count()} hosts")
+  tok = metadata["tokenizer"]
+  if tok["vocab_size"] != config.model.vocab_size:
+    raise ValueError(
+      f"config.model.vocab_size={config.model.vocab_size} does not match the data's tokenizer "
+      f"({tok['kind']}, vocab_size={tok['vocab_size']})"
+    )
+  if metadata["max_seq_length"] > config.model.max_position_embeddings:
+    raise ValueError(
+      f"data max_seq_length {metadata['max_seq_length']} exceeds "
+      f"config.model.max_position_embeddings={config.model.max_position_embeddings}"
+    )
+  if config.objective.nsp and not metadata["nsp"]:
+    raise ValueError("config.objective.nsp=True but the data was built without NSP pairs")
+  if config.objective.ltr and config.masking.mode == "dynamic":
+    logging.warning("masking.mode is ignored by the LTR objective")
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def make_train_step(
+  model: nn.Module, tx, obj: objectives.Objective, tables: Any, grad_accum_steps: int = 1
+) -> Callable:
+  """`train_step(state, batch, rng) -> (state, metrics)`; metrics are summed losses/counts.
+
+  Gradient accumulation splits the batch into micro-batches inside the step (lax.scan) and
+  normalises by the whole batch's counts, so it is exactly the big-batch gradient.
+  """
+
+  def train_step(state, batch, rng):
+    rng = jax.random.fold_in(rng, state["step"])
+    inputs = objectives.prepare(batch, obj, tables)
+    totals = objectives.counts(inputs, obj)
+
+    def loss_fn(params, micro, micro_rng):
+      out = objectives.forward(model, params, micro, deterministic=False, rng=micro_rng)
+      sums = objectives.losses(out, micro, obj)
+      return objectives.total_loss(sums, totals, obj), sums
+
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+    if grad_accum_steps == 1:
+      grads, sums = grad_fn(state["params"], inputs, rng)
+    else:
+      micro = jax.tree.map(
+        lambda x: x.reshape(grad_accum_steps, x.shape[0] // grad_accum_steps, *x.shape[1:]),
+        inputs,
+      )
+
+      def body(carry, xs):
+        i, m = xs
+        g, s = grad_fn(state["params"], m, jax.random.fold_in(rng, i))
+        return jax.tree.map(jnp.add, carry, (g, s)), None
+
+      shapes = jax.eval_shape(grad_fn, state["params"], jax.tree.map(lambda x: x[0], micro), rng)
+      init = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+      (grads, sums), _ = jax.lax.scan(body, init, (jnp.arange(grad_accum_steps), micro))
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    metrics = dict(sums)
+    metrics["loss"] = objectives.total_loss(sums, totals, obj)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(model: nn.Module, obj: objectives.Objective, tables: Any) -> Callable:
+  """`eval_step(params, batch) -> sums`; masks are always static so evals are comparable."""
+  eval_obj = dataclasses.replace(obj, dynamic_masking=False)
+
+  def eval_step(params, batch):
+    inputs = objectives.prepare(batch, eval_obj, tables)
+    out = objectives.forward(model, params, inputs, deterministic=True)
+    return objectives.losses(out, inputs, eval_obj)
+
+  return eval_step
+
+
+# ----------------------------------------------------------------------------- state
+
+
+def create_state(config, model, tx, mesh, rules, rng):
+  """Train state born sharded; returns (state, shardings, abstract state with shardings)."""
+  length = min(8, config.model.max_position_embeddings)
+
+  def init(r):
+    params = model_lib.init_params(model, r, length)
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+
+  return sh.init_sharded(init, mesh, rules, rng)
+
+
+def restore_init_from(path: str, cfg, abstract_params) -> Any:
+  """Weights of another run (e.g. phase 1 at seq 128 for phase 2 at 512); fresh optimizer."""
+  meta, _, _ = ckpt_lib.read_meta(path)
+  ckpt_lib.check_same_architecture(meta, cfg, path)
+  params, _ = ckpt_lib.restore_params(path, abstract_params)
+  return params
+
+
+# ----------------------------------------------------------------------------- logging
+
+
+class MetricLogger:
+  """metrics.jsonl + TensorBoard (process 0 only) + console."""
+
+  def __init__(self, workdir: str, resume_step: int):
+    self.enabled = jax.process_index() == 0
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.tb = None
+    if not self.enabled:
+      return
+    # History after the restored step is replayed exactly; drop what a killed run wrote.
+    if os.path.exists(self.path):
+      with open(self.path) as f:
+        kept = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= resume_step]
+      tmp = self.path + ".tmp"
+      with open(tmp, "w") as f:
+        f.writelines(kept)
+      os.replace(tmp, self.path)
+    from tensorboardX import SummaryWriter
+
+    self.tb = SummaryWriter(os.path.join(workdir, "tb"))
+
+  def write(self, step: int, split: str, values: dict[str, float]) -> None:
+    if not self.enabled:
+      return
+    row = {"step": int(step), "split": split, **{k: float(v) for k, v in values.items()}}
+    with open(self.path, "a") as f:
+      f.write(json.dumps(row) + "\n")
+    for k, v in values.items():
+      self.tb.add_scalar(f"{split}/{k}", float(v), int(step))
+    self.tb.flush()
+
+  def close(self) -> None:
+    if self.tb is not None:
+      self.tb.close()
+
+
+def _bar(frac: float, width: int = 20) -> str:
+  n = int(round(frac * width))
+  return "[" + "#" * n + "." * (width - n) + "]"
+
+
+def _fmt_time(s: float) -> str:
+  s = int(s)
+  return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+# ----------------------------------------------------------------------------- loop
+
+
+class _Preemption:
+  """SIGTERM (TPU preemption, SLURM) sets a flag; the loop saves and exits cleanly."""
+
+  def __init__(self):
+    self.requested = False
+    self._old = None
+
+  def __enter__(self):
+    try:
+      self._old = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # not the main thread
+      self._old = None
+    return self
+
+  def _handle(self, signum, frame):
+    logging.warning("SIGTERM received: saving a checkpoint and exiting")
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._old is not None:
+      signal.signal(signal.SIGTERM, self._old)
+
+
+def evaluate(eval_step, params, config, data_dir, mesh, batch_sharding) -> dict[str, float]:
+  ds = input_pipeline.make_dataset(
+    data_dir,
+    "eval",
+    global_batch_size=config.eval.batch_size or config.data.batch_size,
+    seed=0,
+    shuffle=False,
+    repeat=False,
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+  )
+  totals: dict[str, float] = {}
+  for i, host_batch in enumerate(ds):
+    if config.eval.max_batches and i >= config.eval.max_batches:
+      break
+    batch = input_pipeline.to_global(host_batch, mesh)
+    sums = jax.device_get(eval_step(params, batch))
+    for k, v in sums.items():
+      totals[k] = totals.get(k, 0.0) + float(v)
+  return objectives.summarize(totals)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains `config` in `workdir`; returns the last train and eval metrics."""
+  os.makedirs(workdir, exist_ok=True)
+  mesh = sh.make_mesh(config.mesh.shape)
+  rules = sh.rules_from_config(config.mesh.rules)
+  data_dir = ensure_data(config, workdir)
+  metadata = input_pipeline.read_metadata(data_dir)
+  validate(config, mesh, metadata)
+  tokenizer = tokenizer_lib.load_tokenizer(os.path.join(data_dir, "tokenizer"))
+  if tokenizer.fingerprint != metadata["tokenizer"]["fingerprint"]:
+    raise ValueError(f"{data_dir}/tokenizer does not match the fingerprint in metadata.json")
+
+  cfg = bert_config(config)
+  model = model_lib.BertForPreTraining(cfg)
+  tx = optim.make_optimizer(config.opt)
+  obj = objectives.Objective.from_config(config)
+  tables = masking.tables_from_tokenizer(tokenizer)
+  seq_len = metadata["max_seq_length"]
+
+  rng = jax.random.key(config.seed)
+  init_rng, step_rng = jax.random.split(rng)
+  state, state_sh, abstract_state = create_state(config, model, tx, mesh, rules, init_rng)
+  batch_sh = sh.batch_sharding(mesh)
+
+  ckpt = ckpt_lib.Checkpointer(
+    os.path.join(workdir, "checkpoints"),
+    keep=config.ckpt.keep,
+    every_steps=config.ckpt.every_steps,
+    async_save=config.ckpt.async_save,
+  )
+  train_ds = input_pipeline.make_dataset(
+    data_dir,
+    "train",
+    global_batch_size=config.data.batch_size,
+    seed=config.data.seed,
+    shuffle=True,
+    repeat=True,
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+    worker_count=config.data.worker_count,
+  )
+  train_iter = iter(train_ds)
+
+  pending: dict[str, float] = {}  # metric sums of the current, unfinished log window
+  start_step = ckpt.latest_step()
+  if start_step is not None:
+    state, meta = ckpt.restore(start_step, abstract_state, train_iter)
+    ckpt_lib.check_same_architecture(meta, cfg, ckpt.directory)
+    pending = meta.get("pending_metrics", {})
+    logging.info("Resumed from %s step %d", ckpt.directory, start_step)
+  else:
+    start_step = 0
+    if config.init_from:
+      params = restore_init_from(config.init_from, cfg, abstract_state["params"])
+      state = {**state, "params": params}
+      logging.info("Initialised weights from %s", config.init_from)
+
+  meta_base = {
+    "config": ckpt_lib.to_json(config.to_dict()),
+    "model": dataclasses.asdict(cfg),
+    "tokenizer": metadata["tokenizer"],
+    "data_dir": os.path.abspath(data_dir),
+  }
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      json.dump(meta_base["config"], f, indent=2)
+    tok_dir = os.path.join(workdir, "tokenizer")
+    if not os.path.isdir(tok_dir):
+      shutil.copytree(os.path.join(data_dir, "tokenizer"), tok_dir)
+
+  with sh.mesh_context(mesh, rules):
+    p_train_step = jax.jit(
+      make_train_step(model, tx, obj, tables, config.opt.grad_accum_steps),
+      in_shardings=(state_sh, batch_sh, sh.replicated(mesh)),
+      out_shardings=(state_sh, sh.replicated(mesh)),
+      donate_argnums=0,
+    )
+    p_eval_step = jax.jit(
+      make_eval_step(model, obj, tables),
+      in_shardings=(state_sh["params"], batch_sh),
+      out_shardings=sh.replicated(mesh),
+    )
+
+  logger = MetricLogger(workdir, start_step)
+  total_steps = config.opt.total_steps
+  tokens_per_step = config.data.batch_size * seq_len
+  preds = seq_len if obj.ltr else obj.masking.max_predictions
+  flops_per_step = model_lib.train_flops_per_token(cfg, seq_len, preds) * tokens_per_step
+  peak = config.log.peak_flops or PEAK_FLOPS.get(jax.devices()[0].device_kind, 0.0)
+  peak_total = peak * jax.device_count()
+
+  last_train: dict[str, float] = {}
+  last_eval: dict[str, float] = {}
+  window_start = time.perf_counter()
+  window_steps = 0
+  run_start, run_start_step = time.perf_counter(), start_step
+  prev = None  # (step, metrics) of the step dispatched last: read after dispatching the next
+
+  def consume(step: int, metrics) -> None:
+    """Host side of a finished step: NaN check and window accumulation/logging."""
+    nonlocal window_start, window_steps, pending, last_train
+    m = jax.device_get(metrics)
+    if not math.isfinite(float(m["loss"])):
+      raise FloatingPointError(f"loss is {float(m['loss'])} at step {step}; stopping")
+    for k, v in m.items():
+      if k not in ("loss", "grad_norm"):
+        pending[k] = pending.get(k, 0.0) + float(v)
+    pending["grad_norm_sum"] = pending.get("grad_norm_sum", 0.0) + float(m["grad_norm"])
+    pending["steps"] = pending.get("steps", 0.0) + 1
+    window_steps += 1
+    if step % config.log.every_steps and step != total_steps:
+      return
+    summary = objectives.summarize(pending)
+    summary["grad_norm"] = pending["grad_norm_sum"] / pending["steps"]
+    summary["learning_rate"] = float(optim.learning_rate_schedule(config.opt)(step - 1))
+    logger.write(step, "train", summary)
+    now = time.perf_counter()
+    sps = window_steps / max(now - window_start, 1e-9)
+    perf = {"steps_per_sec": sps, "tokens_per_sec": sps * tokens_per_step}
+    if peak_total:
+      perf["mfu"] = sps * flops_per_step / peak_total
+    logger.write(step, "perf", perf)
+    eta = (total_steps - step) * (now - run_start) / max(step - run_start_step, 1)
+    lm = "ltr" if obj.ltr else "mlm"
+    msg = (
+      f"{_bar(step / total_steps)} step {step}/{total_steps} | loss "
+      f"{summary.get(f'{lm}_loss', float('nan')) + summary.get('nsp_loss', 0.0):.4f} | "
+      f"{lm}_acc {summary.get(f'{lm}_accuracy', 0.0):.3f}"
+    )
+    if "nsp_accuracy" in summary:
+      msg += f" | nsp_acc {summary['nsp_accuracy']:.3f}"
+    msg += f" | {sps:.2f} steps/s | {perf['tokens_per_sec']:.0f} tok/s"
+    if "mfu" in perf:
+      msg += f" | MFU {100 * perf['mfu']:.1f}%"
+    msg += f" | ETA {_fmt_time(eta)}"
+    logging.info(msg)
+    last_train = summary
+    pending = {}
+    window_start, window_steps = now, 0
+
+  step = start_step
+  with _Preemption() as preempt:
+    while step < total_steps:
+      host_batch = next(train_iter)
+      batch = input_pipeline.to_global(host_batch, mesh)
+      state, metrics = p_train_step(state, batch, step_rng)
+      step += 1
+      if prev is not None:
+        consume(*prev)
+      prev = (step, metrics)
+      eval_now = config.eval.every_steps and step % config.eval.every_steps == 0
+      ckpt_now = step % config.ckpt.every_steps == 0 or step == total_steps
+      if eval_now or ckpt_now or preempt.requested or step == total_steps:
+        consume(*prev)  # the checkpoint must hold this step's metric window
+        prev = None
+      if eval_now or step == total_steps:
+        last_eval = evaluate(p_eval_step, state["params"], config, data_dir, mesh, batch_sh)
+        logger.write(step, "eval", last_eval)
+        logging.info(
+          "eval @ %d: %s", step, " | ".join(f"{k} {v:.4f}" for k, v in last_eval.items())
+        )
+      if ckpt_now or preempt.requested:
+        ckpt.save(step, state, train_iter, {**meta_base, "pending_metrics": pending}, force=True)
+      if preempt.requested:
+        logging.warning("Saved step %d after SIGTERM; exiting", step)
+        break
+  ckpt.close()
+  logger.close()
+  return {"step": step, "train": last_train, "eval": last_eval}

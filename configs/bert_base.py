@@ -1,0 +1,32 @@
+"""BERT-Base pretraining, the paper's recipe (Devlin et al. 2019, appendix A.2).
+
+Phase 1 (90% of steps at sequence length 128):
+  python -m bert_jax.main --config=configs/bert_base.py --workdir=$WD/phase1 \
+      --config.data.dir=$DATA/wiki_books_128
+Phase 2 (the last 10% at length 512, weights from phase 1):
+  python -m bert_jax.main --config=configs/bert_base.py:phase=2 --workdir=$WD/phase2 \
+      --config.data.dir=$DATA/wiki_books_512 --config.init_from=$WD/phase1
+
+Hardware: the paper used 4 Cloud TPUs (16 chips) for 4 days; on a v5e-16 use
+--config.mesh.shape='(1,16,1)' (FSDP). Not run end to end here (no TPU on the development
+machines); the paper's BERT-Base reaches MLM accuracy ~0.7 and NSP accuracy ~0.97-0.98.
+
+ARG: `size=NAME` (a bare first value works: `:large`, `:L6_H768_A12`; see
+bert_jax.model.SIZES) and `phase=1|2`.
+"""
+
+from bert_jax import config_lib
+
+
+def get_config(arg=None):
+  a = config_lib.parse_arg(arg, size="base", phase=1)
+  c = config_lib.base_config(a.size)
+  c.opt.total_steps = 900_000
+  if a.phase == 2:
+    c.data.max_seq_length = 512
+    c.masking.max_predictions = 80
+    c.opt.total_steps = 100_000
+    c.opt.warmup_steps = 1_000
+  elif a.phase != 1:
+    raise ValueError(f"phase must be 1 or 2, not {a.phase}")
+  return c

@@ -1,0 +1,28 @@
+"""BERT-Large pretraining (24 layers, hidden 1024, 16 heads; 336M params with the heads).
+
+  python -m bert_jax.main --config=configs/bert_large.py --workdir=$WD \
+      --config.data.dir=$DATA/wiki_books_128
+  python -m bert_jax.aot --config=configs/bert_large.py --topology=v5e-16  # fits?
+
+Same recipe as configs/bert_base.py (ARG `phase=1|2`). Layers are scanned (compile time
+independent of depth) and rematerialised at the dots-without-batch-dims policy. The paper
+trained it on 16 Cloud TPUs (64 chips) for 4 days. Not run end to end here.
+"""
+
+from bert_jax import config_lib
+
+
+def get_config(arg=None):
+  a = config_lib.parse_arg(arg, phase=1)
+  c = config_lib.base_config("large")
+  c.model.scan_layers = True
+  c.model.remat_policy = "minimal"
+  c.opt.total_steps = 900_000
+  if a.phase == 2:
+    c.data.max_seq_length = 512
+    c.masking.max_predictions = 80
+    c.opt.total_steps = 100_000
+    c.opt.warmup_steps = 1_000
+  elif a.phase != 1:
+    raise ValueError(f"phase must be 1 or 2, not {a.phase}")
+  return c
