@@ -1,0 +1,283 @@
+"""grain input pipeline over the ArrayRecord shards written by `bert_jax.create_data`.
+
+Record format (little-endian, no pickle/protobuf): header struct "<qBHHH" = example_id,
+next_sentence_label (0 = B is the real continuation), len_a (tokens of [CLS] A [SEP]),
+num_tokens (incl. [CLS]/[SEP]s), num_masked; then num_tokens token ids (metadata
+"token_dtype"); then, if num_masked: masked positions (uint16), their original ids and the
+masked input ids (num_tokens, token dtype).
+
+Order: the global example stream is the dataset shuffled with seed `seed + epoch` in each epoch
+(grain's index shuffle), so position g holds epoch g // num_records. Process p of P takes
+positions p, p + P, ...; a global batch is a contiguous block of global_batch_size positions,
+split over processes, so processes stay in lockstep and never overlap. `epoch` is returned per
+example. The iterator is a grain DatasetIterator: get_state()/set_state() (or orbax via
+grain.checkpoint.CheckpointSave/Restore) resume exactly.
+
+Eval (repeat=False): the dataset is padded to a whole number of global batches with padding
+examples (input_mask all 0, example_id -1), never dropped, so every process yields the same
+number of batches and every real example is seen exactly once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import struct
+from typing import Any
+
+import grain
+import numpy as np
+
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<qBHHH")
+_REQUIRED = ("format_version", "max_seq_length", "nsp", "token_dtype", "tokenizer", "splits")
+
+
+def read_metadata(data_dir: str) -> dict[str, Any]:
+  """metadata.json of a create_data output; a clear one-line error if missing or foreign."""
+  path = os.path.join(data_dir, "metadata.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path} not found: not a bert_jax.create_data output directory")
+  try:
+    with open(path) as f:
+      meta = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{path} is corrupt: {e}") from e
+  if not isinstance(meta, dict) or any(k not in meta for k in _REQUIRED):
+    missing = [k for k in _REQUIRED if not isinstance(meta, dict) or k not in meta]
+    raise ValueError(f"{path} is not bert_jax pretraining metadata (missing {', '.join(missing)})")
+  if meta["format_version"] != FORMAT_VERSION:
+    raise ValueError(
+      f"{path}: format_version {meta['format_version']} is not supported (want {FORMAT_VERSION})"
+    )
+  if meta["token_dtype"] not in ("uint16", "uint32"):
+    raise ValueError(f"{path}: unknown token_dtype {meta['token_dtype']!r}")
+  return meta
+
+
+def check_vocab(metadata: dict[str, Any], tokenizer_or_vocab_size: Any) -> None:
+  """Raises if the data was tokenized with another vocabulary than the model/tokenizer uses."""
+  meta_tok = metadata["tokenizer"]
+  if isinstance(tokenizer_or_vocab_size, int | np.integer):
+    if int(tokenizer_or_vocab_size) != meta_tok["vocab_size"]:
+      raise ValueError(
+        f"vocab mismatch: the data has vocab_size {meta_tok['vocab_size']}, the model "
+        f"{int(tokenizer_or_vocab_size)}"
+      )
+    return
+  tok = tokenizer_or_vocab_size
+  if tok.vocab_size != meta_tok["vocab_size"] or tok.fingerprint != meta_tok["fingerprint"]:
+    raise ValueError(
+      f"vocab mismatch: the data was tokenized with {meta_tok['kind']} vocab_size "
+      f"{meta_tok['vocab_size']} fingerprint {meta_tok['fingerprint'][:12]}, the tokenizer is "
+      f"{tok.kind} vocab_size {tok.vocab_size} fingerprint {tok.fingerprint[:12]}"
+    )
+
+
+def split_files(data_dir: str, split: str, metadata: dict[str, Any] | None = None) -> list[str]:
+  metadata = metadata or read_metadata(data_dir)
+  if split not in metadata["splits"]:
+    raise ValueError(f"{data_dir}: no split {split!r} (has {', '.join(metadata['splits'])})")
+  files = [os.path.join(data_dir, f) for f in metadata["splits"][split]["files"]]
+  for f in files:
+    if not os.path.isfile(f):
+      raise FileNotFoundError(f"{f} is listed in {data_dir}/metadata.json but missing")
+  return files
+
+
+class RecordReader:
+  """Random access to the records of one split, decoded into padded numpy examples.
+
+  Picklable (grain's worker processes rebuild the ArrayRecord readers lazily).
+  """
+
+  def __init__(self, files: list[str], metadata: dict[str, Any]):
+    self.files = list(files)
+    self.length = int(metadata["max_seq_length"])
+    self.dtype = np.dtype(metadata["token_dtype"]).newbyteorder("<")
+    masking = metadata.get("masking")
+    self.num_predictions = int(masking["max_predictions"]) if masking else 0
+    self._sizes: list[int] | None = None
+    self._sources = None
+
+  def _open(self):
+    if self._sources is None:
+      sources, sizes = [], []
+      for f in self.files:
+        try:
+          src = grain.sources.ArrayRecordDataSource([f])
+          sizes.append(len(src))
+        except Exception as e:  # noqa: BLE001 -- the C++ reader raises bare RuntimeErrors
+          raise ValueError(f"{f}: not a readable ArrayRecord file ({e})") from e
+        sources.append(src)
+      self._sources = sources
+      self._starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+      self._sizes = sizes
+    return self._sources
+
+  def __len__(self) -> int:
+    self._open()
+    return self._starts[-1]
+
+  def __getstate__(self):
+    state = dict(self.__dict__)
+    state["_sources"] = None
+    return state
+
+  def padding_example(self) -> dict[str, np.ndarray]:
+    ex = {
+      "input_ids": np.zeros(self.length, np.int32),
+      "segment_ids": np.zeros(self.length, np.int32),
+      "input_mask": np.zeros(self.length, np.int32),
+      "next_sentence_label": np.int32(0),
+      "example_id": np.int32(-1),
+      "epoch": np.int32(0),
+    }
+    if self.num_predictions:
+      ex["masked_lm_positions"] = np.zeros(self.num_predictions, np.int32)
+      ex["masked_lm_ids"] = np.zeros(self.num_predictions, np.int32)
+      ex["masked_lm_weights"] = np.zeros(self.num_predictions, np.float32)
+    return ex
+
+  def read(self, index: int) -> dict[str, np.ndarray]:
+    sources = self._open()
+    shard = bisect.bisect_right(self._starts, index) - 1
+    try:
+      record = sources[shard][index - self._starts[shard]]
+    except Exception as e:  # noqa: BLE001
+      raise ValueError(f"{self.files[shard]}: cannot read record {index}: {e}") from e
+    try:
+      return self.decode(record)
+    except ValueError as e:
+      raise ValueError(
+        f"{self.files[shard]}: corrupt record {index - self._starts[shard]}: {e}"
+      ) from e
+
+  def decode(self, record: bytes) -> dict[str, np.ndarray]:
+    if len(record) < HEADER.size:
+      raise ValueError(f"{len(record)} bytes is shorter than the header")
+    example_id, label, len_a, n, m = HEADER.unpack_from(record)
+    size = self.dtype.itemsize
+    want = HEADER.size + n * size + (m * 2 + m * size + n * size if m else 0)
+    if len(record) != want or n > self.length or len_a > n or label > 1 or n < 2:
+      raise ValueError(
+        f"inconsistent record (bytes {len(record)} want {want}, num_tokens {n}, len_a {len_a}, "
+        f"label {label}, max_seq_length {self.length})"
+      )
+    if m > self.num_predictions:
+      raise ValueError(f"{m} masked positions but the metadata allows {self.num_predictions}")
+    ex = self.padding_example()
+    offset = HEADER.size
+    tokens = np.frombuffer(record, self.dtype, n, offset)
+    offset += n * size
+    ex["input_ids"][:n] = tokens
+    ex["segment_ids"][len_a:n] = 1
+    ex["input_mask"][:n] = 1
+    ex["next_sentence_label"] = np.int32(label)
+    ex["example_id"] = np.int32(example_id)
+    if m:
+      positions = np.frombuffer(record, "<u2", m, offset)
+      offset += 2 * m
+      original = np.frombuffer(record, self.dtype, m, offset)
+      offset += m * size
+      ex["input_ids"][:n] = np.frombuffer(record, self.dtype, n, offset)
+      ex["masked_lm_positions"][:m] = positions
+      ex["masked_lm_ids"][:m] = original
+      ex["masked_lm_weights"][:m] = 1.0
+    return ex
+
+
+class _ReadExample:
+  """(global position, record index or -1 for padding) -> example with its epoch."""
+
+  def __init__(self, reader: RecordReader, num_records: int):
+    self.reader, self.num_records = reader, num_records
+
+  def __call__(self, item: tuple[int, int]) -> dict[str, np.ndarray]:
+    position, index = item
+    if index < 0 or index >= self.num_records:
+      return self.reader.padding_example()
+    ex = self.reader.read(index)
+    ex["epoch"] = np.int32(position // self.num_records)
+    return ex
+
+
+def _padding_index(_: int) -> int:
+  return -1
+
+
+def _with_position(position: int, index: int) -> tuple[int, int]:
+  return position, index
+
+
+def make_dataset(
+  data_dir: str,
+  split: str,
+  *,
+  global_batch_size: int,
+  seed: int,
+  shuffle: bool = True,
+  repeat: bool = True,
+  process_index: int | None = None,
+  process_count: int | None = None,
+  worker_count: int = 0,
+  num_threads: int = 16,
+) -> grain.IterDataset:
+  """Host batches (numpy dicts of global_batch_size // process_count examples) of one split."""
+  if process_index is None or process_count is None:
+    import jax
+
+    process_index = jax.process_index() if process_index is None else process_index
+    process_count = jax.process_count() if process_count is None else process_count
+  if global_batch_size < 1 or global_batch_size % process_count:
+    raise ValueError(
+      f"global batch size {global_batch_size} is not a positive multiple of the process count "
+      f"{process_count}"
+    )
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index {process_index} not in [0, {process_count})")
+  metadata = read_metadata(data_dir)
+  reader = RecordReader(split_files(data_dir, split, metadata), metadata)
+  num_records = len(reader)
+  if num_records != metadata["splits"][split]["num_sequences"]:
+    raise ValueError(
+      f"{data_dir}: split {split} has {num_records} records but metadata.json says "
+      f"{metadata['splits'][split]['num_sequences']}"
+    )
+  if num_records == 0:
+    raise ValueError(f"{data_dir}: split {split!r} is empty")
+  host_batch = global_batch_size // process_count
+
+  ds = grain.MapDataset.range(num_records)
+  if shuffle:
+    ds = ds.shuffle(seed=seed % 2**32)  # reseeded per epoch (seed + epoch) by grain
+  if repeat:
+    ds = ds.repeat(None)
+  else:
+    # Pad to whole global batches: every process yields the same number of batches.
+    padded = -(-num_records // global_batch_size) * global_batch_size
+    if padded > num_records:
+      pad = grain.MapDataset.range(padded - num_records).map(_padding_index)
+      ds = grain.MapDataset.concatenate([ds, pad])
+  ds = ds.map_with_index(_with_position)
+  ds = ds[process_index::process_count]
+  ds = ds.map(_ReadExample(reader, num_records))
+  ds = ds.batch(host_batch, drop_remainder=True)
+  it = ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=64))
+  if worker_count > 0:
+    it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
+  return it
+
+
+def to_global(host_batch: dict[str, np.ndarray], mesh, data_axes=("data", "fsdp")) -> dict:
+  """Host batch -> global jax.Arrays sharded over data_axes on the batch dimension."""
+  import jax
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  sharding = NamedSharding(mesh, P(data_axes))
+  return {
+    k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+    for k, v in host_batch.items()
+  }
