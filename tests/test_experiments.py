@@ -1,0 +1,254 @@
+"""Every file in configs/ and experiments/ builds (every sweep point too), changes only its
+ablated fields, and one point of each experiment trains for 2 steps at cpu scale.
+
+The training tests share two small datasets built once from the bundled corpus (with and
+without NSP pairs), given to every run as config.data.dir.
+"""
+
+import glob
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax import config_lib, objectives, optim, train
+from bert_jax import sharding as sh
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "*.py")))
+EXPERIMENTS = sorted(glob.glob(os.path.join(REPO, "experiments", "*.py")))
+# What each experiment may change between its points (everything else must agree).
+ABLATED = {
+  "table5_pretraining_tasks": {"objective.mlm", "objective.nsp", "objective.ltr"},
+  "table6_model_size": {
+    "model.num_layers",
+    "model.hidden_size",
+    "model.num_heads",
+    "model.intermediate_size",
+  },
+  "masking_static_vs_dynamic": {"masking.mode"},
+  "whole_word_masking": {"masking.whole_word"},
+}
+
+
+def _load(path):
+  name = "cfg_" + os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _points(module):
+  points = []
+  module.sweep(lambda **p: points.append(p))
+  return points
+
+
+def _arg(point, **extra):
+  return ",".join(f"{k}={v}" for k, v in {**extra, **point}.items())
+
+
+def _flat(c, prefix=""):
+  out = {}
+  for k, v in c.items():
+    if hasattr(v, "items"):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _check_buildable(c):
+  """What train.py derives from a config, without data: fails on a rotten config."""
+  cfg = train.bert_config(c)
+  objectives.Objective.from_config(c)
+  optim.make_optimizer(c.opt)
+  sh.rules_from_config(c.mesh.rules)
+  assert c.masking.mode in ("static", "dynamic")
+  assert c.data.max_seq_length <= cfg.max_position_embeddings
+  return cfg
+
+
+def test_every_file_is_known():
+  assert {os.path.basename(p)[:-3] for p in EXPERIMENTS} == set(ABLATED)
+  assert {"bert_base", "bert_large", "local"} <= {os.path.basename(p)[:-3] for p in CONFIGS}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_config_builds(path):
+  module = _load(path)
+  assert module.__doc__ and "python -m bert_jax" in module.__doc__
+  args = [None] + [_arg(p) for p in _points(module)] if hasattr(module, "sweep") else [None]
+  for arg in args:
+    _check_buildable(module.get_config(arg))
+
+
+def test_known_config_args():
+  base = _load(os.path.join(REPO, "configs", "bert_base.py"))
+  assert train.bert_config(base.get_config("large")).num_layers == 24
+  assert base.get_config("phase=2").data.max_seq_length == 512
+  large = _load(os.path.join(REPO, "configs", "bert_large.py"))
+  assert train.bert_config(large.get_config("phase=2")).hidden_size == 1024
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=os.path.basename)
+def test_experiment_points_change_only_ablated_fields(path):
+  module = _load(path)
+  name = os.path.basename(path)[:-3]
+  for section in ("Hypothesis", "Command", "Result", "not run at full scale"):
+    assert section.lower() in module.__doc__.lower(), f"{name}: docstring lacks {section}"
+  points = _points(module)
+  assert len(points) >= 2
+  for scale in ("full", "cpu"):
+    configs = [module.get_config(_arg(p, scale=scale)) for p in points]
+    for c in configs:
+      _check_buildable(c)
+    flats = [_flat(c) for c in configs]
+    changed = {k for k in flats[0] if len({repr(f[k]) for f in flats}) > 1}
+    assert changed and changed <= ABLATED[name], (scale, changed)
+    if scale == "full":
+      # Full scale is the paper's recipe: BERT-Base from config_lib, but for the ablation.
+      ref = _flat(config_lib.base_config("base"))
+      for f in flats:
+        assert {k for k in ref if repr(ref[k]) != repr(f[k])} <= ABLATED[name]
+    else:
+      assert all(c.data.input.endswith("sample_public_domain.txt") for c in configs)
+      assert all(c.opt.total_steps <= 500 and 8 <= c.data.batch_size <= 32 for c in configs)
+      assert all(train.bert_config(c).num_layers <= 8 for c in configs)
+  # The default ARG is one of the points (the baseline).
+  default = repr(_flat(module.get_config()))
+  assert any(default == repr(_flat(module.get_config(_arg(p)))) for p in points)
+
+
+def test_experiment_specifics():
+  t5 = _load(os.path.join(REPO, "experiments", "table5_pretraining_tasks.py"))
+  ltr = t5.get_config("task=ltr,scale=cpu")
+  assert (ltr.objective.mlm, ltr.objective.nsp, ltr.objective.ltr) == (False, False, True)
+  assert train.bert_config(ltr).causal
+  no_nsp = t5.get_config("task=mlm")
+  assert (no_nsp.objective.mlm, no_nsp.objective.nsp) == (True, False)
+  t6 = _load(os.path.join(REPO, "experiments", "table6_model_size.py"))
+  rows = [train.bert_config(t6.get_config(f"row={r}")) for r in t6.ROWS]
+  assert [(c.num_layers, c.hidden_size, c.num_heads) for c in rows] == [
+    (3, 768, 12), (6, 768, 3), (6, 768, 12), (12, 768, 12), (12, 1024, 16), (24, 1024, 16),
+  ]  # fmt: skip
+  cpu = [train.bert_config(t6.get_config(f"row={r},scale=cpu")) for r in t6.ROWS]
+  assert [(c.num_layers, c.hidden_size, c.num_heads) for c in cpu] == [
+    (1, 96, 12), (2, 96, 3), (2, 96, 12), (4, 96, 12), (4, 128, 16), (8, 128, 16),
+  ]  # fmt: skip
+  with pytest.raises(ValueError, match="task must be one of"):
+    t5.get_config("task=bilstm")
+  with pytest.raises(ValueError, match="scale must be full or cpu"):
+    t6.get_config("scale=gpu")
+
+
+# ----------------------------------------------------------------------------- training
+
+SEQ = 64
+TRAIN_OVERRIDES = {
+  "opt.total_steps": 2,
+  "opt.warmup_steps": 1,
+  "data.batch_size": 8,
+  "data.max_seq_length": SEQ,
+  "eval.every_steps": 0,  # only the final eval
+  "eval.max_batches": 1,
+  "log.every_steps": 1,
+  "ckpt.async_save": False,
+}
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+  """{nsp: data dir}: the bundled corpus (its first 1,500 lines) with and without NSP."""
+  from bert_jax import create_data
+
+  root = tmp_path_factory.mktemp("experiment_data")
+  corpus = os.path.join(REPO, "bert_jax", "data", "sample_public_domain.txt")
+  with open(corpus) as f:
+    lines = f.readlines()[:1500]
+  small = root / "corpus.txt"
+  small.write_text("".join(lines))
+  out = {}
+  for nsp in (True, False):
+    out[nsp] = str(root / f"nsp_{nsp}")
+    create_data.build(
+      str(small), out[nsp], max_seq_length=SEQ, nsp=nsp, eval_fraction=0.1, progress=False,
+      num_workers=0,
+    )  # fmt: skip
+  return out
+
+
+def _train(path, arg, data_dir, workdir):
+  c = _load(path).get_config(arg)
+  c.data.dir = data_dir
+  for k, v in TRAIN_OVERRIDES.items():
+    section, key = k.split(".")
+    c[section][key] = v
+  return c, train.train_and_evaluate(c, str(workdir))
+
+
+def _rows(workdir, split):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [r for r in map(json.loads, f) if r["split"] == split]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "name,arg,nsp",
+  [
+    ("table6_model_size", "row=L3_H768_A12,scale=cpu", True),
+    ("masking_static_vs_dynamic", "mode=dynamic,scale=cpu", True),
+    ("whole_word_masking", "whole_word=True,scale=cpu", True),
+  ],
+)
+def test_train_one_point(name, arg, nsp, datasets, tmp_path):
+  path = os.path.join(REPO, "experiments", f"{name}.py")
+  c, out = _train(path, arg, datasets[nsp], tmp_path)
+  assert out["step"] == 2
+  # A fresh model predicts ~uniformly over the 30,522 tokens: loss near ln(V) = 10.3.
+  assert 9.0 < out["train"]["mlm_loss"] < 11.5 and 0.4 < out["train"]["nsp_loss"] < 1.2
+  assert 0.0 <= out["eval"]["mlm_accuracy"] <= 0.2 and "nsp_accuracy" in out["eval"]
+  assert [r["step"] for r in _rows(tmp_path, "train")] == [1, 2]
+  saved = json.load(open(tmp_path / "config.json"))
+  assert saved["masking"]["mode"] == c.masking.mode
+  assert saved["masking"]["whole_word"] == c.masking.whole_word
+  assert saved["model"]["num_layers"] == c.model.num_layers
+
+
+@pytest.mark.slow
+def test_sweep_and_report_end_to_end(datasets, tmp_path):
+  """Table 5's LTR point through launch/sweep.py -> bert_jax.main, then bert_jax.report."""
+  root = tmp_path / "table5"
+  cmd = [
+    sys.executable,
+    os.path.join(REPO, "launch", "sweep.py"),
+    f"--experiment={REPO}/experiments/table5_pretraining_tasks.py:scale=cpu",
+    f"--root={root}",
+    "--only=ltr",
+    f"--config.data.dir={datasets[False]}",
+    *(f"--config.{k}={v}" for k, v in TRAIN_OVERRIDES.items()),
+  ]
+  r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+  assert r.returncode == 0, r.stderr[-3000:]
+  run = root / "task=ltr"
+  assert (run / "sweep_done.json").exists()
+  train_rows = _rows(run, "train")
+  assert [r["step"] for r in train_rows] == [1, 2]
+  assert 9.0 < train_rows[-1]["ltr_loss"] < 11.5 and "nsp_loss" not in train_rows[-1]
+  (ev,) = _rows(run, "eval")
+  assert math.isclose(ev["ltr_perplexity"], math.exp(ev["ltr_loss"]), rel_tol=1e-4)
+  r = subprocess.run(
+    [sys.executable, "-m", "bert_jax.report", f"--root={root}"],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  row = next(ln for ln in r.stdout.splitlines() if ln.startswith("| task=ltr |"))
+  assert f"| {train_rows[-1]['ltr_loss']:.4f} |" in row
+  assert (root / "report" / "train_loss.png").exists()
