@@ -633,6 +633,8 @@ class _Masker:
   BATCH = 1024
 
   def __init__(self, tok, opts: Options):
+    # A host-side tool: never grab an accelerator (or print libtpu's probing errors).
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
 
     from bert_jax import masking
