@@ -25,6 +25,7 @@ setuptools.setup(
     "matplotlib>=3.8",
     "safetensors>=0.4",
     "numpy>=2.0",
+    "protobuf",
   ],
   extras_require={
     "test": ["pytest>=8", "ruff>=0.6"],

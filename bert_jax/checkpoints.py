@@ -137,9 +137,8 @@ def read_meta(path: str, step: int | None = None) -> tuple[dict, int, str]:
 
 def bert_config_from_meta(meta: dict, **overrides: Any) -> model_lib.BertConfig:
   fields = {f.name for f in dataclasses.fields(model_lib.BertConfig)}
-  return model_lib.BertConfig(
-    **{k: v for k, v in meta["model"].items() if k in fields}, **overrides
-  )
+  stored = {k: v for k, v in meta["model"].items() if k in fields}
+  return model_lib.BertConfig(**{**stored, **overrides})
 
 
 def check_same_architecture(meta: dict, cfg: model_lib.BertConfig, source: str) -> None:

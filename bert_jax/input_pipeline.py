@@ -7,9 +7,10 @@ num_tokens (incl. [CLS]/[SEP]s), num_masked; then num_tokens token ids (metadata
 masked input ids (num_tokens, token dtype).
 
 Order: the global example stream is the dataset shuffled with seed `seed + epoch` in each epoch
-(grain's index shuffle), so position g holds epoch g // num_records. Process p of P takes
-positions p, p + P, ...; a global batch is a contiguous block of global_batch_size positions,
-split over processes, so processes stay in lockstep and never overlap. `epoch` is returned per
+(grain's index shuffle), so position g holds epoch g // num_records. A global batch is a
+contiguous block of global_batch_size positions; process p of P takes its p-th contiguous
+sub-block, so the global batch is the same example sequence for any process count, processes
+stay in lockstep and never overlap. `epoch` is returned per
 example. The iterator is a grain DatasetIterator: get_state()/set_state() (or orbax via
 grain.checkpoint.CheckpointSave/Restore) resume exactly.
 
@@ -211,6 +212,33 @@ def _with_position(position: int, index: int) -> tuple[int, int]:
   return position, index
 
 
+class _ProcessBlocks(grain.MapDataset):
+  """Process p's share of each global batch: its contiguous block [p*h, (p+1)*h).
+
+  The global batch is then the same sequence of examples whatever the process count (one
+  process with 8 devices == two with 4), which keeps per-position randomness such as dropout
+  identical across host layouts.
+  """
+
+  def __init__(self, parent: grain.MapDataset, global_batch: int, index: int, count: int):
+    super().__init__(parent)
+    self._global = global_batch
+    self._host = global_batch // count
+    self._offset = index * self._host
+
+  def __len__(self) -> int:
+    return len(self._parent) // self._global * self._host
+
+  def __getitem__(self, j):
+    if isinstance(j, slice):
+      return self.slice(j)
+    batch, k = divmod(j, self._host)
+    return self._parent[batch * self._global + self._offset + k]
+
+  def __str__(self) -> str:
+    return f"_ProcessBlocks(global={self._global}, host={self._host}, offset={self._offset})"
+
+
 def make_dataset(
   data_dir: str,
   split: str,
@@ -261,7 +289,7 @@ def make_dataset(
       pad = grain.MapDataset.range(padded - num_records).map(_padding_index)
       ds = grain.MapDataset.concatenate([ds, pad])
   ds = ds.map_with_index(_with_position)
-  ds = ds[process_index::process_count]
+  ds = _ProcessBlocks(ds, global_batch_size, process_index, process_count)
   ds = ds.map(_ReadExample(reader, num_records))
   ds = ds.batch(host_batch, drop_remainder=True)
   it = ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=64))

@@ -62,8 +62,27 @@ def main(argv):
       jax.distributed.shutdown()
 
 
+def _parse_or_exit(argv: list[str]) -> list[str]:
+  """Config problems (unknown key, wrong type, bad :ARG, missing file) as one line, before
+  anything is created or computed."""
+  try:
+    rest = flags.FLAGS(argv)
+    if flags.FLAGS["config"].present:
+      _ = _CONFIG.value.model  # config_flags defers load errors to first access
+  except (flags.Error, AttributeError, KeyError, OSError, TypeError, ValueError) as e:
+    text = str(e)
+    if "Traceback" in text:  # an exception raised inside get_config(): keep its last line
+      text = [ln for ln in text.splitlines() if ln.strip()][-1]
+    msg = " ".join(text.replace("\\n", " ").split())
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(2)
+  return rest
+
+
 def run():
-  app.run(main)
+  # orbax and grain log every save at INFO; progress goes to stdout. --verbosity=0 restores it.
+  flags.FLAGS.set_default("verbosity", -1)
+  app.run(main, flags_parser=_parse_or_exit)
 
 
 if __name__ == "__main__":

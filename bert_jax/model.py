@@ -447,7 +447,10 @@ class BertForPreTraining(nn.Module):
   def setup(self):
     self.bert = BertModel(self.cfg)
     self.predictions = MLMHead(self.cfg)
-    self.seq_relationship = Dense((2,), (sh.EMBED, None), self.cfg)
+    # NSP logits in float32 whatever the compute dtype (a 2-way head: free).
+    self.seq_relationship = Dense(
+      (2,), (sh.EMBED, None), dataclasses.replace(self.cfg, dtype="float32")
+    )
 
   def __call__(
     self,

@@ -72,8 +72,8 @@ def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   if os.path.isfile(os.path.join(data_dir, "metadata.json")):
     return data_dir
   if jax.process_index() == 0:
-    logging.info("Building pretraining data from %s into %s", config.data.input, data_dir)
-    create_data.build(
+    console(f"Building pretraining data from {config.data.input} into {data_dir}")
+    summary = create_data.build(
       input=config.data.input,
       output_dir=data_dir,
       vocab=config.data.vocab or tokenizer_lib.default_vocab_path(),
@@ -84,7 +84,9 @@ def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
       nsp=bool(config.objective.nsp),
       eval_fraction=config.data.eval_fraction,
       seed=config.data.seed,
+      progress=False,
     )
+    console(create_data.format_summary(summary))
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
 
@@ -117,6 +119,11 @@ def validate(config: ml_collections.ConfigDict, mesh, metadata: dict) -> None:
     raise ValueError(
       f"data max_seq_length {metadata['max_seq_length']} exceeds "
       f"config.model.max_position_embeddings={config.model.max_position_embeddings}"
+    )
+  if config.data.dir and metadata["max_seq_length"] != config.data.max_seq_length:
+    raise ValueError(
+      f"config.data.max_seq_length={config.data.max_seq_length} but {config.data.dir} was built "
+      f"with max_seq_length={metadata['max_seq_length']}"
     )
   if config.objective.nsp and not metadata["nsp"]:
     raise ValueError("config.objective.nsp=True but the data was built without NSP pairs")
@@ -167,7 +174,7 @@ def make_train_step(
     params = optax.apply_updates(state["params"], updates)
     metrics = dict(sums)
     metrics["loss"] = objectives.total_loss(sums, totals, obj)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = optax.tree.norm(grads)
     new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
     return new_state, metrics
 
@@ -245,6 +252,12 @@ class MetricLogger:
   def close(self) -> None:
     if self.tb is not None:
       self.tb.close()
+
+
+def console(msg: str) -> None:
+  """Progress for people (stdout, process 0); absl logging stays for diagnostics."""
+  if jax.process_index() == 0:
+    print(msg, flush=True)
 
 
 def _bar(frac: float, width: int = 20) -> str:
@@ -354,13 +367,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     state, meta = ckpt.restore(start_step, abstract_state, train_iter)
     ckpt_lib.check_same_architecture(meta, cfg, ckpt.directory)
     pending = meta.get("pending_metrics", {})
-    logging.info("Resumed from %s step %d", ckpt.directory, start_step)
+    console(f"Resumed from {ckpt.directory} at step {start_step}")
   else:
     start_step = 0
     if config.init_from:
       params = restore_init_from(config.init_from, cfg, abstract_state["params"])
       state = {**state, "params": params}
-      logging.info("Initialised weights from %s", config.init_from)
+      console(f"Initialised weights from {config.init_from}")
 
   meta_base = {
     "config": ckpt_lib.to_json(config.to_dict()),
@@ -440,7 +453,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if "mfu" in perf:
       msg += f" | MFU {100 * perf['mfu']:.1f}%"
     msg += f" | ETA {_fmt_time(eta)}"
-    logging.info(msg)
+    console(msg)
     last_train = summary
     pending = {}
     window_start, window_steps = now, 0

@@ -23,3 +23,24 @@ def shared_data():
   if not SHARED_DATA.is_dir():
     pytest.skip("../shared/data is absent")
   return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_data_dir(tmp_path_factory):
+  """The bundled corpus built once per session at sequence length 64 (a few seconds)."""
+  from bert_jax import create_data
+
+  out = tmp_path_factory.mktemp("data") / "local64"
+  create_data.build(
+    str(
+      pathlib.Path(__file__).resolve().parents[1] / "bert_jax" / "data" / "sample_public_domain.txt"
+    ),
+    str(out),
+    max_seq_length=64,
+    max_predictions_per_seq=10,
+    dupe_factor=1,
+    eval_fraction=0.05,
+    num_workers=1,
+    progress=False,
+  )
+  return str(out)
