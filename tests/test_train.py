@@ -377,11 +377,11 @@ def test_load_in_fresh_single_device_process(tiny_data_dir, tmp_path):
     tiny_config(tiny_data_dir, **{"mesh.shape": (2, 2, 2), "opt.total_steps": 2}), wd
   )
   code = (
-    "import jax, bert_jax; assert jax.device_count() == 1; m = bert_jax.load(%r); "
+    "import jax, bert_jax; assert jax.device_count() == 1; m = bert_jax.load(WD); "
     "r = m.fill_mask('the queen said [MASK] to alice .'); "
     "e = m.embed(['a sentence'], layers=(-1, -2)); "
-    "print(m.step, len(r), len(r[0]), r[0][0][0], e.hidden[0].shape, e.tokens[0])" % wd
-  )
+    "print(m.step, len(r), len(r[0]), r[0][0][0], e.hidden[0].shape, e.tokens[0])"
+  ).replace("WD", repr(wd))
   r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True)
   assert r.returncode == 0, r.stderr[-2000:]
   step, n_masks, top_k, token, *rest = r.stdout.split(maxsplit=4)
