@@ -114,4 +114,5 @@ def base_config(size: str = "base") -> ml_collections.ConfigDict:
   c.log = ml_collections.ConfigDict()
   c.log.every_steps = 100
   c.log.peak_flops = config_dict.placeholder(float)  # per device; known TPUs/GPUs built in
+  c.log.fill_mask = ()  # texts with [MASK] whose predictions are printed at the end
   return c

@@ -31,6 +31,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if not flags.FLAGS["verbosity"].present:
+    # orbax and grain log every save at INFO; progress goes to stdout.
+    logging.set_verbosity(logging.WARNING)
   import jax
 
   if _CPU_DEVICES.value:
@@ -80,8 +83,6 @@ def _parse_or_exit(argv: list[str]) -> list[str]:
 
 
 def run():
-  # orbax and grain log every save at INFO; progress goes to stdout. --verbosity=0 restores it.
-  flags.FLAGS.set_default("verbosity", -1)
   app.run(main, flags_parser=_parse_or_exit)
 
 

@@ -23,6 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from absl import logging
 
@@ -188,7 +189,15 @@ def make_eval_step(model: nn.Module, obj: objectives.Objective, tables: Any) -> 
   def eval_step(params, batch):
     inputs = objectives.prepare(batch, eval_obj, tables)
     out = objectives.forward(model, params, inputs, deterministic=True)
-    return objectives.losses(out, inputs, eval_obj)
+    sums = objectives.losses(out, inputs, eval_obj)
+    # Target histogram: the accuracy of always predicting the most frequent target token is
+    # the baseline an LM must beat.
+    sums["target_hist"] = (
+      jnp.zeros(model.cfg.vocab_size, jnp.float32)
+      .at[inputs["targets"].reshape(-1)]
+      .add(inputs["target_weights"].reshape(-1))
+    )
+    return sums
 
   return eval_step
 
@@ -308,14 +317,33 @@ def evaluate(eval_step, params, config, data_dir, mesh, batch_sharding) -> dict[
     process_count=jax.process_count(),
   )
   totals: dict[str, float] = {}
+  hist = 0.0
   for i, host_batch in enumerate(ds):
     if config.eval.max_batches and i >= config.eval.max_batches:
       break
     batch = input_pipeline.to_global(host_batch, mesh)
     sums = jax.device_get(eval_step(params, batch))
+    hist = hist + sums.pop("target_hist")
     for k, v in sums.items():
       totals[k] = totals.get(k, 0.0) + float(v)
-  return objectives.summarize(totals)
+  out = objectives.summarize(totals)
+  if np.sum(hist) > 0:
+    lm = "ltr" if config.objective.ltr else "mlm"
+    out[f"{lm}_majority_baseline"] = float(np.max(hist) / np.sum(hist))
+  return out
+
+
+def show_fill_mask(params, cfg, tokenizer, texts) -> None:
+  """Prints the top predictions for each [MASK] (the bundled default ends with this)."""
+  from bert_jax import api
+
+  if jax.process_count() > 1 or not texts:
+    return
+  m = api.Bert(cfg, jax.device_get(params), tokenizer, {}, 0)
+  for text in texts:
+    preds = m.fill_mask(text, top_k=3)
+    shown = " / ".join(", ".join(f"{t} {p:.2f}" for t, p in pm) for pm in preds)
+    console(f"fill_mask: {text}  ->  {shown}")
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -476,9 +504,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if eval_now or step == total_steps:
         last_eval = evaluate(p_eval_step, state["params"], config, data_dir, mesh, batch_sh)
         logger.write(step, "eval", last_eval)
-        logging.info(
-          "eval @ %d: %s", step, " | ".join(f"{k} {v:.4f}" for k, v in last_eval.items())
-        )
+        console(f"eval @ {step}: " + " | ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
       if ckpt_now or preempt.requested:
         ckpt.save(step, state, train_iter, {**meta_base, "pending_metrics": pending}, force=True)
       if preempt.requested:
@@ -486,4 +512,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         break
   ckpt.close()
   logger.close()
+  if step == total_steps and config.log.fill_mask:
+    show_fill_mask(state["params"], cfg, tokenizer, list(config.log.fill_mask))
   return {"step": step, "train": last_train, "eval": last_eval}

@@ -32,4 +32,9 @@ def get_config(arg=None):
   c.ckpt.every_steps = 200
   c.eval.every_steps = 200
   c.log.every_steps = 20
+  c.log.fill_mask = (
+    "alice was beginning to get very [MASK] of sitting by her sister on the bank .",
+    "the white [MASK] ran close by her .",
+    "the president of the united [MASK] addressed the congress .",
+  )
   return c
