@@ -1,0 +1,973 @@
+"""Benchmark of the trainer's own jitted train step, side by side with HuggingFace/PyTorch.
+
+  python -m bert_jax.benchmark --sizes=tiny,mini,small,medium,base --seqs=128 --batch=32 \
+      --dtypes=float32,bfloat16 --passes=2 --peers --peer_python=/path/to/venv/bin/python
+  python -m bert_jax.benchmark --large        # BERT-Large (scan): compile time, step memory
+  python -m bert_jax.benchmark --data         # create_data and input-pipeline throughput
+  python -m bert_jax.benchmark --loss_check   # fast vs plain configuration: same losses
+
+Every measurement runs in a fresh interpreter (so compile time and peak RSS are its own) and
+the measurements of one pass are interleaved: ours, then each peer, size by size, pass by
+pass, so ratios are taken under the same machine conditions. A measurement is the median step
+time of `--steps` timed steps after `--warmup` untimed ones (the first one compiles), on a
+synthetic full-length batch reused every step. Our step is `train.make_train_step` jitted
+exactly as `train.train_and_evaluate` does (state donated, on-device masking included); MFU
+divides the model FLOPs (`model.train_flops_per_token`: attention included, the MLM head at
+the `max_predictions` gathered positions) by a matmul peak measured in the same process.
+
+Peers (`--peers`): transformers 4.x `FlaxBertForPreTraining` (fp32) and PyTorch
+`BertForPreTraining` (eager bf16 autocast, and torch.compile bf16), with AdamW and dropout
+0.1 on the same shapes; their MLM head computes logits at every position, as HuggingFace
+does. They run in `--peer_python` (an interpreter that has torch/transformers), or in this
+one if it can import them.
+
+Output: one JSON line per measurement (stdout, and appended to `--json_out`) and a table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+SIZES_DEFAULT = ("tiny", "mini", "small", "medium", "base")
+# Predicted positions per sequence by length (the original BERT's two phases).
+MAX_PREDICTIONS = {128: 20, 512: 80}
+PEERS_DEFAULT = ("hf_flax:float32", "torch:bfloat16", "torch_compile:bfloat16")
+_RESULT_MARK = "BENCH_RESULT "
+# Model-field settings of the fast path and of the plain reference (for --loss_check).
+FAST: dict[str, Any] = {"attention_impl": "fused"}
+PLAIN: dict[str, Any] = {"attention_impl": "explicit", "scan_layers": False, "remat_policy": "none"}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def peak_rss_gb() -> float:
+  """This process's peak resident set (VmHWM), in GB."""
+  with open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith("VmHWM:"):
+        return int(line.split()[1]) * 1024 / 1e9
+  return float("nan")
+
+
+def load_average() -> float:
+  return os.getloadavg()[0]
+
+
+def max_predictions(seq: int) -> int:
+  return MAX_PREDICTIONS.get(seq, max(1, round(0.15 * seq)))
+
+
+def matmul_peak_gflops(dtype: str, n: int = 2048, reps: int = 7) -> float:
+  """Median GFLOP/s of an n x n x n matmul in `dtype` (bf16 operands accumulate in f32, the
+  way model.matmul computes), measured in this process."""
+  import jax
+  import jax.numpy as jnp
+
+  x = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
+  f = jax.jit(lambda a: jnp.dot(a, a, preferred_element_type=jnp.float32))
+  jax.block_until_ready(f(x))
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(x))
+    times.append(time.perf_counter() - t0)
+  return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def synthetic_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+  """A full-length NSP-style host batch ([CLS] A [SEP] B [SEP], no padding), as the input
+  pipeline yields it (masking happens on device, inside the step)."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(1000, vocab, (batch, seq)).astype(np.int32)
+  half = seq // 2
+  ids[:, 0], ids[:, half - 1], ids[:, -1] = 101, 102, 102
+  seg = np.zeros((batch, seq), np.int32)
+  seg[:, half:] = 1
+  return {
+    "input_ids": ids,
+    "segment_ids": seg,
+    "input_mask": np.ones((batch, seq), np.int32),
+    "next_sentence_label": rng.integers(0, 2, batch).astype(np.int32),
+    "example_id": np.arange(batch, dtype=np.int32),
+    "epoch": np.zeros(batch, np.int32),
+  }
+
+
+def bench_config(size: str, seq: int, batch: int, dtype: str, overrides: dict[str, Any]):
+  """The trainer's config for a named size, with model-field overrides."""
+  from bert_jax import config_lib
+
+  c = config_lib.base_config(size)
+  c.data.batch_size = batch
+  c.data.max_seq_length = seq
+  c.masking.max_predictions = max_predictions(seq)
+  c.model.dtype = dtype
+  c.opt.total_steps = 1_000_000
+  c.mesh.shape = (1, 1, 1)
+  for k, v in overrides.items():
+    if k not in c.model:
+      raise ValueError(f"--variant key {k!r} is not a BertConfig field")
+    c.model[k] = type(c.model[k])(v) if c.model[k] is not None else v
+  return c
+
+
+@dataclasses.dataclass
+class Step:
+  """A compiled train step with its state, ready to be called."""
+
+  fn: Any
+  state: Any
+  batch: Any
+  rng: Any
+  cfg: Any
+  lower_s: float
+  compile_s: float
+  compiled: Any
+
+
+def build_step(config, tables=None) -> Step:
+  """Jits `train.make_train_step` as `train.train_and_evaluate` does, on one device."""
+  import jax
+
+  from bert_jax import input_pipeline, masking, objectives, optim, train
+  from bert_jax import model as model_lib
+  from bert_jax import sharding as sh
+  from bert_jax import tokenizer as tokenizer_lib
+
+  if tables is None:
+    tables = masking.tables_from_tokenizer(
+      tokenizer_lib.load_tokenizer(tokenizer_lib.default_vocab_path())
+    )
+  mesh = sh.make_mesh(tuple(config.mesh.shape), devices=jax.devices()[:1])
+  rules = sh.rules_from_config(config.mesh.rules)
+  cfg = train.bert_config(config)
+  model = model_lib.BertForPreTraining(cfg)
+  tx = optim.make_optimizer(config.opt)
+  obj = objectives.Objective.from_config(config)
+  rng = jax.random.key(config.seed)
+  init_rng, step_rng = jax.random.split(rng)
+  state, state_sh, _ = train.create_state(config, model, tx, mesh, rules, init_rng)
+  host = synthetic_batch(config.data.batch_size, config.data.max_seq_length, cfg.vocab_size)
+  batch = input_pipeline.to_global(host, mesh)
+  with sh.mesh_context(mesh, rules):
+    fn = jax.jit(
+      train.make_train_step(model, tx, obj, tables, config.opt.grad_accum_steps),
+      in_shardings=(state_sh, sh.batch_sharding(mesh), sh.replicated(mesh)),
+      out_shardings=(state_sh, sh.replicated(mesh)),
+      donate_argnums=0,
+    )
+    t0 = time.perf_counter()
+    lowered = fn.lower(state, batch, step_rng)
+    lower_s = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  compiled = lowered.compile()
+  compile_s = time.perf_counter() - t0
+  return Step(compiled, state, batch, step_rng, cfg, lower_s, compile_s, compiled)
+
+
+def run_steps(step: Step, n: int, timed: bool = True) -> tuple[list[float], list[float]]:
+  """n steps; returns (per-step seconds, losses). Syncs on each step only to time it."""
+  import jax
+
+  times, losses = [], []
+  for _ in range(n):
+    t0 = time.perf_counter()
+    step.state, metrics = step.fn(step.state, step.batch, step.rng)
+    if timed:
+      jax.block_until_ready((step.state, metrics))
+      times.append(time.perf_counter() - t0)
+    losses.append(metrics["loss"])
+  return times, [float(x) for x in jax.device_get(losses)]
+
+
+def summarize_times(times: Sequence[float]) -> dict[str, float]:
+  return {
+    "step_ms_median": 1e3 * statistics.median(times),
+    "step_ms_min": 1e3 * min(times),
+    "step_ms_max": 1e3 * max(times),
+  }
+
+
+def measure_ours(
+  size: str,
+  seq: int,
+  batch: int,
+  dtype: str,
+  steps: int,
+  warmup: int,
+  variant: dict[str, Any] | None = None,
+  peak: bool = True,
+  memory: bool = False,
+) -> dict[str, Any]:
+  """One measurement of our train step (in this process)."""
+  import jax
+
+  from bert_jax import model as model_lib
+
+  variant = dict(variant or {})
+  config = bench_config(size, seq, batch, dtype, variant)
+  step = build_step(config)
+  t0 = time.perf_counter()
+  _, warm_losses = run_steps(step, max(1, warmup))
+  first_s = time.perf_counter() - t0
+  peaks = {}
+  if peak:
+    peaks["float32"] = matmul_peak_gflops("float32")
+    if dtype != "float32":
+      peaks[dtype] = matmul_peak_gflops(dtype)
+  load = load_average()
+  times, losses = run_steps(step, steps)
+  flops = model_lib.train_flops_per_token(step.cfg, seq, max_predictions(seq))
+  med = statistics.median(times)
+  rec = {
+    "kind": "train_step",
+    "impl": "bert_jax",
+    "size": size,
+    "seq": seq,
+    "batch": batch,
+    "dtype": dtype,
+    "variant": variant,
+    **summarize_times(times),
+    "tokens_per_s": batch * seq / med,
+    "flops_per_token": flops,
+    "gflops": flops * batch * seq / med / 1e9,
+    "compile_s": step.lower_s + step.compile_s,
+    "lower_s": step.lower_s,
+    "warmup_s": first_s,
+    "peak_rss_gb": peak_rss_gb(),
+    "losses": warm_losses + losses,
+    "load_avg": load,
+    "jax": jax.__version__,
+  }
+  if memory:
+    rec.update(memory_record(step))
+    rec["peak_rss_ratio"] = rec["peak_rss_gb"] / rec["params_grads_adam_gb"]
+  if peaks:
+    rec["peak_gflops"] = peaks
+    rec["mfu_fp32_peak"] = rec["gflops"] / peaks["float32"]
+    rec["mfu"] = rec["gflops"] / peaks[dtype]
+  return rec
+
+
+# ----------------------------------------------------------------------------- peers
+
+
+def _peer_worker(spec: dict) -> dict:
+  """Times one HuggingFace BertForPreTraining train step (Flax or PyTorch).
+
+  Runs in the peer interpreter from its source text, so it imports nothing of bert_jax.
+  Step: forward (MLM logits at every position, as HF does), MLM loss on 15% of the positions
+  + NSP loss, backward, AdamW (decay off for biases/LayerNorm), dropout `spec['dropout']`.
+  """
+  import os
+  import time
+
+  import numpy as np
+
+  def peak_rss_gb():
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) * 1024 / 1e9
+    return float("nan")
+
+  import transformers
+
+  fw, b, s, v = spec["framework"], spec["batch"], spec["seq"], spec["vocab"]
+  hf_cfg = transformers.BertConfig(
+    vocab_size=v,
+    hidden_size=spec["hidden"],
+    num_hidden_layers=spec["layers"],
+    num_attention_heads=spec["heads"],
+    intermediate_size=spec["intermediate"],
+    max_position_embeddings=spec["max_pos"],
+    type_vocab_size=2,
+    hidden_dropout_prob=spec["dropout"],
+    attention_probs_dropout_prob=spec["dropout"],
+  )
+  rs = np.random.RandomState(0)
+  ids = rs.randint(1000, v, (b, s)).astype(np.int32)
+  seg = np.zeros((b, s), np.int32)
+  seg[:, s // 2 :] = 1
+  labels = rs.randint(1000, v, (b, s)).astype(np.int32)
+  weights = (rs.rand(b, s) < 0.15).astype(np.float32)
+  nsp = rs.randint(0, 2, b).astype(np.int32)
+  info = {"transformers": transformers.__version__}
+  compile_s = 0.0
+
+  if fw == "hf_flax":
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    info["jax"] = jax.__version__
+    dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[spec["dtype"]]
+    model = transformers.FlaxBertForPreTraining(hf_cfg, input_shape=(1, s), seed=0, dtype=dtype)
+    params = model.params
+
+    def mask_fn(tree):
+      return jax.tree_util.tree_map_with_path(
+        lambda p, _: str(getattr(p[-1], "key", p[-1])) not in ("bias", "scale"), tree
+      )
+
+    tx = optax.adamw(1e-4, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=mask_fn)
+    opt_state = tx.init(params)
+    batch = jax.device_put(
+      {
+        "ids": ids,
+        "seg": seg,
+        "mask": np.ones_like(ids),
+        "labels": labels,
+        "w": weights,
+        "nsp": nsp,
+      }
+    )
+
+    def step(params, opt_state, batch, rng):
+      rng, drng = jax.random.split(rng)
+
+      def loss_fn(p):
+        out = model(
+          batch["ids"],
+          attention_mask=batch["mask"],
+          token_type_ids=batch["seg"],
+          params=p,
+          dropout_rng=drng,
+          train=True,
+        )
+        ce = optax.softmax_cross_entropy_with_integer_labels(
+          out.prediction_logits.astype(jnp.float32), batch["labels"]
+        )
+        mlm = jnp.sum(ce * batch["w"]) / jnp.maximum(jnp.sum(batch["w"]), 1.0)
+        nsp_ce = optax.softmax_cross_entropy_with_integer_labels(
+          out.seq_relationship_logits.astype(jnp.float32), batch["nsp"]
+        )
+        return mlm + jnp.mean(nsp_ce)
+
+      loss, grads = jax.value_and_grad(loss_fn)(params)
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state, loss, rng
+
+    t0 = time.perf_counter()
+    compiled = (
+      jax.jit(step, donate_argnums=(0, 1))
+      .lower(params, opt_state, batch, jax.random.PRNGKey(1))
+      .compile()
+    )
+    compile_s = time.perf_counter() - t0
+    carry = [params, opt_state, jax.random.PRNGKey(1)]
+
+    def run():
+      carry[0], carry[1], loss, carry[2] = compiled(carry[0], carry[1], batch, carry[2])
+      jax.block_until_ready((carry[0], loss))
+      return float(loss)
+  else:
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    torch.manual_seed(0)
+    info["torch"] = torch.__version__
+    model = transformers.BertForPreTraining(hf_cfg).float().train()
+    decay = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
+    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
+    opt = torch.optim.AdamW(
+      [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+      lr=1e-4,
+      eps=1e-6,
+    )
+    t_ids, t_seg = torch.from_numpy(ids).long(), torch.from_numpy(seg).long()
+    t_labels = torch.from_numpy(np.where(weights > 0, labels, -100)).long()
+    t_nsp, t_mask = torch.from_numpy(nsp).long(), torch.ones(b, s, dtype=torch.long)
+    fwd = torch.compile(model) if fw == "torch_compile" else model
+    amp = spec["dtype"] == "bfloat16"
+
+    def run():
+      opt.zero_grad(set_to_none=True)
+      with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=amp):
+        out = fwd(
+          input_ids=t_ids,
+          attention_mask=t_mask,
+          token_type_ids=t_seg,
+          labels=t_labels,
+          next_sentence_label=t_nsp,
+        )
+      out.loss.backward()
+      opt.step()
+      return float(out.loss.detach())
+
+  losses, warm = [], []
+  for _ in range(max(1, spec["warmup"])):
+    t0 = time.perf_counter()
+    losses.append(run())
+    warm.append(time.perf_counter() - t0)
+  load = os.getloadavg()[0]
+  times = []
+  for _ in range(spec["steps"]):
+    t0 = time.perf_counter()
+    losses.append(run())
+    times.append(time.perf_counter() - t0)
+  if fw == "torch_compile":  # its compile happens inside the first call
+    compile_s = max(0.0, warm[0] - sorted(times)[len(times) // 2])
+  return {
+    "times": times,
+    "warmup_s": sum(warm),
+    "compile_s": compile_s,
+    "losses": losses,
+    "peak_rss_gb": peak_rss_gb(),
+    "load_avg": load,
+    "versions": info,
+  }
+
+
+def peer_available(python: str) -> dict[str, bool]:
+  """Which peer frameworks `python` can import."""
+  code = (
+    "import importlib.util as u, json; print(json.dumps({m: u.find_spec(m) is not None "
+    "for m in ('torch', 'transformers', 'jax', 'optax', 'flax')}))"
+  )
+  try:
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    mods = json.loads(out.stdout.strip().splitlines()[-1])
+  except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+    return {"hf_flax": False, "torch": False, "torch_compile": False}
+  if mods["transformers"]:
+    import_ok = subprocess.run(
+      [python, "-c", "import transformers; assert int(transformers.__version__.split('.')[0]) < 5"],
+      capture_output=True,
+      timeout=300,
+    )
+    flax_ok = import_ok.returncode == 0 and mods["jax"] and mods["flax"] and mods["optax"]
+  else:
+    flax_ok = False
+  torch_ok = mods["torch"] and mods["transformers"]
+  return {"hf_flax": flax_ok, "torch": torch_ok, "torch_compile": torch_ok}
+
+
+def _subprocess_env() -> dict[str, str]:
+  env = dict(os.environ)
+  env.setdefault("JAX_PLATFORMS", "cpu")  # a libtpu install otherwise logs errors at start
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  return env
+
+
+def _run_subprocess(argv: list[str], timeout: float) -> dict[str, Any]:
+  proc = subprocess.run(
+    argv, capture_output=True, text=True, timeout=timeout, env=_subprocess_env()
+  )
+  for line in reversed(proc.stdout.splitlines()):
+    if line.startswith(_RESULT_MARK):
+      return json.loads(line[len(_RESULT_MARK) :])
+  tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+  raise RuntimeError(f"benchmark worker {argv[1:3]} failed (exit {proc.returncode}): {tail}")
+
+
+def measure_peer(
+  python: str,
+  framework: str,
+  dtype: str,
+  size: str,
+  seq: int,
+  batch: int,
+  steps: int,
+  warmup: int,
+  timeout: float = 3600,
+) -> dict[str, Any]:
+  """One peer measurement in a fresh `python` process."""
+  from bert_jax import model as model_lib
+
+  cfg = model_lib.config_for_size(size)
+  spec = {
+    "framework": framework,
+    "dtype": dtype,
+    "batch": batch,
+    "seq": seq,
+    "steps": steps,
+    "warmup": warmup,
+    "layers": cfg.num_layers,
+    "hidden": cfg.hidden_size,
+    "heads": cfg.num_heads,
+    "intermediate": cfg.intermediate_size,
+    "vocab": cfg.vocab_size,
+    "max_pos": cfg.max_position_embeddings,
+    "dropout": 0.1,
+  }
+  src = inspect.getsource(_peer_worker)
+  code = (
+    f"import json, sys\n{src}\n"
+    f"print({_RESULT_MARK!r} + json.dumps(_peer_worker(json.loads(sys.argv[1]))))\n"
+  )
+  out = _run_subprocess([python, "-c", code, json.dumps(spec)], timeout)
+  times = out.pop("times")
+  med = statistics.median(times)
+  flops = model_lib.train_flops_per_token(cfg, seq, seq)  # HF: the head at every position
+  return {
+    "kind": "train_step",
+    "impl": framework,
+    "size": size,
+    "seq": seq,
+    "batch": batch,
+    "dtype": dtype,
+    "variant": {},
+    **summarize_times(times),
+    "tokens_per_s": batch * seq / med,
+    "flops_per_token": flops,
+    "gflops": flops * batch * seq / med / 1e9,
+    **out,
+  }
+
+
+def measure_ours_subprocess(spec: dict[str, Any], timeout: float = 3600) -> dict[str, Any]:
+  """measure_ours in a fresh interpreter (its own compile time, peak RSS, matmul peak)."""
+  return _run_subprocess(
+    [sys.executable, "-m", "bert_jax.benchmark", "--worker=" + json.dumps(spec)], timeout
+  )
+
+
+# ----------------------------------------------------------------------------- other checks
+
+
+def measure_data(seq: int = 128, batch: int = 32, batches: int = 50) -> dict[str, Any]:
+  """create_data on the bundled corpus, then the input pipeline reading it back."""
+  from bert_jax import create_data, input_pipeline
+  from bert_jax import tokenizer as tokenizer_lib
+
+  corpus = os.path.join(
+    os.path.dirname(tokenizer_lib.default_vocab_path()), "sample_public_domain.txt"
+  )
+  with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "data")
+    t0 = time.perf_counter()
+    summary = create_data.build(
+      corpus, out, max_seq_length=seq, dupe_factor=1, num_workers=1, progress=False
+    )
+    build_s = time.perf_counter() - t0
+    train = summary["splits"]["train"]
+    ds = input_pipeline.make_dataset(
+      out, "train", global_batch_size=batch, seed=0, process_index=0, process_count=1
+    )
+    it = iter(ds)
+    first = next(it)
+    t0 = time.perf_counter()
+    real = 0
+    for _ in range(batches):
+      b = next(it)
+      real += int(b["input_mask"].sum())
+    read_s = time.perf_counter() - t0
+  del first
+  return {
+    "kind": "data",
+    "seq": seq,
+    "corpus_bytes": os.path.getsize(corpus),
+    "create_data_s": build_s,
+    "create_data_sequences_per_s": train["num_sequences"] / build_s,
+    "create_data_tokens_per_s": train["num_tokens"] / build_s,
+    "pipeline_batches_per_s": batches / read_s,
+    "pipeline_tokens_per_s": batches * batch * seq / read_s,
+    "padding_fraction": 1.0 - real / (batches * batch * seq),
+  }
+
+
+def _state_bytes(params) -> int:
+  import jax
+
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+
+
+def memory_record(step: Step) -> dict[str, float]:
+  """XLA's buffer accounting for the compiled step, against params + grads + Adam moments."""
+  m = step.compiled.memory_analysis()
+  param_b = _state_bytes(step.state["params"])
+  rec = {"param_gb": param_b / 1e9, "params_grads_adam_gb": 4 * param_b / 1e9}
+  if m is not None:
+    peak = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+    peak += m.temp_size_in_bytes
+    rec.update(
+      xla_argument_gb=m.argument_size_in_bytes / 1e9,
+      xla_temp_gb=m.temp_size_in_bytes / 1e9,
+      xla_output_gb=m.output_size_in_bytes / 1e9,
+      xla_alias_gb=m.alias_size_in_bytes / 1e9,
+      xla_peak_gb=peak / 1e9,
+      xla_peak_ratio=peak / (4 * param_b),
+    )
+  return rec
+
+
+def loss_check(
+  size: str = "tiny",
+  steps: int = 20,
+  batch: int = 8,
+  seq: int = 64,
+  fast: dict[str, Any] | None = None,
+  plain: dict[str, Any] | None = None,
+  dtype: str = "float32",
+) -> dict[str, Any]:
+  """Losses of `steps` train steps of the fast and the plain configuration from the same
+  initial weights and batches. Dropout is off in both (the layouts draw dropout masks
+  differently, e.g. scan splits the key per layer), so any difference is arithmetic."""
+  import jax
+
+  from bert_jax import convert
+
+  fast = {**FAST, **(fast or {})}
+  plain = {**PLAIN, **(plain or {})}
+  no_dropout = {"hidden_dropout_prob": 0.0, "attention_dropout_prob": 0.0}
+  results = {}
+  init = None
+  for name, variant, dt in (("plain", plain, "float32"), ("fast", fast, dtype)):
+    config = bench_config(size, seq, batch, dt, {**variant, **no_dropout})
+    config.opt.warmup_steps = 2
+    config.opt.total_steps = steps + 1
+    config.opt.lr = 1e-3  # large enough that 20 steps move the loss visibly
+    step = build_step(config)
+    params = jax.device_get(step.state["params"])
+    if init is None:
+      init = params
+    else:
+      params = convert.to_layout(convert.unstack_layers(init), step.cfg.scan_layers)
+    tx = __import__("bert_jax.optim", fromlist=["optim"]).make_optimizer(config.opt)
+    sharding = jax.tree.map(lambda x: x.sharding, step.state)
+    state = {"step": step.state["step"], "params": params, "opt_state": tx.init(params)}
+    step.state = jax.device_put(state, sharding)
+    losses = []
+    mesh = jax.tree.leaves(step.batch)[0].sharding.mesh
+    from bert_jax import input_pipeline
+
+    for i in range(steps):
+      host = synthetic_batch(batch, seq, step.cfg.vocab_size, seed=i % 4)
+      step.batch = input_pipeline.to_global(host, mesh)
+      _, loss = run_steps(step, 1, timed=False)
+      losses += loss
+    results[name] = losses
+  a, b = np.array(results["plain"]), np.array(results["fast"])
+  return {
+    "kind": "loss_check",
+    "size": size,
+    "dtype": dtype,
+    "fast": fast,
+    "plain": plain,
+    "plain_losses": a.tolist(),
+    "fast_losses": b.tolist(),
+    "max_abs_diff": float(np.max(np.abs(a - b))),
+    "max_rel_diff": float(np.max(np.abs(a - b) / np.abs(a))),
+  }
+
+
+# ----------------------------------------------------------------------------- suite
+
+
+def _emit(rec: dict[str, Any], json_out: str | None) -> None:
+  line = json.dumps(rec, sort_keys=True)
+  print(line, flush=True)
+  if json_out:
+    with open(json_out, "a") as f:
+      f.write(line + "\n")
+
+
+def parse_variants(text: str) -> list[dict[str, Any]]:
+  """'scan_layers=True,remat_policy=full;attention_impl=explicit' -> list of dicts."""
+  out = []
+  for part in text.split(";"):
+    v: dict[str, Any] = {}
+    for item in filter(None, part.split(",")):
+      if "=" not in item:
+        raise ValueError(f"--variants item {item!r} is not key=value")
+      k, val = item.split("=", 1)
+      v[k] = {"True": True, "False": False}.get(val, val)
+    out.append(v)
+  return out
+
+
+def run_suite(
+  sizes: Sequence[str],
+  seqs: Sequence[int],
+  batch: int,
+  dtypes: Sequence[str],
+  passes: int,
+  steps: int,
+  warmup: int,
+  peers: Sequence[tuple[str, str]] = (),
+  peer_python: str | None = None,
+  variants: Sequence[dict[str, Any]] = ({},),
+  json_out: str | None = None,
+  isolate: bool = True,
+) -> list[dict[str, Any]]:
+  """All measurements, interleaved: pass -> seq -> size -> (ours..., peers...)."""
+  records = []
+  for p in range(passes):
+    for seq in seqs:
+      for size in sizes:
+        jobs = [("ours", dt, v) for v in variants for dt in dtypes]
+        jobs += [(fw, dt, {}) for fw, dt in peers]
+        for impl, dtype, variant in jobs:
+          t0 = time.perf_counter()
+          try:
+            if impl == "ours":
+              spec = dict(
+                size=size,
+                seq=seq,
+                batch=batch,
+                dtype=dtype,
+                steps=steps,
+                warmup=warmup,
+                variant={**FAST, **variant},
+              )
+              rec = measure_ours_subprocess(spec) if isolate else measure_ours(**spec)
+            else:
+              rec = measure_peer(peer_python, impl, dtype, size, seq, batch, steps, warmup)
+          except (RuntimeError, subprocess.TimeoutExpired) as e:
+            rec = {
+              "kind": "error",
+              "impl": impl,
+              "size": size,
+              "seq": seq,
+              "dtype": dtype,
+              "variant": variant,
+              "error": str(e)[-500:],
+            }
+          rec["pass"] = p
+          rec["wall_s"] = time.perf_counter() - t0
+          records.append(rec)
+          _emit(rec, json_out)
+  return records
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+  """Per (size, seq): best of our modes vs the fastest peer, per pass and overall."""
+  steps = [r for r in records if r.get("kind") == "train_step"]
+  out = []
+  for size, seq in sorted(
+    {(r["size"], r["seq"]) for r in steps}, key=lambda k: (k[1], SIZES_ORDER.get(k[0], 99))
+  ):
+    rows = [r for r in steps if r["size"] == size and r["seq"] == seq]
+    passes = sorted({r["pass"] for r in rows})
+    per_pass = []
+    for p in passes:
+      ours = [
+        r
+        for r in rows
+        if r["pass"] == p and r["impl"] == "bert_jax" and r["variant"] == rows_default_variant(rows)
+      ]
+      peer = [r for r in rows if r["pass"] == p and r["impl"] != "bert_jax"]
+      if not ours:
+        continue
+      best = max(ours, key=lambda r: r["tokens_per_s"])
+      entry = {"pass": p, "ours_best": best["tokens_per_s"], "ours_best_dtype": best["dtype"]}
+      for r in ours:
+        entry[f"ours_{r['dtype']}"] = r["tokens_per_s"]
+        if "mfu_fp32_peak" in r:
+          entry[f"mfu_{r['dtype']}_vs_fp32_peak"] = r["mfu_fp32_peak"]
+      if peer:
+        fastest = max(peer, key=lambda r: r["tokens_per_s"])
+        entry.update(
+          fastest_peer=f"{fastest['impl']}:{fastest['dtype']}",
+          fastest_peer_tokens_per_s=fastest["tokens_per_s"],
+          ratio_vs_fastest_peer=best["tokens_per_s"] / fastest["tokens_per_s"],
+        )
+        for r in peer:
+          entry[f"{r['impl']}_{r['dtype']}"] = r["tokens_per_s"]
+        hf = [r for r in peer if r["impl"] == "hf_flax" and r["dtype"] == "float32"]
+        if hf:
+          entry["ratio_vs_hf_flax_fp32"] = best["tokens_per_s"] / hf[0]["tokens_per_s"]
+      per_pass.append(entry)
+    if not per_pass:
+      continue
+    summary = {"kind": "summary", "size": size, "seq": seq, "passes": per_pass}
+    for key in (
+      "ratio_vs_fastest_peer",
+      "ratio_vs_hf_flax_fp32",
+      "ours_best",
+      "mfu_float32_vs_fp32_peak",
+    ):
+      vals = [e[key] for e in per_pass if key in e]
+      if vals:
+        summary[f"{key}_min"] = min(vals)
+        summary[f"{key}_median"] = statistics.median(vals)
+    out.append(summary)
+  return out
+
+
+SIZES_ORDER = {s: i for i, s in enumerate(("tiny", "mini", "small", "medium", "base", "large"))}
+
+
+def rows_default_variant(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+  """The variant our main measurements used (the first one run)."""
+  ours = [r for r in rows if r["impl"] == "bert_jax"]
+  return ours[0]["variant"] if ours else {}
+
+
+def format_table(records: Sequence[dict[str, Any]], summaries: Sequence[dict[str, Any]]) -> str:
+  lines = [
+    "| size | seq | impl | dtype | variant | pass | tokens/s | step ms (min/med/max) | "
+    "compile s | peak RSS GB | GFLOP/s | MFU vs fp32 peak | load |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  for r in records:
+    if r.get("kind") != "train_step":
+      continue
+    var = ",".join(f"{k}={v}" for k, v in r["variant"].items() if FAST.get(k) != v) or "-"
+    mfu = f"{r['mfu_fp32_peak']:.2f}" if "mfu_fp32_peak" in r else ""
+    lines.append(
+      f"| {r['size']} | {r['seq']} | {r['impl']} | {r['dtype']} | {var} | {r['pass']} | "
+      f"{r['tokens_per_s']:.0f} | {r['step_ms_min']:.0f} / {r['step_ms_median']:.0f} / "
+      f"{r['step_ms_max']:.0f} | {r['compile_s']:.1f} | {r['peak_rss_gb']:.2f} | "
+      f"{r['gflops']:.0f} | {mfu} | {r['load_avg']:.1f} |"
+    )
+  if summaries:
+    lines += [
+      "",
+      "| size | seq | ours best tok/s (med) | vs fastest peer (min / med) | "
+      "vs HF Flax fp32 (min / med) | MFU fp32 (med) |",
+      "|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+
+      def pair(k, s=s):
+        return f"{s[k + '_min']:.2f} / {s[k + '_median']:.2f}" if k + "_min" in s else "-"
+
+      mfu = s.get("mfu_float32_vs_fp32_peak_median")
+      lines.append(
+        f"| {s['size']} | {s['seq']} | {s['ours_best_median']:.0f} | "
+        f"{pair('ratio_vs_fastest_peer')} | {pair('ratio_vs_hf_flax_fp32')} | "
+        f"{'' if mfu is None else f'{mfu:.2f}'} |"
+      )
+  return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _define_flags():
+  from absl import flags
+
+  f = flags
+  f.DEFINE_list("sizes", list(SIZES_DEFAULT), "Model sizes (bert_jax.model.SIZES).")
+  f.DEFINE_list("seqs", ["128"], "Sequence lengths.")
+  f.DEFINE_integer("batch", 32, "Global batch (sequences).")
+  f.DEFINE_list("dtypes", ["float32", "bfloat16"], "Our compute dtypes (params stay fp32).")
+  f.DEFINE_integer("steps", 5, "Timed steps per measurement (the median is reported).")
+  f.DEFINE_integer("warmup", 2, "Untimed steps first (the first compiles).")
+  f.DEFINE_integer("passes", 2, "Interleaved passes over everything.")
+  f.DEFINE_string("variants", "", "Extra model-field variants, ';'-separated k=v,k=v lists.")
+  f.DEFINE_bool("peers", False, "Also time HF Flax / PyTorch BertForPreTraining steps.")
+  f.DEFINE_string("peer_python", None, "Interpreter with torch/transformers (default: this one).")
+  f.DEFINE_list("peer_list", list(PEERS_DEFAULT), "framework:dtype peers to time.")
+  f.DEFINE_bool("isolate", True, "Each of our measurements in a fresh process.")
+  f.DEFINE_bool("large", False, "BERT-Large (scan): compile time and step memory.")
+  f.DEFINE_integer("large_batch", 8, "Batch of the --large step.")
+  f.DEFINE_bool("data", False, "Time create_data and the input pipeline.")
+  f.DEFINE_bool("loss_check", False, "Fast vs plain configuration: losses over 20 steps.")
+  f.DEFINE_bool("train_steps", True, "Run the train-step suite.")
+  f.DEFINE_string("json_out", None, "Also append the JSON lines to this file.")
+  f.DEFINE_string("worker", None, "Internal: run one measurement (JSON spec) and exit.")
+
+
+LARGE_VARIANT = {"scan_layers": True, "remat_policy": "full"}
+
+
+def main(argv) -> None:
+  from absl import flags
+
+  if len(argv) > 1:
+    print(f"benchmark: error: unexpected arguments {argv[1:]}", file=sys.stderr)
+    sys.exit(2)
+  FLAGS = flags.FLAGS  # noqa: N806
+  if FLAGS.worker:
+    rec = measure_ours(**json.loads(FLAGS.worker))
+    print(_RESULT_MARK + json.dumps(rec), flush=True)
+    return
+  try:
+    _main(FLAGS)
+  except (ValueError, FileNotFoundError) as e:
+    print(f"benchmark: error: {e}", file=sys.stderr)
+    sys.exit(1)
+
+
+def _main(FLAGS) -> None:  # noqa: N803
+  from bert_jax import model as model_lib
+
+  for s in FLAGS.sizes:
+    if s not in model_lib.SIZES:
+      raise ValueError(f"--sizes: unknown size {s!r}; choose from {', '.join(model_lib.SIZES)}")
+  seqs = [int(s) for s in FLAGS.seqs]
+  variants = [{}] + (parse_variants(FLAGS.variants) if FLAGS.variants else [])
+  peers: list[tuple[str, str]] = []
+  peer_python = FLAGS.peer_python or sys.executable
+  if FLAGS.peers:
+    if FLAGS.peer_python and not os.path.exists(FLAGS.peer_python):
+      raise FileNotFoundError(f"--peer_python: {FLAGS.peer_python} does not exist")
+    ok = peer_available(peer_python)
+    for item in FLAGS.peer_list:
+      fw, _, dt = item.partition(":")
+      if fw not in ok:
+        raise ValueError(f"--peer_list: unknown peer {fw!r}; use hf_flax, torch, torch_compile")
+      if ok[fw]:
+        peers.append((fw, dt or "float32"))
+      else:
+        print(f"benchmark: peer {fw} is not importable in {peer_python}; skipped", file=sys.stderr)
+  host = {"machine": os.uname().machine, "cpus": os.cpu_count(), "load_avg": load_average()}
+  _emit({"kind": "host", **host, "python": sys.version.split()[0]}, FLAGS.json_out)
+  records: list[dict[str, Any]] = []
+  if FLAGS.train_steps and FLAGS.sizes:
+    records = run_suite(
+      FLAGS.sizes,
+      seqs,
+      FLAGS.batch,
+      FLAGS.dtypes,
+      FLAGS.passes,
+      FLAGS.steps,
+      FLAGS.warmup,
+      peers,
+      peer_python,
+      variants,
+      FLAGS.json_out,
+      FLAGS.isolate,
+    )
+  if FLAGS.large:
+    spec = dict(
+      size="large",
+      seq=128,
+      batch=FLAGS.large_batch,
+      dtype="float32",
+      steps=2,
+      warmup=1,
+      variant={**FAST, **LARGE_VARIANT},
+      peak=False,
+      memory=True,
+    )
+    rec = measure_ours_subprocess(spec) if FLAGS.isolate else measure_ours(**spec)
+    rec["kind"] = "large"
+    _emit(rec, FLAGS.json_out)
+  if FLAGS.data:
+    _emit(measure_data(seqs[0]), FLAGS.json_out)
+  if FLAGS.loss_check:
+    for dt in FLAGS.dtypes:
+      _emit(loss_check(dtype=dt), FLAGS.json_out)
+  summaries = summarize(records)
+  for s in summaries:
+    _emit(s, FLAGS.json_out)
+  if records:
+    print(format_table(records, summaries))
+
+
+def run() -> None:
+  from absl import app
+
+  _define_flags()
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()
