@@ -17,8 +17,9 @@ tokens (RoBERTa FULL-SENTENCES, a [SEP] between documents; or DOC-SENTENCES, nev
 document boundary); a sentence longer than that is truncated.
 
 Streaming, parallel and deterministic: a first pass scatters documents over random bucket files
-(an external shuffle, so a chunk is a random sample of the corpus); chunks of ~4 MB of text are
-then cut from the buckets. Each chunk is an independent work unit (tokenize with
+of about a chunk each (an external shuffle); each bucket is then read and shuffled in memory and
+chunks of ~4 MB of text are cut from them, so every chunk is a uniform random sample of the
+corpus whatever its order and size. Each chunk is an independent work unit (tokenize with
 `encode_batch`, build sequences) whose random generator is seeded from (seed, split, dupe pass,
 chunk index); the random "other document" for NSP comes from the same chunk. Workers (spawned
 processes) run units; the parent writes results in chunk order and numbers examples
@@ -69,6 +70,10 @@ MAX_LINE_CHARS = 100_000  # longer lines are not sentences (minified code, binar
 MAX_DOC_SENTENCES = 50_000
 MAX_DOC_CHARS = 16 << 20
 CHUNK_CHARS = 4 << 20  # text per work unit
+# Buckets of about a chunk each up to 16 GB of text (bigger corpora get bigger buckets, each
+# still shuffled in memory); write buffers share a fixed budget.
+MAX_BUCKETS = 4096
+BUFFER_BUDGET_CHARS = 256 << 20
 MIN_EVAL_DOCS = 3
 _SPLIT_CODE = {"train": 0, "eval": 1}
 PACKINGS = ("nsp_pairs", "full_sentences", "doc_sentences")
@@ -283,16 +288,25 @@ def estimate_chars(files: list[str]) -> int:
   return total
 
 
+def _seeded_rng(*parts) -> random.Random:
+  """A generator seeded from a hash of parts (stable across processes and Python versions)."""
+  key = "/".join(map(str, parts)).encode()
+  return random.Random(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little"))
+
+
 class _Scatter:
   """Pass 1: routes documents to train/eval and scatters them over random bucket files.
 
-  Chunks are then cut from the buckets, so each chunk is a random sample of the corpus and the
-  random "other document" of NSP is as representative as in the original (which draws from the
-  whole corpus; consecutive chunks would draw mostly from the same source and give longer
-  sequences). Memory: a small write buffer per bucket; the text goes to disk.
+  Pass 2 shuffles each bucket in memory and cuts chunks from it, so each chunk is a uniform
+  random sample of the corpus and the random "other document" of NSP is as representative as in
+  the original (which draws from the whole corpus). A bucket alone keeps the corpus order: a
+  chunk cut from an unshuffled bucket bigger than a chunk, or spanning two buckets, would draw
+  its "other documents" from one stretch of the corpus (one source), which changes the length
+  statistics. Memory: a write buffer per bucket (a fixed total); one bucket when reading.
   """
 
-  BUFFER_CHARS = 1 << 20
+  MAX_BUFFER_CHARS = 1 << 20
+  MIN_BUFFER_CHARS = 64 << 10
 
   def __init__(
     self, directory: str, est_chars: int, eval_fraction: float, chunk_chars: int, seed: int
@@ -300,11 +314,14 @@ class _Scatter:
     self.directory = directory
     self.eval_fraction = eval_fraction
     self.chunk_chars = chunk_chars
+    self.seed = seed
     self.rng = random.Random(seed)
     self.num_buckets = {
-      "train": min(256, max(1, -(-est_chars // chunk_chars))),
-      "eval": min(256, max(1, -(-int(est_chars * eval_fraction) // chunk_chars))),
+      "train": min(MAX_BUCKETS, max(1, -(-est_chars // chunk_chars))),
+      "eval": min(MAX_BUCKETS, max(1, -(-int(est_chars * eval_fraction) // chunk_chars))),
     }
+    per_bucket = BUFFER_BUDGET_CHARS // sum(self.num_buckets.values())
+    self.buffer_chars = min(self.MAX_BUFFER_CHARS, max(self.MIN_BUFFER_CHARS, per_bucket))
     self.buffers = {(s, b): [] for s, n in self.num_buckets.items() for b in range(n)}
     self.buffered = dict.fromkeys(self.buffers, 0)
     self.documents = {"train": 0, "eval": 0}
@@ -325,7 +342,7 @@ class _Scatter:
     self.buffers[key].append(text)
     self.buffered[key] += len(text)
     self.documents[split] += 1
-    if self.buffered[key] >= self.BUFFER_CHARS:
+    if self.buffered[key] >= self.buffer_chars:
       self._flush(key)
 
   def scatter(self, docs: Iterator[list[str]], report=lambda: None) -> None:
@@ -361,30 +378,41 @@ class _Scatter:
       self._flush(key)
     report()
 
+  def _read_bucket(self, split: str, bucket: int) -> list[list[str]]:
+    path = self._path(split, bucket)
+    if not os.path.exists(path):
+      return []
+    docs: list[list[str]] = []
+    with open(path, encoding="utf-8", errors="surrogatepass") as f:
+      doc: list[str] = []
+      for line in f:
+        line = line.rstrip("\n")
+        if line:
+          doc.append(line)
+        else:
+          docs.append(doc)
+          doc = []
+    os.remove(path)
+    return docs
+
   def units(self, split: str) -> Iterator[_Unit]:
-    """Pass 2: chunks of ~chunk_chars of text, read bucket after bucket."""
+    """Pass 2: chunks of ~chunk_chars of text from the shuffled buckets, one after another.
+
+    A chunk spanning two buckets joins random subsets of two random samples: still random.
+    """
     index = 0
     pending: list[list[str]] = []
     size = 0
     for bucket in range(self.num_buckets[split]):
-      path = self._path(split, bucket)
-      if not os.path.exists(path):
-        continue
-      with open(path, encoding="utf-8", errors="surrogatepass") as f:
-        doc: list[str] = []
-        for line in f:
-          line = line.rstrip("\n")
-          if line:
-            doc.append(line)
-            continue
-          pending.append(doc)
-          size += sum(map(len, doc))
-          doc = []
-          if size >= self.chunk_chars:
-            yield _Unit(split, index, pending)
-            index += 1
-            pending, size = [], 0
-      os.remove(path)
+      docs = self._read_bucket(split, bucket)
+      _seeded_rng(self.seed, "bucket", split, bucket).shuffle(docs)
+      for doc in docs:
+        pending.append(doc)
+        size += sum(map(len, doc))
+        if size >= self.chunk_chars:
+          yield _Unit(split, index, pending)
+          index += 1
+          pending, size = [], 0
     if pending:
       yield _Unit(split, index, pending)
 
@@ -393,8 +421,7 @@ class _Scatter:
 
 
 def _unit_rng(seed: int, split: str, dupe: int, chunk: int) -> random.Random:
-  digest = hashlib.blake2b(f"{seed}/{split}/{dupe}/{chunk}".encode(), digest_size=8).digest()
-  return random.Random(int.from_bytes(digest, "little"))
+  return _seeded_rng(seed, split, dupe, chunk)
 
 
 def _truncate_pair(a: list[int], b: list[int], max_num_tokens: int, rng: random.Random):
