@@ -4,6 +4,7 @@ notebook reload and one-line config errors."""
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -207,11 +208,11 @@ def test_train_restores_onto_another_mesh(tiny_data_dir, tmp_path):
   ):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
+  ref = str(tmp_path / "ref")
+  shutil.copytree(wd, ref)  # the same first 3 steps, to resume on (8,1,1)
   out2 = train.train_and_evaluate(c2, wd)
   assert out2["step"] == 6
   # Reference: the same 3 + 3 steps (the schedule follows total_steps) all on (8,1,1).
-  ref = str(tmp_path / "ref")
-  train.train_and_evaluate(c1, ref)
   train.train_and_evaluate(tiny_config(tiny_data_dir, **{"mesh.shape": (8, 1, 1)}), ref)
   assert [r["step"] for r in _rows(wd)] == list(range(1, 7))
   np.testing.assert_allclose(
