@@ -88,6 +88,9 @@ def topology_devices(name: str) -> tuple[list[Any], Topology | None]:
     ) from None
   from jax.experimental import topologies
 
+  # Compile-only devices never touch a chip, so several aot runs (or a test run next to one)
+  # may load libtpu at once; without this the second one fails on /tmp/libtpu_lockfile.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   t = TOPOLOGIES[base]
   desc = topologies.get_topology_desc(
     topology_name=t.topology_name,

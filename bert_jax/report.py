@@ -152,16 +152,19 @@ def markdown(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def plot(runs: list[Run], out_dir: str) -> list[str]:
-  """Train loss and (if any) eval LM loss per step, one line per run."""
+  """Train loss, train LM loss and (if any) eval LM loss per step, one line per run."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   written = []
-  for split, title, value in (
-    ("train", "train loss (LM + NSP)", train_loss),
-    ("eval", "eval LM loss", lambda row: row.get("mlm_loss", row.get("ltr_loss"))),
+  lm_loss = lambda row: row.get("mlm_loss", row.get("ltr_loss"))
+  for split, fname, title, value in (
+    ("train", "train_loss", "train loss (LM + NSP)", train_loss),
+    # Without the NSP term: comparable between runs with and without NSP.
+    ("train", "train_lm_loss", "train LM loss (MLM or LTR)", lm_loss),
+    ("eval", "eval_loss", "eval LM loss", lm_loss),
   ):
     series = []
     for r in runs:
@@ -179,7 +182,7 @@ def plot(runs: list[Run], out_dir: str) -> list[str]:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    path = os.path.join(out_dir, f"{split}_loss.png")
+    path = os.path.join(out_dir, f"{fname}.png")
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=100, bbox_inches="tight")
     plt.close(fig)

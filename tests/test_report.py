@@ -91,7 +91,7 @@ def test_report_writes_markdown_and_plots(sweep_root):
   assert "| – |" in row  # no LTR metrics for the MLM run
   out = os.path.join(sweep_root, "report")
   assert open(os.path.join(out, "results.md")).read().strip() == md
-  for name in ("train_loss.png", "eval_loss.png"):
+  for name in ("train_loss.png", "train_lm_loss.png", "eval_loss.png"):
     with open(os.path.join(out, name), "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   assert not [f for f in os.listdir(out) if "tmp" in f]
