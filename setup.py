@@ -30,6 +30,7 @@ setuptools.setup(
   extras_require={
     "test": ["pytest>=8", "ruff>=0.6"],
     "tpu": ["jax[tpu]==0.10.2"],
+    "cuda": ["jax[cuda12]==0.10.2"],
     "tf": ["tensorflow-cpu"],
     "peers": ["torch==2.13.0", "transformers==4.57.6"],
   },
@@ -40,6 +41,8 @@ setuptools.setup(
       "bert_jax_train_tokenizer=bert_jax.train_tokenizer:run",
       "bert_jax_convert=bert_jax.convert:run",
       "bert_jax_benchmark=bert_jax.benchmark:run",
+      "bert_jax_aot=bert_jax.aot:run",
+      "bert_jax_report=bert_jax.report:run",
     ]
   },
 )

@@ -150,7 +150,6 @@ def compile_train_step(
 
   Raises ValueError("does not fit ...") when XLA runs out of device memory.
   """
-  import flax.linen as nn
   import jax
   import jax.numpy as jnp
 
@@ -176,19 +175,8 @@ def compile_train_step(
   obj = objectives.Objective.from_config(config)
   tables = _masking_tables(config)
 
-  # train.create_state's init, traced only (create_state itself materialises the state).
-  length = min(8, config.model.max_position_embeddings)
-
-  def init(r):
-    params = model_lib.init_params(model, r, length)
-    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
-
-  boxed = jax.eval_shape(init, jax.random.key(config.seed))
-  state_sh = sh.logical_shardings(boxed, mesh, rules)
-  abstract_state = jax.tree.map(
-    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-    nn.meta.unbox(boxed),
-    state_sh,
+  state_sh, abstract_state = train.abstract_state(
+    config, model, tx, mesh, rules, jax.random.key(config.seed)
   )
 
   b = config.data.batch_size
@@ -207,12 +195,8 @@ def compile_train_step(
 
   t0 = time.perf_counter()
   with sh.mesh_context(mesh, rules):
-    # As in train.train_and_evaluate.
-    p_train_step = jax.jit(
-      train.make_train_step(model, tx, obj, tables, config.opt.grad_accum_steps),
-      in_shardings=(state_sh, batch_sh, sh.replicated(mesh)),
-      out_shardings=(state_sh, sh.replicated(mesh)),
-      donate_argnums=0,
+    p_train_step = train.jit_train_step(
+      model, tx, obj, tables, config.opt.grad_accum_steps, mesh, state_sh
     )
     lowered = p_train_step.lower(abstract_state, batch, rng)
   t1 = time.perf_counter()

@@ -4,6 +4,7 @@ parser. Keys of `config.model` are `BertConfig` fields (`causal` follows the LTR
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import ml_collections
@@ -48,6 +49,30 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
           f"config argument {key}={value!r} is not a {type(default).__name__}"
         ) from None
   return out
+
+
+BUNDLED_CORPUS = os.path.join(os.path.dirname(__file__), "data", "sample_public_domain.txt")
+
+
+def scaled_base(scale: str) -> ml_collections.ConfigDict:
+  """The base of every experiment. full: BERT-Base as in the paper. cpu: the tiny model on the
+  bundled corpus, sized for a 2-core machine (each point a few minutes)."""
+  if scale == "full":
+    return base_config("base")
+  if scale != "cpu":
+    raise ValueError(f"scale must be full or cpu, not {scale!r}")
+  c = base_config("tiny")
+  c.data.input = BUNDLED_CORPUS
+  c.data.dupe_factor = 5
+  c.data.eval_fraction = 0.05
+  c.data.batch_size = 32
+  c.opt.lr = 1e-3
+  c.opt.total_steps = 300
+  c.opt.warmup_steps = 30
+  c.ckpt.every_steps = 300
+  c.eval.every_steps = 100
+  c.log.every_steps = 10
+  return c
 
 
 def base_config(size: str = "base") -> ml_collections.ConfigDict:

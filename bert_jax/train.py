@@ -205,15 +205,41 @@ def make_eval_step(model: nn.Module, obj: objectives.Objective, tables: Any) -> 
 # ----------------------------------------------------------------------------- state
 
 
-def create_state(config, model, tx, mesh, rules, rng):
-  """Train state born sharded; returns (state, shardings, abstract state with shardings)."""
+def state_init_fn(config, model, tx) -> Callable:
+  """rng -> train state with LogicallyPartitioned leaves (params and Adam moments)."""
   length = min(8, config.model.max_position_embeddings)
 
-  def init(r):
-    params = model_lib.init_params(model, r, length)
+  def init(rng):
+    params = model_lib.init_params(model, rng, length)
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
 
-  return sh.init_sharded(init, mesh, rules, rng)
+  return init
+
+
+def abstract_state(config, model, tx, mesh, rules, rng) -> tuple[Any, Any]:
+  """(shardings, ShapeDtypeStructs carrying them) of the train state: no compute at all."""
+  boxed = jax.eval_shape(state_init_fn(config, model, tx), rng)
+  shardings = sh.logical_shardings(boxed, mesh, rules)
+  structs = jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.meta.unbox(boxed), shardings
+  )
+  return shardings, structs
+
+
+def create_state(config, model, tx, mesh, rules, rng):
+  """Train state born sharded; returns (state, shardings, abstract state with shardings)."""
+  return sh.init_sharded(state_init_fn(config, model, tx), mesh, rules, rng)
+
+
+def jit_train_step(model, tx, obj, tables, grad_accum_steps, mesh, state_sh) -> Callable:
+  """The jitted train step with explicit shardings and the state donated (trace it under
+  `sharding.mesh_context`); training, the benchmark and the AOT check all use this."""
+  return jax.jit(
+    make_train_step(model, tx, obj, tables, grad_accum_steps),
+    in_shardings=(state_sh, sh.batch_sharding(mesh), sh.replicated(mesh)),
+    out_shardings=(state_sh, sh.replicated(mesh)),
+    donate_argnums=0,
+  )
 
 
 def restore_init_from(path: str, cfg, abstract_params) -> Any:
@@ -417,11 +443,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       shutil.copytree(os.path.join(data_dir, "tokenizer"), tok_dir)
 
   with sh.mesh_context(mesh, rules):
-    p_train_step = jax.jit(
-      make_train_step(model, tx, obj, tables, config.opt.grad_accum_steps),
-      in_shardings=(state_sh, batch_sh, sh.replicated(mesh)),
-      out_shardings=(state_sh, sh.replicated(mesh)),
-      donate_argnums=0,
+    p_train_step = jit_train_step(
+      model, tx, obj, tables, config.opt.grad_accum_steps, mesh, state_sh
     )
     p_eval_step = jax.jit(
       make_eval_step(model, obj, tables),

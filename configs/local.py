@@ -9,18 +9,13 @@ MLM+NSP on 2 CPU cores. Time and accuracy: see the README (measured).
 ARG: `size=NAME` (default mini) and `steps=N`.
 """
 
-import os
-
-import bert_jax
 from bert_jax import config_lib
-
-_CORPUS = os.path.join(os.path.dirname(bert_jax.__file__), "data", "sample_public_domain.txt")
 
 
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, size="mini", steps=600)
   c = config_lib.base_config(a.size)
-  c.data.input = _CORPUS
+  c.data.input = config_lib.BUNDLED_CORPUS
   c.data.max_seq_length = 128
   c.data.dupe_factor = 5
   c.data.eval_fraction = 0.05

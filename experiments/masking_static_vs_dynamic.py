@@ -21,20 +21,16 @@ SQuAD 2.0 F1 78.3, MNLI-m 84.3, SST-2 92.5; dynamic 78.7, 84.0, 92.9 ("comparabl
 slightly better"). CPU scale: not yet run.
 """
 
-import os
-
-import bert_jax
 from bert_jax import config_lib
 
 MODES = ("static", "dynamic")
-_CORPUS = os.path.join(os.path.dirname(bert_jax.__file__), "data", "sample_public_domain.txt")
 
 
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, mode="static", scale="full")
   if a.mode not in MODES:
     raise ValueError(f"mode must be one of {', '.join(MODES)}, not {a.mode!r}")
-  c = _scaled_base(a.scale)
+  c = config_lib.scaled_base(a.scale)
   c.masking.mode = a.mode  # the ablated field
   return c
 
@@ -42,23 +38,3 @@ def get_config(arg=None):
 def sweep(add):
   for mode in MODES:
     add(mode=mode)
-
-
-def _scaled_base(scale):
-  """Full: BERT-Base's recipe. CPU: a tiny model on the bundled corpus."""
-  if scale == "full":
-    return config_lib.base_config("base")
-  if scale != "cpu":
-    raise ValueError(f"scale must be full or cpu, not {scale!r}")
-  c = config_lib.base_config("tiny")
-  c.data.input = _CORPUS
-  c.data.dupe_factor = 5
-  c.data.eval_fraction = 0.05
-  c.data.batch_size = 32
-  c.opt.lr = 1e-3
-  c.opt.total_steps = 300
-  c.opt.warmup_steps = 30
-  c.ckpt.every_steps = 300
-  c.eval.every_steps = 100
-  c.log.every_steps = 10
-  return c

@@ -33,20 +33,16 @@ CPU scale, measured for the baseline row only (the other two not yet run): task=
 2 busy CPU cores. Expect the rows to be indistinguishable at this scale.
 """
 
-import os
-
-import bert_jax
 from bert_jax import config_lib
 
 TASKS = ("mlm_nsp", "mlm", "ltr")
-_CORPUS = os.path.join(os.path.dirname(bert_jax.__file__), "data", "sample_public_domain.txt")
 
 
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, task="mlm_nsp", scale="full")
   if a.task not in TASKS:
     raise ValueError(f"task must be one of {', '.join(TASKS)}, not {a.task!r}")
-  c = _scaled_base(a.scale)
+  c = config_lib.scaled_base(a.scale)
   # The ablated fields.
   c.objective.mlm = a.task != "ltr"
   c.objective.ltr = a.task == "ltr"
@@ -57,23 +53,3 @@ def get_config(arg=None):
 def sweep(add):
   for task in TASKS:
     add(task=task)
-
-
-def _scaled_base(scale):
-  """Full: BERT-Base as in the paper. CPU: a tiny model on the bundled corpus."""
-  if scale == "full":
-    return config_lib.base_config("base")
-  if scale != "cpu":
-    raise ValueError(f"scale must be full or cpu, not {scale!r}")
-  c = config_lib.base_config("tiny")
-  c.data.input = _CORPUS
-  c.data.dupe_factor = 5
-  c.data.eval_fraction = 0.05
-  c.data.batch_size = 32
-  c.opt.lr = 1e-3
-  c.opt.total_steps = 300
-  c.opt.warmup_steps = 30
-  c.ckpt.every_steps = 300
-  c.eval.every_steps = 100
-  c.log.every_steps = 10
-  return c

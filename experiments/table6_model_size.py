@@ -24,9 +24,6 @@ Result: not run at full scale here (no TPU). The paper's held-out LM perplexity:
 CPU scale: not yet run.
 """
 
-import os
-
-import bert_jax
 from bert_jax import config_lib
 
 ROWS = (
@@ -37,14 +34,13 @@ ROWS = (
   "L12_H1024_A16",
   "L24_H1024_A16",
 )
-_CORPUS = os.path.join(os.path.dirname(bert_jax.__file__), "data", "sample_public_domain.txt")
 
 
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, row="L12_H768_A12", scale="full")
   if a.row not in ROWS:
     raise ValueError(f"row must be one of {', '.join(ROWS)}, not {a.row!r}")
-  c = _scaled_base(a.scale)
+  c = config_lib.scaled_base(a.scale)
   # The ablated fields.
   layers, hidden, heads = (int(p[1:]) for p in a.row.split("_"))
   if a.scale == "cpu":
@@ -59,23 +55,3 @@ def get_config(arg=None):
 def sweep(add):
   for row in ROWS:
     add(row=row)
-
-
-def _scaled_base(scale):
-  """Full: BERT-Base's recipe. CPU: the bundled corpus, 300 small steps."""
-  if scale == "full":
-    return config_lib.base_config("base")
-  if scale != "cpu":
-    raise ValueError(f"scale must be full or cpu, not {scale!r}")
-  c = config_lib.base_config("tiny")
-  c.data.input = _CORPUS
-  c.data.dupe_factor = 5
-  c.data.eval_fraction = 0.05
-  c.data.batch_size = 32
-  c.opt.lr = 1e-3
-  c.opt.total_steps = 300
-  c.opt.warmup_steps = 30
-  c.ckpt.every_steps = 300
-  c.eval.every_steps = 100
-  c.log.every_steps = 10
-  return c

@@ -20,17 +20,12 @@ CPU scale (bundled corpus, 300 steps):
 Result: not run at full scale here (no TPU). CPU scale: not yet run.
 """
 
-import os
-
-import bert_jax
 from bert_jax import config_lib
-
-_CORPUS = os.path.join(os.path.dirname(bert_jax.__file__), "data", "sample_public_domain.txt")
 
 
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, whole_word=False, scale="full")
-  c = _scaled_base(a.scale)
+  c = config_lib.scaled_base(a.scale)
   c.masking.whole_word = a.whole_word  # the ablated field
   return c
 
@@ -38,23 +33,3 @@ def get_config(arg=None):
 def sweep(add):
   for whole_word in (False, True):
     add(whole_word=whole_word)
-
-
-def _scaled_base(scale):
-  """Full: BERT-Base's recipe. CPU: a tiny model on the bundled corpus."""
-  if scale == "full":
-    return config_lib.base_config("base")
-  if scale != "cpu":
-    raise ValueError(f"scale must be full or cpu, not {scale!r}")
-  c = config_lib.base_config("tiny")
-  c.data.input = _CORPUS
-  c.data.dupe_factor = 5
-  c.data.eval_fraction = 0.05
-  c.data.batch_size = 32
-  c.opt.lr = 1e-3
-  c.opt.total_steps = 300
-  c.opt.warmup_steps = 30
-  c.ckpt.every_steps = 300
-  c.eval.every_steps = 100
-  c.log.every_steps = 10
-  return c
