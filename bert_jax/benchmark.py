@@ -27,6 +27,7 @@ Output: one JSON line per measurement (stdout, and appended to `--json_out`) and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import os
@@ -47,7 +48,15 @@ PEERS_DEFAULT = ("hf_flax:float32", "torch:bfloat16", "torch_compile:bfloat16")
 _RESULT_MARK = "BENCH_RESULT "
 # Model-field settings of the fast path and of the plain reference (for --loss_check).
 FAST: dict[str, Any] = {"attention_impl": "fused"}
-PLAIN: dict[str, Any] = {"attention_impl": "explicit", "scan_layers": False, "remat_policy": "none"}
+PLAIN: dict[str, Any] = {
+  "attention_impl": "explicit",
+  "scan_layers": False,
+  "remat_policy": "none",
+  "fuse_qkv": False,
+  "dropout_rng": "threefry",
+}
+# --loss_check also exercises the optional paths (scan + remat, fused q/k/v).
+FAST_CHECK: dict[str, Any] = {**FAST, "scan_layers": True, "remat_policy": "full", "fuse_qkv": True}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -124,6 +133,16 @@ def bench_config(size: str, seq: int, batch: int, dtype: str, overrides: dict[st
   return c
 
 
+@functools.cache
+def _default_tables():
+  from bert_jax import masking
+  from bert_jax import tokenizer as tokenizer_lib
+
+  return masking.tables_from_tokenizer(
+    tokenizer_lib.load_tokenizer(tokenizer_lib.default_vocab_path())
+  )
+
+
 @dataclasses.dataclass
 class Step:
   """A compiled train step with its state, ready to be called."""
@@ -142,15 +161,12 @@ def build_step(config, tables=None) -> Step:
   """Jits `train.make_train_step` as `train.train_and_evaluate` does, on one device."""
   import jax
 
-  from bert_jax import input_pipeline, masking, objectives, optim, train
+  from bert_jax import input_pipeline, objectives, optim, train
   from bert_jax import model as model_lib
   from bert_jax import sharding as sh
-  from bert_jax import tokenizer as tokenizer_lib
 
   if tables is None:
-    tables = masking.tables_from_tokenizer(
-      tokenizer_lib.load_tokenizer(tokenizer_lib.default_vocab_path())
-    )
+    tables = _default_tables()
   mesh = sh.make_mesh(tuple(config.mesh.shape), devices=jax.devices()[:1])
   rules = sh.rules_from_config(config.mesh.rules)
   cfg = train.bert_config(config)
@@ -612,21 +628,23 @@ def loss_check(
   seq: int = 64,
   fast: dict[str, Any] | None = None,
   plain: dict[str, Any] | None = None,
-  dtype: str = "float32",
-) -> dict[str, Any]:
-  """Losses of `steps` train steps of the fast and the plain configuration from the same
-  initial weights and batches. Dropout is off in both (the layouts draw dropout masks
-  differently, e.g. scan splits the key per layer), so any difference is arithmetic."""
+  dtypes: Sequence[str] = ("float32", "bfloat16"),
+) -> list[dict[str, Any]]:
+  """Losses of `steps` train steps of the plain configuration (fp32) and of the fast one (in
+  each of `dtypes`) from the same initial weights and batches; one record per dtype.
+
+  Dropout is off in both (the layouts draw dropout masks differently, e.g. scan splits the
+  key per layer), so any difference is arithmetic."""
   import jax
 
-  from bert_jax import convert
+  from bert_jax import convert, input_pipeline, optim
 
-  fast = {**FAST, **(fast or {})}
+  fast = {**FAST_CHECK, **(fast or {})}
   plain = {**PLAIN, **(plain or {})}
   no_dropout = {"hidden_dropout_prob": 0.0, "attention_dropout_prob": 0.0}
-  results = {}
+  losses: dict[str, list[float]] = {}
   init = None
-  for name, variant, dt in (("plain", plain, "float32"), ("fast", fast, dtype)):
+  for name, variant, dt in [("plain", plain, "float32")] + [("fast", fast, d) for d in dtypes]:
     config = bench_config(size, seq, batch, dt, {**variant, **no_dropout})
     config.opt.warmup_steps = 2
     config.opt.total_steps = steps + 1
@@ -637,32 +655,35 @@ def loss_check(
       init = params
     else:
       params = convert.to_layout(convert.unstack_layers(init), step.cfg.scan_layers)
-    tx = __import__("bert_jax.optim", fromlist=["optim"]).make_optimizer(config.opt)
+    tx = optim.make_optimizer(config.opt)
     sharding = jax.tree.map(lambda x: x.sharding, step.state)
     state = {"step": step.state["step"], "params": params, "opt_state": tx.init(params)}
     step.state = jax.device_put(state, sharding)
-    losses = []
     mesh = jax.tree.leaves(step.batch)[0].sharding.mesh
-    from bert_jax import input_pipeline
-
+    curve = []
     for i in range(steps):
       host = synthetic_batch(batch, seq, step.cfg.vocab_size, seed=i % 4)
       step.batch = input_pipeline.to_global(host, mesh)
-      _, loss = run_steps(step, 1, timed=False)
-      losses += loss
-    results[name] = losses
-  a, b = np.array(results["plain"]), np.array(results["fast"])
-  return {
-    "kind": "loss_check",
-    "size": size,
-    "dtype": dtype,
-    "fast": fast,
-    "plain": plain,
-    "plain_losses": a.tolist(),
-    "fast_losses": b.tolist(),
-    "max_abs_diff": float(np.max(np.abs(a - b))),
-    "max_rel_diff": float(np.max(np.abs(a - b) / np.abs(a))),
-  }
+      curve += run_steps(step, 1, timed=False)[1]
+    losses[f"{name}:{dt}"] = curve
+  a = np.array(losses["plain:float32"])
+  out = []
+  for dt in dtypes:
+    b = np.array(losses[f"fast:{dt}"])
+    out.append(
+      {
+        "kind": "loss_check",
+        "size": size,
+        "dtype": dt,
+        "fast": fast,
+        "plain": plain,
+        "plain_losses": a.tolist(),
+        "fast_losses": b.tolist(),
+        "max_abs_diff": float(np.max(np.abs(a - b))),
+        "max_rel_diff": float(np.max(np.abs(a - b) / np.abs(a))),
+      }
+    )
+  return out
 
 
 # ----------------------------------------------------------------------------- suite
@@ -953,8 +974,8 @@ def _main(FLAGS) -> None:  # noqa: N803
   if FLAGS.data:
     _emit(measure_data(seqs[0]), FLAGS.json_out)
   if FLAGS.loss_check:
-    for dt in FLAGS.dtypes:
-      _emit(loss_check(dtype=dt), FLAGS.json_out)
+    for rec in loss_check(dtypes=FLAGS.dtypes):
+      _emit(rec, FLAGS.json_out)
   summaries = summarize(records)
   for s in summaries:
     _emit(s, FLAGS.json_out)

@@ -1,0 +1,94 @@
+"""bert_jax.benchmark: a tiny run emits well-formed JSON; the fast paths change no maths."""
+
+import json
+import math
+
+import numpy as np
+
+from bert_jax import benchmark
+from bert_jax import model as model_lib
+
+
+def test_tiny_run_emits_sane_json(tmp_path):
+  out = tmp_path / "bench.jsonl"
+  records = benchmark.run_suite(
+    ["tiny"],
+    [64],
+    batch=4,
+    dtypes=["float32"],
+    passes=1,
+    steps=2,
+    warmup=1,
+    json_out=str(out),
+    isolate=False,
+  )
+  lines = [json.loads(x) for x in out.read_text().splitlines()]
+  assert lines == json.loads(json.dumps(records))
+  (r,) = lines
+  assert r["kind"] == "train_step" and r["impl"] == "bert_jax" and r["size"] == "tiny"
+  assert r["step_ms_min"] <= r["step_ms_median"] <= r["step_ms_max"]
+  assert math.isclose(r["tokens_per_s"], 4 * 64 / (r["step_ms_median"] / 1e3), rel_tol=1e-9)
+  cfg = model_lib.config_for_size("tiny")
+  # MLM head at max_predictions(64) = 10 gathered positions, not at all 64.
+  assert r["flops_per_token"] == model_lib.train_flops_per_token(cfg, 64, 10)
+  assert math.isclose(r["gflops"], r["flops_per_token"] * r["tokens_per_s"] / 1e9, rel_tol=1e-9)
+  assert 0 < r["mfu"] == r["mfu_fp32_peak"] < 1.5 and r["peak_gflops"]["float32"] > 1
+  assert r["compile_s"] > 0 and 0.1 < r["peak_rss_gb"] < 24
+  # Three steps (1 warm-up + 2 timed) of a fresh model: loss ~ ln(V) + ln(2), decreasing.
+  assert len(r["losses"]) == 3
+  assert abs(r["losses"][0] - (math.log(cfg.vocab_size) + math.log(2))) < 0.5
+  summary = benchmark.summarize(records)
+  assert summary[0]["ours_best_median"] == r["tokens_per_s"]
+  table = benchmark.format_table(records, summary)
+  assert "| tiny | 64 | bert_jax | float32 |" in table
+
+
+def test_summary_ratios_take_best_mode_and_fastest_peer_per_pass():
+  def rec(impl, dtype, tps, p):
+    return dict(
+      kind="train_step",
+      impl=impl,
+      size="base",
+      seq=128,
+      batch=32,
+      dtype=dtype,
+      variant={},
+      tokens_per_s=tps,
+      pass_=p,
+      step_ms_min=1,
+      step_ms_median=1,
+      step_ms_max=1,
+      compile_s=1,
+      peak_rss_gb=1,
+      gflops=1,
+      load_avg=0,
+    )
+
+  records = []
+  for p, (f32, b16, hf, torch) in enumerate([(100, 120, 50, 80), (90, 100, 60, 100)]):
+    for r in (
+      rec("bert_jax", "float32", f32, p),
+      rec("bert_jax", "bfloat16", b16, p),
+      rec("hf_flax", "float32", hf, p),
+      rec("torch", "bfloat16", torch, p),
+    ):
+      r["pass"] = r.pop("pass_")
+      records.append(r)
+  (s,) = benchmark.summarize(records)
+  assert [e["ratio_vs_fastest_peer"] for e in s["passes"]] == [1.5, 1.0]
+  assert [e["ratio_vs_hf_flax_fp32"] for e in s["passes"]] == [120 / 50, 100 / 60]
+  assert s["ratio_vs_fastest_peer_min"] == 1.0 and s["ratio_vs_fastest_peer_median"] == 1.25
+
+
+def test_fast_and_plain_give_the_same_losses():
+  # Fast: fused attention, scan + full remat, fused q/k/v, custom-VJP bf16 matmuls. Plain:
+  # explicit attention, unrolled, separate q/k/v, fp32. Same weights and batches, 20 steps.
+  fp32, bf16 = benchmark.loss_check("tiny", steps=20, batch=4, seq=32)
+  assert fp32["fast"]["scan_layers"] and not fp32["plain"]["scan_layers"]
+  a = np.array(fp32["plain_losses"])
+  assert len(a) == 20 and a[-1] < a[0] - 0.5  # the check is over a moving loss curve
+  np.testing.assert_allclose(fp32["fast_losses"], a, rtol=2e-4)
+  assert fp32["max_rel_diff"] < 2e-4
+  # bf16 compute with fp32 params and accumulation: the same curve to bf16 tolerance.
+  assert np.array_equal(bf16["plain_losses"], a) and bf16["dtype"] == "bfloat16"
+  assert 0 < bf16["max_rel_diff"] < 3e-2
