@@ -13,7 +13,7 @@ from bert_jax import config_lib
 
 
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, size="mini", steps=600)
+  a = config_lib.parse_arg(arg, size="mini", steps=400)
   c = config_lib.base_config(a.size)
   c.data.input = config_lib.BUNDLED_CORPUS
   c.data.max_seq_length = 128
