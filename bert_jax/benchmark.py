@@ -448,6 +448,10 @@ def _peer_worker(spec: dict) -> dict:
   }
 
 
+# Captured at import: inspect reads the file again, which may have changed since.
+_PEER_SRC = inspect.getsource(_peer_worker)
+
+
 def peer_available(python: str) -> dict[str, bool]:
   """Which peer frameworks `python` can import."""
   code = (
@@ -520,9 +524,8 @@ def measure_peer(
     "max_pos": cfg.max_position_embeddings,
     "dropout": 0.1,
   }
-  src = inspect.getsource(_peer_worker)
   code = (
-    f"import json, sys\n{src}\n"
+    f"import json, sys\n{_PEER_SRC}\n"
     f"print({_RESULT_MARK!r} + json.dumps(_peer_worker(json.loads(sys.argv[1]))))\n"
   )
   out = _run_subprocess([python, "-c", code, json.dumps(spec)], timeout)
