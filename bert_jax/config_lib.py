@@ -75,6 +75,20 @@ def scaled_base(scale: str) -> ml_collections.ConfigDict:
   return c
 
 
+def pretraining_phase(c: ml_collections.ConfigDict, phase: int) -> ml_collections.ConfigDict:
+  """The paper's two phases: 900k steps at length 128, then 100k at 512 (80 predictions)."""
+  if phase == 1:
+    c.opt.total_steps = 900_000
+  elif phase == 2:
+    c.data.max_seq_length = 512
+    c.masking.max_predictions = 80
+    c.opt.total_steps = 100_000
+    c.opt.warmup_steps = 1_000
+  else:
+    raise ValueError(f"phase must be 1 or 2, not {phase}")
+  return c
+
+
 def base_config(size: str = "base") -> ml_collections.ConfigDict:
   """BERT's recipe (Devlin et al. 2019, A.2) for the given model size."""
   c = ml_collections.ConfigDict()

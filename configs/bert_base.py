@@ -21,12 +21,4 @@ from bert_jax import config_lib
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, size="base", phase=1)
   c = config_lib.base_config(a.size)
-  c.opt.total_steps = 900_000
-  if a.phase == 2:
-    c.data.max_seq_length = 512
-    c.masking.max_predictions = 80
-    c.opt.total_steps = 100_000
-    c.opt.warmup_steps = 1_000
-  elif a.phase != 1:
-    raise ValueError(f"phase must be 1 or 2, not {a.phase}")
-  return c
+  return config_lib.pretraining_phase(c, a.phase)

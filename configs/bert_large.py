@@ -17,12 +17,4 @@ def get_config(arg=None):
   c = config_lib.base_config("large")
   c.model.scan_layers = True
   c.model.remat_policy = "minimal"
-  c.opt.total_steps = 900_000
-  if a.phase == 2:
-    c.data.max_seq_length = 512
-    c.masking.max_predictions = 80
-    c.opt.total_steps = 100_000
-    c.opt.warmup_steps = 1_000
-  elif a.phase != 1:
-    raise ValueError(f"phase must be 1 or 2, not {a.phase}")
-  return c
+  return config_lib.pretraining_phase(c, a.phase)
