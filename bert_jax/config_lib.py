@@ -115,6 +115,8 @@ def base_config(size: str = "base") -> ml_collections.ConfigDict:
   # Or text to build from on first use (into <workdir>/data); the vocab defaults to BERT's.
   c.data.input = ""
   c.data.vocab = ""
+  # Or > 0: train a WordPiece vocab of this size on data.input first (= model.vocab_size).
+  c.data.train_vocab_size = 0
   c.data.max_seq_length = 128
   c.data.dupe_factor = 10
   c.data.short_seq_prob = 0.1

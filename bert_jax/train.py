@@ -72,12 +72,33 @@ def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   data_dir = os.path.join(workdir, "data")
   if os.path.isfile(os.path.join(data_dir, "metadata.json")):
     return data_dir
+  n_vocab = config.data.train_vocab_size
+  if n_vocab and config.data.vocab:
+    raise ValueError("set config.data.vocab or config.data.train_vocab_size, not both")
+  if n_vocab and n_vocab != config.model.vocab_size:
+    raise ValueError(
+      f"config.data.train_vocab_size={n_vocab} but config.model.vocab_size="
+      f"{config.model.vocab_size}: set both to the same number"
+    )
   if jax.process_index() == 0:
+    vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
+    if n_vocab:
+      # A WordPiece vocab of the corpus itself (lower-cased like BERT's uncased vocab).
+      from bert_jax import train_tokenizer  # noqa: PLC0415 (defines CLI flags on import)
+
+      vocab = os.path.join(workdir, "vocab.txt")
+      tok, _ = train_tokenizer.train(config.data.input, "wordpiece", n_vocab, vocab)
+      if tok.vocab_size != n_vocab:
+        raise ValueError(
+          f"config.data.train_vocab_size={n_vocab}: {config.data.input} only yields "
+          f"{tok.vocab_size} WordPiece tokens; ask for fewer"
+        )
+      console(f"Trained a {n_vocab}-token WordPiece vocab on {config.data.input} into {vocab}")
     console(f"Building pretraining data from {config.data.input} into {data_dir}")
     summary = create_data.build(
       input=config.data.input,
       output_dir=data_dir,
-      vocab=config.data.vocab or tokenizer_lib.default_vocab_path(),
+      vocab=vocab,
       max_seq_length=config.data.max_seq_length,
       max_predictions_per_seq=config.masking.max_predictions,
       short_seq_prob=config.data.short_seq_prob,

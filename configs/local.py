@@ -2,34 +2,40 @@
 
   python -m bert_jax.main --config=configs/local.py --workdir=/tmp/bert_local
 
-Builds its data from bert_jax/data/sample_public_domain.txt (Alice in Wonderland and three
-State of the Union addresses, 400 KB) with the BERT uncased vocab on first use, then trains
-MLM+NSP on 2 CPU cores. Time and accuracy: see the README (measured).
+On first use it trains a 4,096-token WordPiece vocab on bert_jax/data/sample_public_domain.txt
+(Alice in Wonderland, a novel and three State of the Union addresses, 400 KB) and builds
+sequences of up to 64 tokens from it; then it trains BERT-tiny (2 layers, hidden 128) with
+MLM+NSP in bf16 on 2 CPU cores, evaluates on a held-out document and prints fill_mask results.
+The model, masking and optimizer are BERT's; only the scale is chosen for a 10-minute CPU run
+(batch 8, 10k steps, lr 1e-3, a corpus-sized vocab). Time and accuracy: see the README.
 
-ARG: `size=NAME` (default mini) and `steps=N`.
+ARG: `size=NAME` (default tiny) and `steps=N` (default 10000).
 """
 
 from bert_jax import config_lib
 
 
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, size="mini", steps=400)
+  a = config_lib.parse_arg(arg, size="tiny", steps=10_000)
   c = config_lib.base_config(a.size)
+  c.model.vocab_size = c.data.train_vocab_size = 4096
+  c.model.dtype = "bfloat16"
   c.data.input = config_lib.BUNDLED_CORPUS
-  c.data.max_seq_length = 128
+  c.data.max_seq_length = 64
+  c.masking.max_predictions = 10  # 15% of 64
   c.data.dupe_factor = 5
   c.data.eval_fraction = 0.05
-  c.data.batch_size = 32
+  c.data.batch_size = 8
   c.masking.mode = "dynamic"
   c.opt.lr = 1e-3
   c.opt.total_steps = a.steps
-  c.opt.warmup_steps = max(1, a.steps // 10)
-  c.ckpt.every_steps = 200
-  c.eval.every_steps = 200
-  c.log.every_steps = 20
+  c.opt.warmup_steps = max(1, a.steps // 20)
+  c.ckpt.every_steps = max(1, a.steps // 4)
+  c.eval.every_steps = max(1, a.steps // 4)
+  c.log.every_steps = max(1, a.steps // 40)
   c.log.fill_mask = (
-    "alice was beginning to get very [MASK] of sitting by her sister on the bank .",
-    "the white [MASK] ran close by her .",
+    "alice was beginning to get very tired of sitting by her [MASK] on the bank .",
+    "the king and [MASK] of hearts were seated on their throne .",
     "the president of the united [MASK] addressed the congress .",
   )
   return c

@@ -1,6 +1,7 @@
 """Trainer: sharded steps, gradient accumulation, exact resume, mesh changes, multi-process,
 notebook reload and one-line config errors."""
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import config_lib, masking, objectives, optim, train
+from bert_jax import config_lib, input_pipeline, masking, objectives, optim, train
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax import tokenizer as tokenizer_lib
@@ -64,6 +65,9 @@ def _main_cmd(workdir, data_dir, steps=6, extra=()):
     "--config.log.every_steps=1",
     "--config.eval.every_steps=0",
     "--config.eval.max_batches=2",
+    # The fixture data uses BERT's vocab; these tests compare losses at fp32 tolerance.
+    "--config.model.vocab_size=30522",
+    "--config.model.dtype=float32",
   ]
   return [sys.executable, "-m", "bert_jax.main", *flags, *extra]
 
@@ -416,3 +420,28 @@ def test_cli_rejects_bad_config_keys(tmp_path, flag, message):
   lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
   assert message in lines[-1] and len(lines) <= 3, r.stderr
   assert not (tmp_path / "wd").exists()
+
+
+def test_bundled_default_trains_its_vocab_and_builds_data(tmp_path):
+  """configs/local.py's first-use path: a WordPiece vocab trained on the bundled corpus,
+  data built with it, then training; a vocab size the model does not have fails first."""
+  spec = importlib.util.spec_from_file_location("local_config", ROOT / "configs" / "local.py")
+  local = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(local)
+  c = local.get_config("steps=2")
+  c.model.update(TINY)
+  c.model.vocab_size = c.data.train_vocab_size = 1000
+  c.ckpt.async_save = False
+  c.eval.max_batches = 1
+  c.log.fill_mask = ()
+  out = train.train_and_evaluate(c, str(tmp_path / "wd"))
+  assert out["step"] == 2 and out["train"]["mlm_loss"] > 0 and 0 <= out["eval"]["mlm_accuracy"] <= 1
+  with open(tmp_path / "wd" / "vocab.txt") as f:
+    assert len(f.read().splitlines()) == 1000
+  meta = input_pipeline.read_metadata(str(tmp_path / "wd" / "data"))
+  assert meta["tokenizer"]["vocab_size"] == 1000 and meta["max_seq_length"] == 64
+
+  c.data.train_vocab_size = 900
+  with pytest.raises(ValueError, match="train_vocab_size=900 but config.model.vocab_size=1000"):
+    train.train_and_evaluate(c, str(tmp_path / "wd2"))
+  assert not (tmp_path / "wd2" / "data").exists()
