@@ -153,4 +153,6 @@ def summarize(sums: dict[str, float]) -> dict[str, float]:
     out[f"{name}_accuracy"] = sums[f"{name}_correct"] / n
     if name != "nsp":
       out[f"{name}_perplexity"] = float(jnp.exp(min(out[f"{name}_loss"], 50.0)))
+  if sums.get("mlm_at_mask_count"):
+    out["mlm_accuracy_at_mask"] = sums["mlm_at_mask_correct"] / sums["mlm_at_mask_count"]
   return out

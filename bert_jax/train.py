@@ -211,6 +211,14 @@ def make_eval_step(model: nn.Module, obj: objectives.Objective, tables: Any) -> 
     inputs = objectives.prepare(batch, eval_obj, tables)
     out = objectives.forward(model, params, inputs, deterministic=True)
     sums = objectives.losses(out, inputs, eval_obj)
+    if not obj.ltr:
+      # Accuracy at the targets replaced by [MASK] only (80% of them): the 10% kept unchanged
+      # are easy, so this is the harder number early in training.
+      at_mask = jnp.take_along_axis(inputs["input_ids"], inputs["positions"], 1) == tables.mask_id
+      w = inputs["target_weights"] * at_mask
+      hit = jnp.argmax(out["mlm_logits"], -1) == inputs["targets"]
+      sums["mlm_at_mask_correct"] = jnp.sum(w * hit)
+      sums["mlm_at_mask_count"] = jnp.sum(w)
     # Target histogram: the accuracy of always predicting the most frequent target token is
     # the baseline an LM must beat.
     sums["target_hist"] = (
