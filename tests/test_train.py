@@ -446,3 +446,43 @@ def test_bundled_default_trains_its_vocab_and_builds_data(tmp_path):
   with pytest.raises(ValueError, match="train_vocab_size=900 but config.model.vocab_size=1000"):
     train.train_and_evaluate(c, str(tmp_path / "wd2"))
   assert not (tmp_path / "wd2" / "data").exists()
+
+
+class _FixedPredictor:
+  """Stands in for BertForPreTraining in make_eval_step: predicts either the token it was given
+  at each masked position ('copy') or the true target ('oracle')."""
+
+  def __init__(self, vocab, mode, targets=None):
+    self.cfg = model_lib.BertConfig(vocab_size=vocab, **TINY)
+    self.mode, self.targets = mode, targets
+
+  def apply(self, variables, input_ids, segment_ids, input_mask, positions, **kw):
+    pred = jnp.take_along_axis(input_ids, positions, 1) if self.mode == "copy" else self.targets
+    return {
+      "mlm_logits": jax.nn.one_hot(pred, self.cfg.vocab_size),
+      "nsp_logits": jnp.zeros((input_ids.shape[0], 2)),
+    }
+
+
+def test_eval_accuracy_at_mask_counts_only_mask_replaced_targets():
+  tok = tokenizer_lib.load_tokenizer(tokenizer_lib.default_vocab_path())
+  tables = masking.tables_from_tokenizer(tok)
+  obj = objectives.Objective()
+  batch = _synthetic_batch(b=64, length=64)
+  inputs = objectives.prepare(batch, obj, tables)
+  shown = np.take_along_axis(np.asarray(inputs["input_ids"]), np.asarray(inputs["positions"]), 1)
+  w = np.asarray(inputs["target_weights"])
+  n_mask = float(np.sum(w * (shown == tok.mask_id)))
+  n_kept = float(np.sum(w * (shown == np.asarray(inputs["targets"]))))
+  assert 0.7 < n_mask / w.sum() < 0.9 and 0.05 < n_kept / w.sum() < 0.15
+
+  copy = train.make_eval_step(_FixedPredictor(tok.vocab_size, "copy"), obj, tables)(None, batch)
+  # Copying the input is right exactly at the targets left unchanged, never at a [MASK].
+  assert float(copy["mlm_at_mask_count"]) == n_mask and float(copy["mlm_at_mask_correct"]) == 0
+  assert float(copy["mlm_correct"]) == n_kept
+
+  oracle = _FixedPredictor(tok.vocab_size, "oracle", inputs["targets"])
+  sums = train.make_eval_step(oracle, obj, tables)(None, batch)
+  assert float(sums["mlm_at_mask_correct"]) == n_mask
+  summary = objectives.summarize({k: float(v) for k, v in sums.items() if k != "target_hist"})
+  assert summary["mlm_accuracy_at_mask"] == 1.0
