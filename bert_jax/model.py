@@ -152,10 +152,9 @@ def matmul(x: Array, w: Array, contract: int, dtype) -> Array:
 
   The single place that decides matmul precision. float32: a plain dot (autodiff). bf16 (or
   fp16): operands in `dtype` with a float32 accumulator (`preferred_element_type`, ~2x the
-  fp32 rate on XLA:CPU, what TPU MXUs do), and a custom VJP that keeps the backward dots in
-  the layouts XLA:CPU runs fast: dX = g . W^T with bf16 operands (autodiff would emit a slow
-  bf16 -> bf16 dot), dW = X^T . g with float32 operands (the bf16 kernel for a contraction
-  over the tokens runs at ~fp32 speed or below).
+  fp32 rate on XLA:CPU, what TPU MXUs do), and a custom VJP with both backward dots in bf16
+  with float32 accumulators: dX = g . W^T (autodiff would emit a slow bf16 -> bf16 dot) and
+  dW = X^T . g, on CPU from a transposed copy of X (see `_dw_cpu`).
   """
   dtype = jnp.dtype(dtype)
   if dtype == jnp.float32:
@@ -183,20 +182,90 @@ def _lp_bwd(contract, dtype, res, g):
   n_out = wc.ndim - contract
   n_batch = xc.ndim - contract
   g_out = tuple(range(g.ndim - n_out, g.ndim))
+  gc = g.astype(dtype)
   dx = jax.lax.dot_general(
-    g.astype(dtype),
-    wc,
-    ((g_out, tuple(range(contract, wc.ndim))), ((), ())),
-    preferred_element_type=jnp.float32,
+    gc, wc, ((g_out, tuple(range(contract, wc.ndim))), ((), ())), preferred_element_type=jnp.float32
   )
-  batch = tuple(range(n_batch))
-  dw = jax.lax.dot_general(
-    xc.astype(jnp.float32), g.astype(jnp.float32), ((batch, batch), ((), ()))
+  dw = jax.lax.platform_dependent(
+    xc, gc, cpu=functools.partial(_dw_cpu, n_batch), default=functools.partial(_dw, n_batch)
   )
   return dx.astype(x_like.dtype), dw.astype(w_like.dtype)
 
 
+def _dw(n_batch: int, x: Array, g: Array) -> Array:
+  """dW = X^T . g: contraction over the leading (token) dims, float32 accumulator."""
+  batch = tuple(range(n_batch))
+  return jax.lax.dot_general(x, g, ((batch, batch), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _dw_cpu(n_batch: int, x: Array, g: Array) -> Array:
+  """_dw for XLA:CPU, whose low-precision dot is fast only when the left operand is contracted
+  on its minor dim (x[T, in] contracted on T runs at ~half speed, 4096x768x3072: ~150 vs
+  ~265 GFLOP/s). So X is transposed into a [in, T] copy first (a few MB); a plain `x.T` is
+  folded back into the dot by XLA, the size-1 axis keeps the copy physical."""
+  tokens = math.prod(x.shape[:n_batch])
+  x_TI = x.reshape(tokens, -1)
+  x_IT = jnp.transpose(x_TI[:, :, None], (1, 0, 2)).reshape(x_TI.shape[1], tokens)
+  g_TO = g.reshape(tokens, -1)
+  dw = jax.lax.dot_general(x_IT, g_TO, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+  return dw.reshape(x.shape[n_batch:] + g.shape[n_batch:])
+
+
 _low_precision_matmul.defvjp(_lp_fwd, _lp_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def tied_logits(h: Array, table_VD: Array, dtype) -> Array:
+  """float32 logits h[..., D] . table[V, D]^T with `dtype` operands and a float32 accumulator.
+
+  The custom VJP runs both backward dots with `dtype` operands as well (autodiff would run
+  them in float32: the cotangent of float32 logits is float32), the table gradient from a
+  transposed copy of the cotangent on CPU (see `_dw_cpu`)."""
+  dims = (((h.ndim - 1,), (1,)), ((), ()))
+  return jax.lax.dot_general(
+    h.astype(dtype), table_VD.astype(dtype), dims, preferred_element_type=jnp.float32
+  )
+
+
+def _tied_fwd(h, table_VD, dtype):
+  hc, tc = h.astype(dtype), table_VD.astype(dtype)
+  dtypes = (jnp.zeros((0,), h.dtype), jnp.zeros((0,), table_VD.dtype))
+  return tied_logits(hc, tc, dtype), (hc, tc, dtypes)
+
+
+def _tied_bwd(dtype, res, g):
+  hc, tc, (h_like, t_like) = res
+  gc = g.astype(dtype)
+  dh = jax.lax.dot_general(gc, tc, (((g.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+  n_batch = g.ndim - 1
+  dt = jax.lax.platform_dependent(
+    gc, hc, cpu=functools.partial(_dw_cpu, n_batch), default=functools.partial(_dw, n_batch)
+  )
+  return dh.astype(h_like.dtype), dt.astype(t_like.dtype)
+
+
+tied_logits.defvjp(_tied_fwd, _tied_bwd)
+
+
+@jax.custom_vjp
+def add_bias(y: Array, b: Array) -> Array:
+  """y[..., *F] + b[*F] in y's dtype. The bias gradient is a float32 sum over the leading
+  axes: autodiff would sum a bf16 y's cotangent with a bf16 accumulator (lossy over thousands
+  of tokens, and ~20x slower on XLA:CPU than a float32 reduction)."""
+  return y + b.astype(y.dtype)
+
+
+def _add_bias_fwd(y, b):
+  # A zero-size residual carries b's rank and dtype.
+  return add_bias(y, b), jnp.zeros((0,) * b.ndim, b.dtype)
+
+
+def _add_bias_bwd(b_like, g):
+  lead = tuple(range(g.ndim - b_like.ndim))
+  return g, jnp.sum(g, axis=lead, dtype=jnp.float32).astype(b_like.dtype)
+
+
+add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
 class Dense(nn.Module):
@@ -220,19 +289,42 @@ class Dense(nn.Module):
     if not self.compute:
       return kernel, bias
     y = matmul(x, kernel, self.contract, self.cfg.compute_dtype)
-    return y + bias.astype(y.dtype)
+    return add_bias(y, bias)
 
 
-def layer_norm(cfg: BertConfig, name: str) -> nn.LayerNorm:
-  # Statistics are reduced in float32 (force_float32_reductions) whatever the compute dtype.
-  return nn.LayerNorm(
-    epsilon=cfg.layer_norm_eps,
-    dtype=cfg.compute_dtype,
-    param_dtype=cfg.storage_dtype,
-    scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (sh.EMBED,)),
-    bias_init=_zeros((sh.EMBED,)),
-    name=name,
-  )
+class LayerNorm(nn.Module):
+  """LayerNorm over the last axis with params `scale` and `bias` (nn.LayerNorm's names).
+
+  Everything in float32 whatever the compute dtype; only the output is cast. So the scale and
+  bias gradients are float32 sums over the tokens (nn.LayerNorm in bf16 sums them with a bf16
+  accumulator, which is both lossy and ~20x slower on XLA:CPU).
+  """
+
+  epsilon: float
+  dtype: Any
+  param_dtype: Any
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    features = x.shape[-1]
+    scale = self.param(
+      "scale",
+      nn.with_logical_partitioning(nn.initializers.ones_init(), (sh.EMBED,)),
+      (features,),
+      self.param_dtype,
+    )
+    bias = self.param("bias", _zeros((sh.EMBED,)), (features,), self.param_dtype)
+    x = x.astype(jnp.float32)
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    centered = x - mean
+    var = jnp.mean(jnp.square(centered), axis=-1, keepdims=True)
+    y = centered * jax.lax.rsqrt(var + self.epsilon)
+    y = y * scale.astype(jnp.float32) + bias.astype(jnp.float32)
+    return y.astype(self.dtype)
+
+
+def layer_norm(cfg: BertConfig, name: str) -> LayerNorm:
+  return LayerNorm(cfg.layer_norm_eps, cfg.compute_dtype, cfg.storage_dtype, name=name)
 
 
 def _fmix32(h: Array) -> Array:
@@ -327,12 +419,7 @@ class Embeddings(nn.Module):
 
   def attend(self, h_BPD: Array) -> Array:
     """Logits against the word embeddings (the tied MLM decoder), in float32."""
-    table_VD = self.word_embeddings.embedding
-    dims = (((h_BPD.ndim - 1,), (1,)), ((), ()))
-    dtype = self.cfg.compute_dtype
-    return jax.lax.dot_general(
-      h_BPD.astype(dtype), table_VD.astype(dtype), dims, preferred_element_type=jnp.float32
-    )
+    return tied_logits(h_BPD, self.word_embeddings.embedding, self.cfg.compute_dtype)
 
 
 def attention_mask(input_mask_BL: Array, causal: bool) -> Array:
@@ -364,7 +451,7 @@ class Layer(nn.Module):
       wbs = [Dense((h, k), qkv_axes, cfg, compute=False, name=n)(x_BLD) for n in QKV]
       w_D3HK = jnp.stack([w for w, _ in wbs], axis=1)
       b_3HK = jnp.stack([b for _, b in wbs])
-      y_BL3HK = matmul(x_BLD, w_D3HK, 1, cfg.compute_dtype) + b_3HK.astype(cfg.compute_dtype)
+      y_BL3HK = add_bias(matmul(x_BLD, w_D3HK, 1, cfg.compute_dtype), b_3HK)
       q_BLHK, k_BLHK, v_BLHK = (y_BL3HK[:, :, i] for i in range(3))
     else:
       q_BLHK, k_BLHK, v_BLHK = (Dense((h, k), qkv_axes, cfg, name=n)(x_BLD) for n in QKV)
@@ -534,7 +621,7 @@ class MLMHead(nn.Module):
     h_BPD = Dense((cfg.hidden_size,), (sh.EMBED, sh.EMBED_OUT), cfg, name="transform")(h_BPD)
     h_BPD = layer_norm(cfg, "transform_LayerNorm")(gelu(h_BPD))
     bias_V = self.param("bias", _zeros((sh.VOCAB,)), (cfg.vocab_size,), cfg.storage_dtype)
-    logits_BPV = embeddings.attend(h_BPD) + bias_V.astype(jnp.float32)
+    logits_BPV = add_bias(embeddings.attend(h_BPD), bias_V)
     return _constrain(logits_BPV, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_VOCAB))
 
 

@@ -101,8 +101,12 @@ def forward(model, params, inputs: dict[str, Array], *, deterministic: bool, rng
 
 
 def _token_ce(logits_BPV: Array, targets_BP: Array, weights_BP: Array):
-  logp_BPV = jax.nn.log_softmax(logits_BPV.astype(jnp.float32), axis=-1)
-  nll_BP = -jnp.take_along_axis(logp_BPV, targets_BP[..., None].astype(jnp.int32), -1)[..., 0]
+  logits_BPV = logits_BPV.astype(jnp.float32)
+  # logsumexp minus the target's logit, picked by a one-hot compare: its gradient is fused
+  # element-wise work (take_along_axis would scatter into a zero [B, P, V] buffer).
+  onehot_BPV = jnp.arange(logits_BPV.shape[-1]) == targets_BP[..., None].astype(jnp.int32)
+  target_logit_BP = jnp.sum(jnp.where(onehot_BPV, logits_BPV, 0.0), axis=-1)
+  nll_BP = jax.nn.logsumexp(logits_BPV, axis=-1) - target_logit_BP
   correct_BP = (jnp.argmax(logits_BPV, -1) == targets_BP).astype(jnp.float32)
   return jnp.sum(nll_BP * weights_BP), jnp.sum(correct_BP * weights_BP), jnp.sum(weights_BP)
 

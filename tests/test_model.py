@@ -264,3 +264,52 @@ def test_bf16_compute_with_fp32_params():
   err = np.abs(np.asarray(a["mlm_logits"]) - np.asarray(b["mlm_logits"])).max()
   scale = np.abs(np.asarray(a["mlm_logits"])).max()
   assert 0 < err < 0.05 * scale, (err, scale)
+
+
+# --- custom VJPs of the low-precision paths ---------------------------------------------------
+
+
+def _bf16_round(x):
+  return jnp.asarray(x, jnp.bfloat16).astype(jnp.float32)
+
+
+def test_cpu_weight_gradient_layout_matches_plain_dot():
+  """_dw_cpu (a transposed copy, then a dot) is the same contraction as _dw."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(3, 5, 4, 6)), jnp.bfloat16)
+  g = jnp.asarray(rng.normal(size=(3, 5, 7)), jnp.bfloat16)
+  a = jax.jit(functools.partial(model_lib._dw_cpu, 2))(x, g)
+  b = jax.jit(functools.partial(model_lib._dw, 2))(x, g)
+  ref = np.einsum("abij,abk->ijk", np.asarray(x, np.float32), np.asarray(g, np.float32))
+  assert a.shape == (4, 6, 7) and a.dtype == jnp.float32
+  np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(b, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_low_precision_custom_vjps_match_float32_autodiff():
+  """bf16 matmul, tied decoder and bias add: gradients equal float32 autodiff on the same
+  (bf16-rounded) operands and cotangents, up to float32 summation order; the bias gradient
+  is a float32 sum (autodiff would accumulate it in bf16)."""
+  rng = np.random.default_rng(1)
+  x = _bf16_round(rng.normal(size=(2, 64, 16)))
+  w = _bf16_round(rng.normal(size=(16, 4, 8)))
+  b = jnp.asarray(rng.normal(size=(4, 8)), jnp.float32)
+  table = _bf16_round(rng.normal(size=(50, 16)))
+  gy = _bf16_round(rng.normal(size=(2, 64, 4, 8)))
+  gl = _bf16_round(rng.normal(size=(2, 64, 50)))
+
+  def fast(x, w, b, table):
+    y = model_lib.add_bias(model_lib.matmul(x, w, 1, "bfloat16"), b)
+    logits = model_lib.tied_logits(x, table, "bfloat16")
+    return jnp.sum(y.astype(jnp.float32) * gy) + jnp.sum(logits * gl)
+
+  def ref(x, w, b, table):
+    y = jnp.einsum("bld,dhk->blhk", x, w) + b
+    logits = jnp.einsum("bld,vd->blv", x, table)
+    return jnp.sum(y * gy) + jnp.sum(logits * gl)
+
+  got = jax.jit(jax.grad(fast, argnums=(0, 1, 2, 3)))(x, w, b, table)
+  want = jax.grad(ref, argnums=(0, 1, 2, 3))(x, w, b, table)
+  for name, a, e in zip(("x", "w", "b", "table"), got, want):
+    assert a.dtype == jnp.float32, name
+    np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4 * float(jnp.abs(e).max()), err_msg=name)
