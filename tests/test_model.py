@@ -313,3 +313,28 @@ def test_low_precision_custom_vjps_match_float32_autodiff():
   for name, a, e in zip(("x", "w", "b", "table"), got, want):
     assert a.dtype == jnp.float32, name
     np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4 * float(jnp.abs(e).max()), err_msg=name)
+
+
+def test_attention_custom_vjps_match_float32_autodiff():
+  rng = np.random.default_rng(2)
+  q, k, v = (_bf16_round(rng.normal(size=(2, 6, 3, 4))) for _ in range(3))
+  p = _bf16_round(rng.random(size=(2, 3, 6, 6)))
+  gs, gc = _bf16_round(rng.normal(size=(2, 3, 6, 6))), _bf16_round(rng.normal(size=(2, 6, 3, 4)))
+  bf = lambda *xs: [x.astype(jnp.bfloat16) for x in xs]
+
+  def fast(q, k, p, v):
+    q, k, p, v = bf(q, k, p, v)
+    s = model_lib.attention_scores(q, k)
+    c = model_lib.attention_context(p, v)
+    return jnp.sum(s * gs) + jnp.sum(c * gc)
+
+  def ref(q, k, p, v):
+    s = jnp.einsum("bqhk,bshk->bhqs", q, k)
+    c = jnp.einsum("bhqs,bshk->bqhk", p, v)
+    return jnp.sum(s * gs) + jnp.sum(c * gc)
+
+  got = jax.jit(jax.grad(fast, argnums=(0, 1, 2, 3)))(q, k, p, v)
+  want = jax.grad(ref, argnums=(0, 1, 2, 3))(q, k, p, v)
+  for name, a, e in zip("qkpv", got, want):
+    # The gradients come back in the operands' dtype (bf16): equal up to its rounding.
+    np.testing.assert_allclose(a, e, rtol=2**-7, atol=2**-7 * float(jnp.abs(e).max()), err_msg=name)
