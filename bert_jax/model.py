@@ -233,7 +233,9 @@ def _tied_fwd(h, table_VD, dtype):
 def _tied_bwd(dtype, res, g):
   hc, tc, (h_like, t_like) = res
   gc = g.astype(dtype)
-  dh = jax.lax.dot_general(gc, tc, (((g.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+  dh = jax.lax.dot_general(
+    gc, tc, (((g.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32
+  )
   n_batch = g.ndim - 1
   dt = jax.lax.platform_dependent(
     gc, hc, cpu=functools.partial(_dw_cpu, n_batch), default=functools.partial(_dw, n_batch)

@@ -310,7 +310,7 @@ def test_low_precision_custom_vjps_match_float32_autodiff():
 
   got = jax.jit(jax.grad(fast, argnums=(0, 1, 2, 3)))(x, w, b, table)
   want = jax.grad(ref, argnums=(0, 1, 2, 3))(x, w, b, table)
-  for name, a, e in zip(("x", "w", "b", "table"), got, want):
+  for name, a, e in zip(("x", "w", "b", "table"), got, want, strict=True):
     assert a.dtype == jnp.float32, name
     np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4 * float(jnp.abs(e).max()), err_msg=name)
 
@@ -335,6 +335,6 @@ def test_attention_custom_vjps_match_float32_autodiff():
 
   got = jax.jit(jax.grad(fast, argnums=(0, 1, 2, 3)))(q, k, p, v)
   want = jax.grad(ref, argnums=(0, 1, 2, 3))(q, k, p, v)
-  for name, a, e in zip("qkpv", got, want):
+  for name, a, e in zip("qkpv", got, want, strict=True):
     # The gradients come back in the operands' dtype (bf16): equal up to its rounding.
     np.testing.assert_allclose(a, e, rtol=2**-7, atol=2**-7 * float(jnp.abs(e).max()), err_msg=name)
