@@ -49,7 +49,8 @@ class BertConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   # 'fused' uses jax.nn.dot_product_attention whenever attention dropout is inactive
-  # (eval, or attention_dropout_prob == 0); 'explicit' always materialises the probabilities.
+  # (eval, or attention_dropout_prob == 0) when lowering for TPU/GPU, and the explicit path
+  # on XLA:CPU, where it is faster; 'explicit' always materialises the probabilities.
   attention_impl: str = "fused"
   scan_layers: bool = False  # nn.scan over layers: compile time independent of depth
   remat_policy: str = "none"  # none | full | dots | dots_no_batch | minimal
@@ -506,6 +507,39 @@ def attention_mask(input_mask_BL: Array, causal: bool) -> Array:
   return mask_B11L
 
 
+def explicit_attention(q_BLHK, k_BLHK, v_BLHK, mask_B1LL, dtype, dropout=None):
+  """Softmax attention with the probabilities materialised: (context, probabilities).
+
+  Logits and softmax are float32 whatever the compute dtype; `dropout` (if given) is applied
+  to the probabilities.
+  """
+  logits_BHLL = attention_scores(q_BLHK, k_BLHK) / jnp.sqrt(jnp.float32(q_BLHK.shape[-1]))
+  logits_BHLL = jnp.where(mask_B1LL, logits_BHLL, jnp.finfo(jnp.float32).min)
+  probs_BHLL = jax.nn.softmax(logits_BHLL, axis=-1)
+  dropped_BHLL = probs_BHLL if dropout is None else dropout(probs_BHLL)
+  ctx_BLHK = attention_context(dropped_BHLL.astype(dtype), v_BLHK)
+  return ctx_BLHK.astype(dtype), probs_BHLL
+
+
+def fused_attention(q_BLHK, k_BLHK, v_BLHK, mask_B1LL, dtype):
+  """`jax.nn.dot_product_attention` on TPU and GPU; the explicit path on XLA:CPU.
+
+  The choice is made per lowering platform (`lax.platform_dependent`), so an ahead-of-time
+  TPU compile from a CPU host still gets the fused op. On XLA:CPU the fused op measured
+  slower than the explicit one (BERT-tiny training without dropout: 31 vs 42 steps/s).
+  """
+
+  def fused(q, k, v, mask):
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation="xla").astype(dtype)
+
+  def explicit(q, k, v, mask):
+    return explicit_attention(q, k, v, mask, dtype)[0]
+
+  return jax.lax.platform_dependent(
+    q_BLHK, k_BLHK, v_BLHK, mask_B1LL, cpu=explicit, default=fused
+  )
+
+
 QKV = ("query", "key", "value")
 
 
@@ -536,19 +570,13 @@ class Layer(nn.Module):
     dropout_active = not self.deterministic and cfg.attention_dropout_prob > 0
     probs_BHLL = None
     if cfg.attention_impl == "fused" and not dropout_active and not self.output_attentions:
-      ctx_BLHK = jax.nn.dot_product_attention(
-        q_BLHK, k_BLHK, v_BLHK, mask=mask_B1LL, implementation="xla"
-      )
+      ctx_BLHK = fused_attention(q_BLHK, k_BLHK, v_BLHK, mask_B1LL, cfg.compute_dtype)
     else:
-      # Logits and softmax in float32 whatever the compute dtype.
-      logits_BHLL = attention_scores(q_BLHK, k_BLHK) / jnp.sqrt(jnp.float32(k))
-      logits_BHLL = jnp.where(mask_B1LL, logits_BHLL, jnp.finfo(jnp.float32).min)
-      probs_BHLL = jax.nn.softmax(logits_BHLL, axis=-1)
-      dropped_BHLL = Dropout(cfg.attention_dropout_prob, cfg.dropout_rng)(
-        probs_BHLL, deterministic=self.deterministic
+      dropout = Dropout(cfg.attention_dropout_prob, cfg.dropout_rng)
+      ctx_BLHK, probs_BHLL = explicit_attention(
+        q_BLHK, k_BLHK, v_BLHK, mask_B1LL, cfg.compute_dtype,
+        lambda p: dropout(p, deterministic=self.deterministic),
       )
-      ctx_BLHK = attention_context(dropped_BHLL.astype(cfg.compute_dtype), v_BLHK)
-      ctx_BLHK = ctx_BLHK.astype(cfg.compute_dtype)
     ctx_BLHK = _constrain(ctx_BLHK, act)
 
     out_BLD = Dense(
