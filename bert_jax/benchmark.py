@@ -44,7 +44,15 @@ import numpy as np
 SIZES_DEFAULT = ("tiny", "mini", "small", "medium", "base")
 # Predicted positions per sequence by length (the original BERT's two phases).
 MAX_PREDICTIONS = {128: 20, 512: 80}
-PEERS_DEFAULT = ("hf_flax:float32", "torch:bfloat16", "torch_compile:bfloat16")
+# Each peer in both precisions: which one is fastest depends on the CPU (bf16 is fast only
+# with AVX512-BF16/AMX; on a Zen 3 without them torch bf16 runs emulated).
+PEERS_DEFAULT = (
+  "hf_flax:float32",
+  "torch:float32",
+  "torch:bfloat16",
+  "torch_compile:float32",
+  "torch_compile:bfloat16",
+)
 _RESULT_MARK = "BENCH_RESULT "
 # Model-field settings of the fast path and of the plain reference (for --loss_check).
 FAST: dict[str, Any] = {"attention_impl": "fused"}
