@@ -68,6 +68,7 @@ def _main_cmd(workdir, data_dir, steps=6, extra=()):
     # The fixture data uses BERT's vocab; these tests compare losses at fp32 tolerance.
     "--config.model.vocab_size=30522",
     "--config.model.dtype=float32",
+    "--config.objective.nsp=True",  # the fixture data has NSP pairs
   ]
   return [sys.executable, "-m", "bert_jax.main", *flags, *extra]
 
