@@ -44,15 +44,26 @@ import numpy as np
 SIZES_DEFAULT = ("tiny", "mini", "small", "medium", "base")
 # Predicted positions per sequence by length (the original BERT's two phases).
 MAX_PREDICTIONS = {128: 20, 512: 80}
-# Each peer in both precisions: which one is fastest depends on the CPU (bf16 is fast only
-# with AVX512-BF16/AMX; on a Zen 3 without them torch bf16 runs emulated).
-PEERS_DEFAULT = (
-  "hf_flax:float32",
-  "torch:float32",
-  "torch:bfloat16",
-  "torch_compile:float32",
-  "torch_compile:bfloat16",
-)
+# Each peer in the precisions this CPU runs natively: bf16 only with AVX512-BF16 or AMX (on a
+# Zen 3 without them torch's emulated bf16 step was 12x slower than fp32 for BERT-tiny).
+PEERS_FP32 = ("hf_flax:float32", "torch:float32", "torch_compile:float32")
+PEERS_BF16 = ("torch:bfloat16", "torch_compile:bfloat16")
+
+
+def cpu_has_bf16() -> bool:
+  """Whether this (Linux x86) CPU has bf16 matmul instructions (AVX512-BF16 or AMX-BF16)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      flags = f.read()
+  except OSError:
+    return False
+  return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def default_peers() -> list[str]:
+  return list(PEERS_FP32 + (PEERS_BF16 if cpu_has_bf16() else ()))
+
+
 _RESULT_MARK = "BENCH_RESULT "
 # Model-field settings of the fast path and of the plain reference (for --loss_check).
 FAST: dict[str, Any] = {"attention_impl": "fused"}
@@ -888,14 +899,24 @@ def _define_flags():
   f.DEFINE_list("sizes", list(SIZES_DEFAULT), "Model sizes (bert_jax.model.SIZES).")
   f.DEFINE_list("seqs", ["128"], "Sequence lengths.")
   f.DEFINE_integer("batch", 32, "Global batch (sequences).")
-  f.DEFINE_list("dtypes", ["float32", "bfloat16"], "Our compute dtypes (params stay fp32).")
+  f.DEFINE_list(
+    "dtypes",
+    None,
+    "Our compute dtypes; params stay fp32 (default: float32, and bfloat16 when the CPU has "
+    "AVX512-BF16 or AMX; --loss_check: both).",
+  )
   f.DEFINE_integer("steps", 5, "Timed steps per measurement (the median is reported).")
   f.DEFINE_integer("warmup", 2, "Untimed steps first (the first compiles).")
   f.DEFINE_integer("passes", 2, "Interleaved passes over everything.")
   f.DEFINE_string("variants", "", "Extra model-field variants, ';'-separated k=v,k=v lists.")
   f.DEFINE_bool("peers", False, "Also time HF Flax / PyTorch BertForPreTraining steps.")
   f.DEFINE_string("peer_python", None, "Interpreter with torch/transformers (default: this one).")
-  f.DEFINE_list("peer_list", list(PEERS_DEFAULT), "framework:dtype peers to time.")
+  f.DEFINE_list(
+    "peer_list",
+    None,
+    "framework:dtype peers to time (default: each peer in fp32, and in bf16 when the CPU has "
+    "AVX512-BF16 or AMX).",
+  )
   f.DEFINE_bool("isolate", True, "Each of our measurements in a fresh process.")
   f.DEFINE_bool("large", False, "BERT-Large (scan): compile time and step memory.")
   f.DEFINE_integer("large_batch", 8, "Batch of the --large step.")
@@ -941,7 +962,7 @@ def _main(FLAGS) -> None:  # noqa: N803
     if FLAGS.peer_python and not os.path.exists(FLAGS.peer_python):
       raise FileNotFoundError(f"--peer_python: {FLAGS.peer_python} does not exist")
     ok = peer_available(peer_python)
-    for item in FLAGS.peer_list:
+    for item in FLAGS.peer_list or default_peers():
       fw, _, dt = item.partition(":")
       if fw not in ok:
         raise ValueError(f"--peer_list: unknown peer {fw!r}; use hf_flax, torch, torch_compile")
@@ -949,7 +970,12 @@ def _main(FLAGS) -> None:  # noqa: N803
         peers.append((fw, dt or "float32"))
       else:
         print(f"benchmark: peer {fw} is not importable in {peer_python}; skipped", file=sys.stderr)
-  host = {"machine": os.uname().machine, "cpus": os.cpu_count(), "load_avg": load_average()}
+  host = {
+    "machine": os.uname().machine,
+    "cpus": os.cpu_count(),
+    "cpu_bf16": cpu_has_bf16(),
+    "load_avg": load_average(),
+  }
   _emit({"kind": "host", **host, "python": sys.version.split()[0]}, FLAGS.json_out)
   records: list[dict[str, Any]] = []
   if FLAGS.train_steps and FLAGS.sizes:
@@ -957,7 +983,7 @@ def _main(FLAGS) -> None:  # noqa: N803
       FLAGS.sizes,
       seqs,
       FLAGS.batch,
-      FLAGS.dtypes,
+      FLAGS.dtypes or (["float32", "bfloat16"] if cpu_has_bf16() else ["float32"]),
       FLAGS.passes,
       FLAGS.steps,
       FLAGS.warmup,
@@ -985,7 +1011,7 @@ def _main(FLAGS) -> None:  # noqa: N803
   if FLAGS.data:
     _emit(measure_data(seqs[0]), FLAGS.json_out)
   if FLAGS.loss_check:
-    for rec in loss_check(dtypes=FLAGS.dtypes):
+    for rec in loss_check(dtypes=FLAGS.dtypes or ["float32", "bfloat16"]):
       _emit(rec, FLAGS.json_out)
   summaries = summarize(records)
   for s in summaries:

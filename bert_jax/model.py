@@ -535,9 +535,7 @@ def fused_attention(q_BLHK, k_BLHK, v_BLHK, mask_B1LL, dtype):
   def explicit(q, k, v, mask):
     return explicit_attention(q, k, v, mask, dtype)[0]
 
-  return jax.lax.platform_dependent(
-    q_BLHK, k_BLHK, v_BLHK, mask_B1LL, cpu=explicit, default=fused
-  )
+  return jax.lax.platform_dependent(q_BLHK, k_BLHK, v_BLHK, mask_B1LL, cpu=explicit, default=fused)
 
 
 QKV = ("query", "key", "value")
@@ -574,7 +572,11 @@ class Layer(nn.Module):
     else:
       dropout = Dropout(cfg.attention_dropout_prob, cfg.dropout_rng)
       ctx_BLHK, probs_BHLL = explicit_attention(
-        q_BLHK, k_BLHK, v_BLHK, mask_B1LL, cfg.compute_dtype,
+        q_BLHK,
+        k_BLHK,
+        v_BLHK,
+        mask_B1LL,
+        cfg.compute_dtype,
         lambda p: dropout(p, deterministic=self.deterministic),
       )
     ctx_BLHK = _constrain(ctx_BLHK, act)
