@@ -720,6 +720,18 @@ def _emit(rec: dict[str, Any], json_out: str | None) -> None:
       f.write(line + "\n")
 
 
+def _parse_value(text: str) -> Any:
+  """'True' -> True, '0' -> 0, '0.1' -> 0.1, anything else stays a string."""
+  if text in ("True", "False"):
+    return text == "True"
+  for cast in (int, float):
+    try:
+      return cast(text)
+    except ValueError:
+      pass
+  return text
+
+
 def parse_variants(text: str) -> list[dict[str, Any]]:
   """'scan_layers=True,remat_policy=full;attention_impl=explicit' -> list of dicts."""
   out = []
@@ -729,7 +741,7 @@ def parse_variants(text: str) -> list[dict[str, Any]]:
       if "=" not in item:
         raise ValueError(f"--variants item {item!r} is not key=value")
       k, val = item.split("=", 1)
-      v[k] = {"True": True, "False": False}.get(val, val)
+      v[k] = _parse_value(val)
     out.append(v)
   return out
 

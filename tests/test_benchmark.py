@@ -4,6 +4,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 
 from bert_jax import benchmark
 from bert_jax import model as model_lib
@@ -92,3 +93,16 @@ def test_fast_and_plain_give_the_same_losses():
   # bf16 compute with fp32 params and accumulation: the same curve to bf16 tolerance.
   assert np.array_equal(bf16["plain_losses"], a) and bf16["dtype"] == "bfloat16"
   assert 0 < bf16["max_rel_diff"] < 3e-2
+
+
+def test_parse_variants_types_values():
+  got = benchmark.parse_variants(
+    "scan_layers=True,remat_policy=full;hidden_dropout_prob=0.0,num_layers=3"
+  )
+  assert got == [
+    {"scan_layers": True, "remat_policy": "full"},
+    {"hidden_dropout_prob": 0.0, "num_layers": 3},
+  ]
+  assert isinstance(got[1]["num_layers"], int) and isinstance(got[1]["hidden_dropout_prob"], float)
+  with pytest.raises(ValueError, match="not key=value"):
+    benchmark.parse_variants("scan_layers")
