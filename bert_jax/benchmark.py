@@ -1,7 +1,7 @@
 """Benchmark of the trainer's own jitted train step, side by side with HuggingFace/PyTorch.
 
   python -m bert_jax.benchmark --sizes=tiny,mini,small,medium,base --seqs=128 --batch=32 \
-      --dtypes=float32,bfloat16 --passes=2 --peers --peer_python=/path/to/venv/bin/python
+      --passes=2 --peers --peer_python=/path/to/venv/bin/python
   python -m bert_jax.benchmark --large        # BERT-Large (scan): compile time, step memory
   python -m bert_jax.benchmark --data         # create_data and input-pipeline throughput
   python -m bert_jax.benchmark --loss_check   # fast vs plain configuration: same losses
@@ -13,13 +13,15 @@ time of `--steps` timed steps after `--warmup` untimed ones (the first one compi
 synthetic full-length batch reused every step. Our step is `train.make_train_step` jitted
 exactly as `train.train_and_evaluate` does (state donated, on-device masking included); MFU
 divides the model FLOPs (`model.train_flops_per_token`: attention included, the MLM head at
-the `max_predictions` gathered positions) by a matmul peak measured in the same process.
+the `max_predictions` gathered positions) by a matmul peak measured in the same process
+(the best of 7 square matmuls, before and after the timed steps).
 
 Peers (`--peers`): transformers 4.x `FlaxBertForPreTraining` (fp32) and PyTorch
-`BertForPreTraining` (eager bf16 autocast, and torch.compile bf16), with AdamW and dropout
-0.1 on the same shapes; their MLM head computes logits at every position, as HuggingFace
-does. They run in `--peer_python` (an interpreter that has torch/transformers), or in this
-one if it can import them.
+`BertForPreTraining` (eager and torch.compile, fp32 and bf16 autocast), with AdamW and
+dropout 0.1 on the same shapes. bf16 (ours and the peers') is timed by default only when the
+CPU has AVX512-BF16 or AMX; elsewhere it is emulated and far slower. The peers' MLM head
+computes logits at every position, as HuggingFace does. They run in `--peer_python` (an
+interpreter that has torch/transformers), or in this one if it can import them.
 
 Output: one JSON line per measurement (stdout, and appended to `--json_out`) and a table.
 """
