@@ -75,7 +75,8 @@ def _main_cmd(workdir, data_dir, steps=6, extra=()):
 
 def _env(**extra):
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-  env.pop("XLA_FLAGS", None)
+  # Only conftest's -O0 (compile time); no device-count flags from the caller's environment.
+  env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
   env.update(extra)
   return env
 
