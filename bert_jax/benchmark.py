@@ -66,6 +66,11 @@ def default_peers() -> list[str]:
   return list(PEERS_FP32 + (PEERS_BF16 if cpu_has_bf16() else ()))
 
 
+def default_dtypes() -> list[str]:
+  """Our compute dtypes by the same rule as default_peers."""
+  return ["float32", "bfloat16"] if cpu_has_bf16() else ["float32"]
+
+
 _RESULT_MARK = "BENCH_RESULT "
 # Model-field settings of the fast path and of the plain reference (for --loss_check).
 FAST: dict[str, Any] = {"attention_impl": "fused"}
@@ -998,7 +1003,7 @@ def _main(FLAGS) -> None:  # noqa: N803
       FLAGS.sizes,
       seqs,
       FLAGS.batch,
-      FLAGS.dtypes or (["float32", "bfloat16"] if cpu_has_bf16() else ["float32"]),
+      FLAGS.dtypes or default_dtypes(),
       FLAGS.passes,
       FLAGS.steps,
       FLAGS.warmup,

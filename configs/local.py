@@ -11,7 +11,8 @@ The model, masking and optimizer are BERT's; the scale is chosen for a 10-minute
 row (Table 5) with dynamic masking, as RoBERTa: on this 15-document corpus NSP memorises its
 pairs (train accuracy 92%, held-out 50%) and held MLM back (10k steps, measured on one host:
 held-out MLM accuracy 19-22% with NSP, 25-27% without). MLM+NSP is `--config.objective.nsp=True`.
-float32, not bf16: on CPUs without AVX512-BF16 bf16 is emulated (26 vs 42 steps/s on a Zen 3).
+float32, not bf16: on CPUs without AVX512-BF16 bf16 is emulated (on a Zen 3 this run did 26 vs
+42 steps/s; `python -m bert_jax.benchmark --sizes=base`: 125 vs 153 tokens/s).
 Time and accuracy: see the README.
 
 ARG: `size=NAME` (default tiny) and `steps=N` (default 10000).
