@@ -80,6 +80,7 @@ PLAIN: dict[str, Any] = {
   "remat_policy": "none",
   "fuse_qkv": False,
   "dropout_rng": "threefry",
+  "prune_last_layer": False,
 }
 # --loss_check also exercises the optional paths (scan + remat, fused q/k/v).
 FAST_CHECK: dict[str, Any] = {**FAST, "scan_layers": True, "remat_policy": "full", "fuse_qkv": True}

@@ -59,6 +59,11 @@ class BertConfig:
   # Query/key/value as one matmul over the concatenated kernels (params stay separate); off:
   # measured no faster on XLA:CPU (see the benchmark section of the README).
   fuse_qkv: bool = False
+  # Pretraining with masked positions (unrolled layers): the last layer computes its queries,
+  # attention output and FFN only at [CLS] and the masked positions, the only outputs the
+  # MLM and NSP heads read (keys and values still cover every position). Same losses and
+  # gradients, ~(1 - (P+1)/L) of one layer's FLOPs fewer.
+  prune_last_layer: bool = True
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -539,9 +544,16 @@ class Layer(nn.Module):
   output_attentions: bool = False
 
   @nn.compact
-  def __call__(self, x_BLD: Array, mask_B1LL: Array) -> tuple[Array, Array | None]:
+  def __call__(
+    self, x_BLD: Array, mask_B1LL: Array, positions_BQ: Array | None = None
+  ) -> tuple[Array, Array | None]:
+    """[B, L, D] -> [B, L, D]; with `positions_BQ`, only those positions' outputs: the queries,
+    attention output and FFN run at the Q gathered positions, keys and values at all L."""
     cfg = self.cfg
     h, k = cfg.num_heads, cfg.head_dim
+    xq_BQD = x_BLD if positions_BQ is None else gather_positions(x_BLD, positions_BQ)
+    if positions_BQ is not None and mask_B1LL.shape[2] != 1:  # a causal mask: its query rows
+      mask_B1LL = jnp.take_along_axis(mask_B1LL, positions_BQ[:, None, :, None], axis=2)
     qkv_axes = (sh.EMBED, sh.HEADS, sh.KV)
     if cfg.fuse_qkv:
       # One [D, 3, H, K] matmul: a wider N runs closer to the matmul peak than three [D, H, K].
@@ -550,8 +562,11 @@ class Layer(nn.Module):
       b_3HK = jnp.stack([b for _, b in wbs])
       y_BL3HK = add_bias(matmul(x_BLD, w_D3HK, 1, cfg.compute_dtype), b_3HK)
       q_BLHK, k_BLHK, v_BLHK = (y_BL3HK[:, :, i] for i in range(3))
+      if positions_BQ is not None:
+        q_BLHK = gather_positions(q_BLHK, positions_BQ)
     else:
-      q_BLHK, k_BLHK, v_BLHK = (Dense((h, k), qkv_axes, cfg, name=n)(x_BLD) for n in QKV)
+      q_BLHK = Dense((h, k), qkv_axes, cfg, name="query")(xq_BQD)
+      k_BLHK, v_BLHK = (Dense((h, k), qkv_axes, cfg, name=n)(x_BLD) for n in QKV[1:])
     act = (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_HEADS, sh.ACT_KV)
     q_BLHK, k_BLHK, v_BLHK = (_constrain(t, act) for t in (q_BLHK, k_BLHK, v_BLHK))
 
@@ -577,7 +592,7 @@ class Layer(nn.Module):
     out_BLD = Dropout(cfg.hidden_dropout_prob, cfg.dropout_rng)(
       out_BLD, deterministic=self.deterministic
     )
-    x_BLD = layer_norm(cfg, "attention_LayerNorm")(out_BLD + x_BLD)
+    x_BLD = layer_norm(cfg, "attention_LayerNorm")(out_BLD + xq_BQD)
     x_BLD = _constrain(x_BLD, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_EMBED))
 
     ff_BLF = Dense((cfg.intermediate_size,), (sh.EMBED, sh.MLP), cfg, name="intermediate")(x_BLD)
@@ -627,9 +642,14 @@ class Encoder(nn.Module):
     deterministic: bool,
     output_hidden_states: bool = False,
     output_attentions: bool = False,
+    last_positions_BQ: Array | None = None,
   ):
+    """`last_positions_BQ` (unrolled layers only): the last layer's outputs only at those
+    positions ([B, Q, D]; see `BertConfig.prune_last_layer`)."""
     cfg = self.cfg
     hidden, attentions = [x_BLD], []
+    if last_positions_BQ is not None and cfg.scan_layers:
+      raise ValueError("last_positions_BQ needs unrolled layers (scan_layers=False)")
     if cfg.scan_layers:
       scanned = nn.scan(
         _ScanLayer,
@@ -649,8 +669,9 @@ class Encoder(nn.Module):
     else:
       layer_cls = _maybe_remat(Layer, cfg, prevent_cse=True)
       for i in range(cfg.num_layers):
+        last = last_positions_BQ if i == cfg.num_layers - 1 else None
         x_BLD, probs = layer_cls(cfg, deterministic, output_attentions, name=f"layer_{i}")(
-          x_BLD, mask_B1LL
+          x_BLD, mask_B1LL, last
         )
         hidden.append(x_BLD)
         attentions.append(probs)
@@ -680,7 +701,11 @@ class BertModel(nn.Module):
     deterministic: bool = True,
     output_hidden_states: bool = False,
     output_attentions: bool = False,
+    output_positions_BQ: Array | None = None,
   ) -> dict[str, Any]:
+    """`output_positions_BQ` (position 0 first, unrolled layers): compute the last layer only
+    at those positions; `sequence_output` is then [B, Q, D] at them and the pooler reads
+    its first row (see `BertConfig.prune_last_layer`)."""
     if segment_ids_BL is None:
       segment_ids_BL = jnp.zeros_like(input_ids_BL)
     if input_mask_BL is None:
@@ -688,7 +713,7 @@ class BertModel(nn.Module):
     x_BLD = self.embeddings(input_ids_BL, segment_ids_BL, deterministic)
     mask_B1LL = attention_mask(input_mask_BL, self.cfg.causal)
     x_BLD, hidden, attentions = self.encoder(
-      x_BLD, mask_B1LL, deterministic, output_hidden_states, output_attentions
+      x_BLD, mask_B1LL, deterministic, output_hidden_states, output_attentions, output_positions_BQ
     )
     pooled_BD = jnp.tanh(self.pooler(x_BLD[:, 0]))
     out = {"sequence_output": x_BLD, "pooled_output": pooled_BD}
@@ -714,12 +739,18 @@ class MLMHead(nn.Module):
     return _constrain(logits_BPV, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_VOCAB))
 
 
-def gather_positions(x_BLD: Array, positions_BP: Array) -> Array:
-  return jnp.take_along_axis(x_BLD, positions_BP[..., None].astype(jnp.int32), axis=1)
+def gather_positions(x_BL: Array, positions_BP: Array) -> Array:
+  """x[B, L, ...] at positions[B, P] -> [B, P, ...]."""
+  idx = positions_BP.astype(jnp.int32).reshape(positions_BP.shape + (1,) * (x_BL.ndim - 2))
+  return jnp.take_along_axis(x_BL, idx, axis=1)
 
 
 class BertForPreTraining(nn.Module):
   """BertModel + MLM head (at `masked_positions`, or every position if None) + NSP head.
+
+  With masked positions and `cfg.prune_last_layer` (unrolled layers, no hidden states or
+  attentions asked for), the last layer runs only where the heads read, and the outputs
+  have no `sequence_output`.
 
   For the left-to-right objective pass every position (or None); the same tied head then
   predicts the next token.
@@ -746,6 +777,14 @@ class BertForPreTraining(nn.Module):
     output_hidden_states: bool = False,
     output_attentions: bool = False,
   ) -> dict[str, Any]:
+    cfg = self.cfg
+    prune = (
+      masked_positions_BP is not None
+      and cfg.prune_last_layer
+      and not cfg.scan_layers
+      and not output_hidden_states
+      and not output_attentions
+    )
     out = self.bert(
       input_ids_BL,
       segment_ids_BL,
@@ -753,9 +792,16 @@ class BertForPreTraining(nn.Module):
       deterministic=deterministic,
       output_hidden_states=output_hidden_states,
       output_attentions=output_attentions,
+      output_positions_BQ=(
+        jnp.pad(masked_positions_BP.astype(jnp.int32), ((0, 0), (1, 0))) if prune else None
+      ),
     )
-    h_BLD = out["sequence_output"]
-    h_BPD = h_BLD if masked_positions_BP is None else gather_positions(h_BLD, masked_positions_BP)
+    if prune:  # the last layer ran at [CLS] + the masked positions only
+      h_BPD = out.pop("sequence_output")[:, 1:]
+    elif masked_positions_BP is None:
+      h_BPD = out["sequence_output"]
+    else:
+      h_BPD = gather_positions(out["sequence_output"], masked_positions_BP)
     out["mlm_logits"] = self.predictions(h_BPD, self.bert.embeddings)
     out["nsp_logits"] = self.seq_relationship(out["pooled_output"]).astype(jnp.float32)
     return out
@@ -788,11 +834,17 @@ def train_flops_per_token(cfg: BertConfig, seq_len: int, predictions_per_seq: in
 
   Encoder matmuls, attention scores and values (the full L x L is computed even when causal),
   the MLM head at the positions actually computed (`predictions_per_seq`; = seq_len for LTR or
-  an all-position head) and the pooler + NSP head (once per sequence).
+  an all-position head) and the pooler + NSP head (once per sequence). With a pruned last
+  layer (`BertConfig.prune_last_layer`, masked positions, unrolled layers) that layer counts
+  at the 1 + predictions_per_seq positions it computes.
   """
   n, d, f, v = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-  encoder = 6 * n * (4 * d * d + 2 * d * f)
-  attention = 12 * n * d * seq_len
+  per_layer = 6 * (4 * d * d + 2 * d * f) + 12 * d * seq_len
+  encoder = n * per_layer
+  if cfg.prune_last_layer and not cfg.scan_layers and predictions_per_seq < seq_len:
+    q = (1 + predictions_per_seq) / seq_len  # share of positions the last layer computes
+    last = 6 * 2 * d * d + q * (6 * (2 * d * d + 2 * d * f) + 12 * d * seq_len)
+    encoder += last - per_layer
   head = 6 * (d * d + d * v) * predictions_per_seq / seq_len
   pooler_nsp = 6 * (d * d + 2 * d) / seq_len
-  return float(encoder + attention + head + pooler_nsp)
+  return float(encoder + head + pooler_nsp)

@@ -205,6 +205,49 @@ def test_masked_positions_gather_matches_all_positions():
   np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("causal,fuse_qkv", [(False, False), (True, False), (False, True)])
+def test_pruned_last_layer_same_outputs_and_grads(causal, fuse_qkv):
+  """The last layer at [CLS] + the masked positions only: same logits and gradients."""
+  on = dataclasses.replace(TINY, causal=causal, fuse_qkv=fuse_qkv, prune_last_layer=True)
+  off = dataclasses.replace(on, prune_last_layer=False)
+  params = _params(TINY)
+  ids, seg, mask = _batch([8, 5], 8)
+  pos = np.array([[3, 7, 1], [4, 0, 2]], np.int32)
+
+  def run(cfg):
+    def loss(p):
+      out = BertForPreTraining(cfg).apply({"params": p}, ids, seg, mask, pos)
+      return jnp.sum(out["mlm_logits"] ** 2) + jnp.sum(out["nsp_logits"] ** 2), out
+
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+  (loss_on, out_on), g_on = run(on)
+  (loss_off, out_off), g_off = run(off)
+  assert "sequence_output" not in out_on and out_off["sequence_output"].shape == (2, 8, 32)
+  for key in ("mlm_logits", "nsp_logits"):
+    np.testing.assert_allclose(out_on[key], out_off[key], atol=2e-6, rtol=0)
+  np.testing.assert_allclose(loss_on, loss_off, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5), g_on, g_off)
+  # Every last-layer weight still gets a gradient (keys/values from all positions).
+  assert np.abs(np.asarray(g_on["bert"]["encoder"]["layer_1"]["key"]["kernel"])).max() > 0
+
+
+def test_pruned_last_layer_flops():
+  base = model_lib.config_for_size("base")
+  off = dataclasses.replace(base, prune_last_layer=False)
+  full, pruned = (model_lib.train_flops_per_token(c, 128, 20) for c in (off, base))
+  # K/V projections stay at every position; Q, output, FFN and attention at 21 of 128.
+  d, f, L = 768, 3072, 128
+  saved = (1 - 21 / L) * (6 * (2 * d * d + 2 * d * f) + 12 * d * L)
+  np.testing.assert_allclose(full - pruned, saved, rtol=1e-12)
+  # Computing all L positions is the unpruned count; scanned layers never prune.
+  assert model_lib.train_flops_per_token(base, 128, 127) == model_lib.train_flops_per_token(
+    off, 128, 127
+  )
+  scan = dataclasses.replace(base, scan_layers=True)
+  assert model_lib.train_flops_per_token(scan, 128, 20) == full
+
+
 # --- dropout, causal mask, bf16 ----------------------------------------------------------------
 
 
