@@ -13,7 +13,8 @@ time of `--steps` timed steps after `--warmup` untimed ones (the first one compi
 synthetic full-length batch reused every step. Our step is `train.make_train_step` jitted
 exactly as `train.train_and_evaluate` does (state donated, on-device masking included); MFU
 divides the model FLOPs (`model.train_flops_per_token`: attention included, the MLM head at
-the `max_predictions` gathered positions) by a matmul peak measured in the same process
+the `max_predictions` gathered positions, the pruned last layer at the positions it computes)
+by a matmul peak measured in the same process
 (the best of 7 square matmuls, before and after the timed steps).
 
 Peers (`--peers`): transformers 4.x `FlaxBertForPreTraining` (fp32) and PyTorch
@@ -31,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import itertools
 import json
 import os
 import statistics
@@ -73,7 +75,7 @@ def default_dtypes() -> list[str]:
 
 _RESULT_MARK = "BENCH_RESULT "
 # Model-field settings of the fast path and of the plain reference (for --loss_check).
-FAST: dict[str, Any] = {"attention_impl": "fused"}
+FAST: dict[str, Any] = {"attention_impl": "fused", "prune_last_layer": True}
 PLAIN: dict[str, Any] = {
   "attention_impl": "explicit",
   "scan_layers": False,
@@ -82,8 +84,10 @@ PLAIN: dict[str, Any] = {
   "dropout_rng": "threefry",
   "prune_last_layer": False,
 }
-# --loss_check also exercises the optional paths (scan + remat, fused q/k/v).
+# --loss_check compares with PLAIN both the timed configuration (unrolled layers, so the last
+# layer is pruned to the masked positions) and the optional paths (scan + remat, fused q/k/v).
 FAST_CHECK: dict[str, Any] = {**FAST, "scan_layers": True, "remat_policy": "full", "fuse_qkv": True}
+LOSS_CHECKS: dict[str, dict[str, Any]] = {"fast": FAST, "fast_scan": FAST_CHECK}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -657,25 +661,28 @@ def loss_check(
   steps: int = 20,
   batch: int = 8,
   seq: int = 64,
-  fast: dict[str, Any] | None = None,
+  checks: dict[str, dict[str, Any]] | None = None,
   plain: dict[str, Any] | None = None,
   dtypes: Sequence[str] = ("float32", "bfloat16"),
 ) -> list[dict[str, Any]]:
-  """Losses of `steps` train steps of the plain configuration (fp32) and of the fast one (in
-  each of `dtypes`) from the same initial weights and batches; one record per dtype.
+  """Losses of `steps` train steps of the plain configuration (fp32) and of each fast one in
+  `checks` (default `LOSS_CHECKS`; in each of `dtypes`) from the same initial weights and
+  batches; one record per (check, dtype).
 
-  Dropout is off in both (the layouts draw dropout masks differently, e.g. scan splits the
+  Dropout is off in all (the layouts draw dropout masks differently, e.g. scan splits the
   key per layer), so any difference is arithmetic."""
   import jax
 
   from bert_jax import convert, input_pipeline, optim
 
-  fast = {**FAST_CHECK, **(fast or {})}
+  checks = {k: {**FAST, **v} for k, v in (checks or LOSS_CHECKS).items()}
   plain = {**PLAIN, **(plain or {})}
   no_dropout = {"hidden_dropout_prob": 0.0, "attention_dropout_prob": 0.0}
   losses: dict[str, list[float]] = {}
   init = None
-  for name, variant, dt in [("plain", plain, "float32")] + [("fast", fast, d) for d in dtypes]:
+  runs = [("plain", plain, "float32")]
+  runs += [(name, variant, d) for name, variant in checks.items() for d in dtypes]
+  for name, variant, dt in runs:
     config = bench_config(size, seq, batch, dt, {**variant, **no_dropout})
     config.opt.warmup_steps = 2
     config.opt.total_steps = steps + 1
@@ -699,14 +706,15 @@ def loss_check(
     losses[f"{name}:{dt}"] = curve
   a = np.array(losses["plain:float32"])
   out = []
-  for dt in dtypes:
-    b = np.array(losses[f"fast:{dt}"])
+  for (name, variant), dt in itertools.product(checks.items(), dtypes):
+    b = np.array(losses[f"{name}:{dt}"])
     out.append(
       {
         "kind": "loss_check",
+        "check": name,
         "size": size,
         "dtype": dt,
-        "fast": fast,
+        "fast": variant,
         "plain": plain,
         "plain_losses": a.tolist(),
         "fast_losses": b.tolist(),

@@ -82,17 +82,25 @@ def test_summary_ratios_take_best_mode_and_fastest_peer_per_pass():
 
 
 def test_fast_and_plain_give_the_same_losses():
-  # Fast: fused attention, scan + full remat, fused q/k/v, custom-VJP bf16 matmuls. Plain:
-  # explicit attention, unrolled, separate q/k/v, fp32. Same weights and batches, 20 steps.
-  fp32, bf16 = benchmark.loss_check("tiny", steps=20, batch=4, seq=32)
-  assert fp32["fast"]["scan_layers"] and not fp32["plain"]["scan_layers"]
-  a = np.array(fp32["plain_losses"])
+  # Fast: fused attention, pruned last layer (unrolled), or scan + full remat + fused q/k/v,
+  # custom-VJP bf16 matmuls. Plain: explicit attention, unrolled, full last layer, separate
+  # q/k/v, fp32. Same weights and batches, 20 steps.
+  recs = benchmark.loss_check("tiny", steps=20, batch=4, seq=32)
+  by = {(r["check"], r["dtype"]): r for r in recs}
+  assert sorted(by) == [(c, d) for c in ("fast", "fast_scan") for d in ("bfloat16", "float32")]
+  assert by["fast", "float32"]["fast"]["prune_last_layer"]
+  assert not by["fast", "float32"]["plain"]["prune_last_layer"]
+  assert by["fast_scan", "float32"]["fast"]["scan_layers"]
+  assert not by["fast_scan", "float32"]["plain"]["scan_layers"]
+  a = np.array(by["fast", "float32"]["plain_losses"])
   assert len(a) == 20 and a[-1] < a[0] - 0.5  # the check is over a moving loss curve
-  np.testing.assert_allclose(fp32["fast_losses"], a, rtol=2e-4)
-  assert fp32["max_rel_diff"] < 2e-4
-  # bf16 compute with fp32 params and accumulation: the same curve to bf16 tolerance.
-  assert np.array_equal(bf16["plain_losses"], a) and bf16["dtype"] == "bfloat16"
-  assert 0 < bf16["max_rel_diff"] < 3e-2
+  for check in ("fast", "fast_scan"):
+    fp32, bf16 = by[check, "float32"], by[check, "bfloat16"]
+    np.testing.assert_allclose(fp32["fast_losses"], a, rtol=2e-4)
+    assert fp32["max_rel_diff"] < 2e-4
+    # bf16 compute with fp32 params and accumulation: the same curve to bf16 tolerance.
+    assert np.array_equal(bf16["plain_losses"], a) and bf16["dtype"] == "bfloat16"
+    assert 0 < bf16["max_rel_diff"] < 3e-2
 
 
 def test_parse_variants_types_values():
