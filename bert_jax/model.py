@@ -649,7 +649,9 @@ class Encoder(nn.Module):
     cfg = self.cfg
     hidden, attentions = [x_BLD], []
     if last_positions_BQ is not None and cfg.scan_layers:
-      raise ValueError("output positions (a pruned last layer) need unrolled layers: scan_layers=False")
+      raise ValueError(
+        "output positions (a pruned last layer) need unrolled layers: scan_layers=False"
+      )
     if cfg.scan_layers:
       scanned = nn.scan(
         _ScanLayer,
