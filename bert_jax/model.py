@@ -83,6 +83,12 @@ class BertConfig:
         )
 
   @property
+  def last_layer_prunable(self) -> bool:
+    """Whether pretraining with masked positions runs the last layer only where the heads
+    read (`prune_last_layer`; scanned layers share one layer body, so they never prune)."""
+    return self.prune_last_layer and not self.scan_layers
+
+  @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
 
@@ -782,8 +788,7 @@ class BertForPreTraining(nn.Module):
     cfg = self.cfg
     prune = (
       masked_positions_BP is not None
-      and cfg.prune_last_layer
-      and not cfg.scan_layers
+      and cfg.last_layer_prunable
       and not output_hidden_states
       and not output_attentions
     )
@@ -838,14 +843,16 @@ def train_flops_per_token(cfg: BertConfig, seq_len: int, predictions_per_seq: in
   the MLM head at the positions actually computed (`predictions_per_seq`; = seq_len for LTR or
   an all-position head) and the pooler + NSP head (once per sequence). With a pruned last
   layer (`BertConfig.prune_last_layer`, masked positions, unrolled layers) that layer counts
-  at the 1 + predictions_per_seq positions it computes.
+  at the 1 + predictions_per_seq positions it computes (keys and values at every position,
+  and the queries too with `fuse_qkv`, whose one matmul covers all three).
   """
   n, d, f, v = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
   per_layer = 6 * (4 * d * d + 2 * d * f) + 12 * d * seq_len
   encoder = n * per_layer
-  if cfg.prune_last_layer and not cfg.scan_layers and predictions_per_seq < seq_len:
+  if cfg.last_layer_prunable and predictions_per_seq < seq_len:
     q = (1 + predictions_per_seq) / seq_len  # share of positions the last layer computes
-    last = 6 * 2 * d * d + q * (6 * (2 * d * d + 2 * d * f) + 12 * d * seq_len)
+    every = 3 if cfg.fuse_qkv else 2  # D x D projections at every position
+    last = 6 * every * d * d + q * (6 * ((4 - every) * d * d + 2 * d * f) + 12 * d * seq_len)
     encoder += last - per_layer
   head = 6 * (d * d + d * v) * predictions_per_seq / seq_len
   pooler_nsp = 6 * (d * d + 2 * d) / seq_len

@@ -246,6 +246,12 @@ def test_pruned_last_layer_flops():
   )
   scan = dataclasses.replace(base, scan_layers=True)
   assert model_lib.train_flops_per_token(scan, 128, 20) == full
+  # fuse_qkv computes the last layer's queries at every position (one matmul for q, k, v).
+  fused = dataclasses.replace(base, fuse_qkv=True)
+  q_saved = (1 - 21 / L) * 6 * d * d
+  np.testing.assert_allclose(
+    model_lib.train_flops_per_token(fused, 128, 20) - pruned, q_saved, rtol=1e-9
+  )
 
 
 # --- dropout, causal mask, bf16 ----------------------------------------------------------------
