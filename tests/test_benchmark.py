@@ -2,6 +2,9 @@
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -35,6 +38,7 @@ def test_tiny_run_emits_sane_json(tmp_path):
   assert math.isclose(r["gflops"], r["flops_per_token"] * r["tokens_per_s"] / 1e9, rel_tol=1e-9)
   assert 0 < r["mfu"] == r["mfu_fp32_peak"] < 1.5 and r["peak_gflops"]["float32"] > 1
   assert r["compile_s"] > 0 and 0.1 < r["peak_rss_gb"] < 24
+  assert r["page_faults_per_step"] >= 0 and isinstance(r["glibc_tunables"], str)
   # Three steps (1 warm-up + 2 timed) of a fresh model: loss ~ ln(V) + ln(2), decreasing.
   assert len(r["losses"]) == 3
   assert abs(r["losses"][0] - (math.log(cfg.vocab_size) + math.log(2))) < 0.5
@@ -114,3 +118,48 @@ def test_parse_variants_types_values():
   assert isinstance(got[1]["num_layers"], int) and isinstance(got[1]["hidden_dropout_prob"], float)
   with pytest.raises(ValueError, match="not key=value"):
     benchmark.parse_variants("scan_layers")
+
+
+def test_thp_malloc_env_keeps_the_callers_tunables(monkeypatch):
+  monkeypatch.setattr(benchmark, "thp_available", lambda: True)
+  assert benchmark.with_thp_malloc({"A": "1"}) == {
+    "A": "1",
+    "GLIBC_TUNABLES": benchmark.THP_TUNABLE,
+  }
+  got = benchmark.with_thp_malloc({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+  assert got["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + benchmark.THP_TUNABLE
+  mine = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}
+  assert benchmark.with_thp_malloc(mine) == mine
+  monkeypatch.setattr(benchmark, "thp_available", lambda: False)
+  assert benchmark.with_thp_malloc({"A": "1"}) == {"A": "1"}
+
+
+_FAULTS_CHILD = """
+import ctypes, resource
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(8):  # 64 MB blocks: malloc maps each afresh (numpy would madvise by itself)
+  p = libc.malloc(64 << 20)
+  ctypes.memset(p, 1, 64 << 20)
+  libc.free(p)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_thp_malloc_env_cuts_page_faults():
+  """The tunable takes effect: 8 fresh 64 MB blocks fault 4 KB pages in, or 2 MB ones."""
+  if not benchmark.thp_available():
+    pytest.skip("the kernel offers no transparent huge pages")
+  env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+
+  def faults(e):
+    out = subprocess.run([sys.executable, "-c", _FAULTS_CHILD], env=e, capture_output=True)
+    return int(out.stdout)
+
+  plain, thp = faults(env), faults(benchmark.with_thp_malloc(env))
+  assert plain > 8 * 16_000  # 64 MB is 16,384 pages of 4 KB
+  if thp > plain / 10:
+    pytest.skip(f"glibc ignored {benchmark.THP_TUNABLE} (needs glibc >= 2.35): {thp} faults")
+  assert thp < plain / 20
