@@ -59,13 +59,18 @@ PEERS_FP32 = ("hf_flax:float32", "torch:float32", "torch_compile:float32")
 PEERS_BF16 = ("torch:bfloat16", "torch_compile:bfloat16")
 
 
+def _read_text(path: str) -> str:
+  """A (Linux /proc or /sys) file's text; "" where it cannot be read."""
+  try:
+    with open(path) as f:
+      return f.read()
+  except OSError:
+    return ""
+
+
 def cpu_has_bf16() -> bool:
   """Whether this (Linux x86) CPU has bf16 matmul instructions (AVX512-BF16 or AMX-BF16)."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      flags = f.read()
-  except OSError:
-    return False
+  flags = _read_text("/proc/cpuinfo")
   return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
@@ -107,11 +112,7 @@ THP_TUNABLE = "glibc.malloc.hugetlb=1"
 
 def thp_available() -> bool:
   """Whether the kernel offers transparent huge pages to processes that ask (Linux)."""
-  try:
-    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-      mode = f.read()
-  except OSError:
-    return False
+  mode = _read_text("/sys/kernel/mm/transparent_hugepage/enabled")
   return "[always]" in mode or "[madvise]" in mode
 
 
