@@ -20,7 +20,8 @@ by a matmul peak measured in the same process
 Every measured process, ours and the peers', starts with glibc's malloc on transparent huge
 pages (`--thp_malloc`, on by default where the kernel offers THP): each step allocates its
 activations afresh, and 4 KB pages made that cost a BERT-Base step 1.3M page faults (see
-THP_TUNABLE). `--noisolate` measures ours in this process, with the malloc it started with.
+THP_TUNABLE). With `--noisolate` ours run in this process with the malloc it started with,
+and so do the peers (the setting is then not applied to anyone).
 
 Peers (`--peers`): transformers 4.x `FlaxBertForPreTraining` (fp32) and PyTorch
 `BertForPreTraining` (eager and torch.compile, fp32 and bf16 autocast), with AdamW and
@@ -105,9 +106,11 @@ LOSS_CHECKS: dict[str, dict[str, Any]] = {"fast": FAST, "fast_scan": FAST_CHECK}
 
 # glibc's malloc tunable that backs its blocks with transparent huge pages. XLA:CPU (and
 # PyTorch) allocate a step's activations afresh each step; with 4 KB pages a BERT-Base step
-# (batch 32 x 128) took 1.3M page faults and 8.2 s of kernel time per 28 s step, and was 12%
-# slower than with huge pages (3.5k faults, 2.8 s). The peers gain from it too.
+# (batch 32 x 128) took 1.3M page faults, 8.2 s of kernel time and 27.8 s; with huge pages
+# 3.5k faults, 2.8 s and 24.3 s. The peers gain from it too.
 THP_TUNABLE = "glibc.malloc.hugetlb=1"
+# What this process's glibc read at start (the benchmark sets GLIBC_TUNABLES for its children).
+_STARTED_WITH_TUNABLES = os.environ.get("GLIBC_TUNABLES", "")
 
 
 def thp_available() -> bool:
@@ -338,7 +341,7 @@ def measure_ours(
     "warmup_s": first_s,
     "peak_rss_gb": peak_rss_gb(),
     "page_faults_per_step": faults,
-    "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+    "glibc_tunables": _STARTED_WITH_TUNABLES,
     "losses": warm_losses + losses,
     "load_avg": load,
     "jax": jax.__version__,
@@ -994,7 +997,8 @@ def _define_flags():
     "thp_malloc",
     True,
     "Run every measured process (ours and the peers alike) with glibc's malloc on transparent "
-    f"huge pages ({THP_TUNABLE} in GLIBC_TUNABLES) when the kernel offers them.",
+    f"huge pages ({THP_TUNABLE} in GLIBC_TUNABLES) when the kernel offers them; needs "
+    "--isolate (in-process measurements keep the malloc this process started with).",
   )
   f.DEFINE_bool("large", False, "BERT-Large (scan): compile time and step memory.")
   f.DEFINE_integer("large_batch", 8, "Batch of the --large step.")
@@ -1048,10 +1052,11 @@ def _main(FLAGS) -> None:  # noqa: N803
         peers.append((fw, dt or "float32"))
       else:
         print(f"benchmark: peer {fw} is not importable in {peer_python}; skipped", file=sys.stderr)
-  if FLAGS.thp_malloc:  # children inherit it: our workers and the peers alike
+  # Children inherit it: the peers, and ours only when isolated, so only then (both alike).
+  if FLAGS.thp_malloc and FLAGS.isolate:
     os.environ.update(with_thp_malloc(dict(os.environ)))
   host = {
-    "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+    "child_glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
     "machine": os.uname().machine,
     "cpus": os.cpu_count(),
     "cpu_bf16": cpu_has_bf16(),

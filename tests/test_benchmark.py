@@ -38,7 +38,8 @@ def test_tiny_run_emits_sane_json(tmp_path):
   assert math.isclose(r["gflops"], r["flops_per_token"] * r["tokens_per_s"] / 1e9, rel_tol=1e-9)
   assert 0 < r["mfu"] == r["mfu_fp32_peak"] < 1.5 and r["peak_gflops"]["float32"] > 1
   assert r["compile_s"] > 0 and 0.1 < r["peak_rss_gb"] < 24
-  assert r["page_faults_per_step"] >= 0 and isinstance(r["glibc_tunables"], str)
+  assert r["page_faults_per_step"] >= 0
+  assert r["glibc_tunables"] == os.environ.get("GLIBC_TUNABLES", "")  # what this process read
   # Three steps (1 warm-up + 2 timed) of a fresh model: loss ~ ln(V) + ln(2), decreasing.
   assert len(r["losses"]) == 3
   assert abs(r["losses"][0] - (math.log(cfg.vocab_size) + math.log(2))) < 0.5
@@ -158,8 +159,9 @@ def test_thp_malloc_env_cuts_page_faults():
     out = subprocess.run([sys.executable, "-c", _FAULTS_CHILD], env=e, capture_output=True)
     return int(out.stdout)
 
+  libc, _, version = (os.confstr("CS_GNU_LIBC_VERSION") or "").partition(" ")
+  if libc != "glibc" or tuple(map(int, version.split(".")[:2])) < (2, 35):
+    pytest.skip(f"{benchmark.THP_TUNABLE} needs glibc >= 2.35, not {libc} {version}")
   plain, thp = faults(env), faults(benchmark.with_thp_malloc(env))
   assert plain > 8 * 16_000  # 64 MB is 16,384 pages of 4 KB
-  if thp > plain / 10:
-    pytest.skip(f"glibc ignored {benchmark.THP_TUNABLE} (needs glibc >= 2.35): {thp} faults")
-  assert thp < plain / 20
+  assert thp < plain / 20  # 2 MB pages, bar the unaligned ends of each block
