@@ -85,6 +85,27 @@ def default_dtypes() -> list[str]:
 
 
 _RESULT_MARK = "BENCH_RESULT "
+_READY_MARK = "BENCH_READY"
+_STEP_MARK = "BENCH_STEP "
+
+
+def _lockstep_serve(run_one) -> list[float]:
+  """Lockstep worker loop: after "BENCH_READY", one timed step (`run_one()` -> seconds) per
+  "step" line on stdin, each answered with a "BENCH_STEP <seconds>" line, until any other line.
+  Also runs in the peer interpreter (from its source text), so it uses only the stdlib."""
+  import json
+  import sys
+
+  print("BENCH_READY", flush=True)
+  times = []
+  for line in sys.stdin:
+    if line.strip() != "step":
+      break
+    times.append(run_one())
+    print("BENCH_STEP " + json.dumps(times[-1]), flush=True)
+  return times
+
+
 # Model-field settings of the fast path and of the plain reference (for --loss_check).
 FAST: dict[str, Any] = {"attention_impl": "fused", "prune_last_layer": True}
 PLAIN: dict[str, Any] = {
@@ -301,8 +322,10 @@ def measure_ours(
   variant: dict[str, Any] | None = None,
   peak: bool = True,
   memory: bool = False,
+  serve: bool = False,
 ) -> dict[str, Any]:
-  """One measurement of our train step (in this process)."""
+  """One measurement of our train step (in this process). With `serve`, the timed steps are
+  the ones the lockstep parent asks for on stdin (`_lockstep_serve`), not `steps`."""
   import jax
 
   from bert_jax import model as model_lib
@@ -319,8 +342,18 @@ def measure_ours(
   peaks = {d: matmul_peak_gflops(d) for d in peak_dtypes}
   load = load_average()
   faults = minor_faults()
-  times, losses = run_steps(step, steps)
-  faults = (minor_faults() - faults) / steps
+  if serve:
+    losses: list[float] = []
+
+    def one() -> float:
+      t, loss = run_steps(step, 1)
+      losses.extend(loss)
+      return t[0]
+
+    times = _lockstep_serve(one)
+  else:
+    times, losses = run_steps(step, steps)
+  faults = (minor_faults() - faults) / max(1, len(times))
   peaks = {d: max(g, matmul_peak_gflops(d)) for d, g in peaks.items()}
   flops = model_lib.train_flops_per_token(step.cfg, seq, max_predictions(seq))
   med = statistics.median(times)
@@ -333,6 +366,7 @@ def measure_ours(
     "dtype": dtype,
     "variant": variant,
     **summarize_times(times),
+    "step_s": times,
     "tokens_per_s": batch * seq / med,
     "flops_per_token": flops,
     "gflops": flops * batch * seq / med / 1e9,
@@ -508,15 +542,20 @@ def _peer_worker(spec: dict) -> dict:
     losses.append(run())
     warm.append(time.perf_counter() - t0)
   load = os.getloadavg()[0]
-  times = []
-  for _ in range(spec["steps"]):
+
+  def timed() -> float:
     t0 = time.perf_counter()
     losses.append(run())
-    times.append(time.perf_counter() - t0)
-  if fw == "torch_compile":  # its compile happens inside the first call
+    return time.perf_counter() - t0
+
+  if spec.get("serve"):
+    times = _lockstep_serve(timed)  # noqa: F821 (its source is sent along with this one's)
+  else:
+    times = [timed() for _ in range(spec["steps"])]
+  if fw == "torch_compile" and times:  # its compile happens inside the first call
     compile_s = max(0.0, warm[0] - sorted(times)[len(times) // 2])
   return {
-    "times": times,
+    "step_s": times,
     "warmup_s": sum(warm),
     "compile_s": compile_s,
     "losses": losses,
@@ -527,7 +566,7 @@ def _peer_worker(spec: dict) -> dict:
 
 
 # Captured at import: inspect reads the file again, which may have changed since.
-_PEER_SRC = inspect.getsource(_peer_worker)
+_PEER_SRC = inspect.getsource(_lockstep_serve) + "\n\n" + inspect.getsource(_peer_worker)
 
 
 def peer_available(python: str) -> dict[str, bool]:
@@ -572,6 +611,58 @@ def _run_subprocess(argv: list[str], timeout: float) -> dict[str, Any]:
   raise RuntimeError(f"benchmark worker {argv[1:3]} failed (exit {proc.returncode}): {tail}")
 
 
+def _peer_spec(framework: str, dtype: str, size: str, seq: int, batch: int) -> dict[str, Any]:
+  from bert_jax import model as model_lib
+
+  cfg = model_lib.config_for_size(size)
+  return {
+    "framework": framework,
+    "dtype": dtype,
+    "size": size,
+    "batch": batch,
+    "seq": seq,
+    "layers": cfg.num_layers,
+    "hidden": cfg.hidden_size,
+    "heads": cfg.num_heads,
+    "intermediate": cfg.intermediate_size,
+    "vocab": cfg.vocab_size,
+    "max_pos": cfg.max_position_embeddings,
+    "dropout": 0.1,
+  }
+
+
+def _peer_argv(python: str, spec: dict[str, Any]) -> list[str]:
+  code = (
+    f"import json, sys\n{_PEER_SRC}\n"
+    f"print({_RESULT_MARK!r} + json.dumps(_peer_worker(json.loads(sys.argv[1]))))\n"
+  )
+  return [python, "-c", code, json.dumps(spec)]
+
+
+def _peer_record(spec: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+  from bert_jax import model as model_lib
+
+  times = out["step_s"]
+  med = statistics.median(times)
+  seq, batch = spec["seq"], spec["batch"]
+  # HF computes the MLM head at every position.
+  flops = model_lib.train_flops_per_token(model_lib.config_for_size(spec["size"]), seq, seq)
+  return {
+    "kind": "train_step",
+    "impl": spec["framework"],
+    "size": spec["size"],
+    "seq": seq,
+    "batch": batch,
+    "dtype": spec["dtype"],
+    "variant": {},
+    **summarize_times(times),
+    "tokens_per_s": batch * seq / med,
+    "flops_per_token": flops,
+    "gflops": flops * batch * seq / med / 1e9,
+    **out,
+  }
+
+
 def measure_peer(
   python: str,
   framework: str,
@@ -584,46 +675,8 @@ def measure_peer(
   timeout: float = 3600,
 ) -> dict[str, Any]:
   """One peer measurement in a fresh `python` process."""
-  from bert_jax import model as model_lib
-
-  cfg = model_lib.config_for_size(size)
-  spec = {
-    "framework": framework,
-    "dtype": dtype,
-    "batch": batch,
-    "seq": seq,
-    "steps": steps,
-    "warmup": warmup,
-    "layers": cfg.num_layers,
-    "hidden": cfg.hidden_size,
-    "heads": cfg.num_heads,
-    "intermediate": cfg.intermediate_size,
-    "vocab": cfg.vocab_size,
-    "max_pos": cfg.max_position_embeddings,
-    "dropout": 0.1,
-  }
-  code = (
-    f"import json, sys\n{_PEER_SRC}\n"
-    f"print({_RESULT_MARK!r} + json.dumps(_peer_worker(json.loads(sys.argv[1]))))\n"
-  )
-  out = _run_subprocess([python, "-c", code, json.dumps(spec)], timeout)
-  times = out.pop("times")
-  med = statistics.median(times)
-  flops = model_lib.train_flops_per_token(cfg, seq, seq)  # HF: the head at every position
-  return {
-    "kind": "train_step",
-    "impl": framework,
-    "size": size,
-    "seq": seq,
-    "batch": batch,
-    "dtype": dtype,
-    "variant": {},
-    **summarize_times(times),
-    "tokens_per_s": batch * seq / med,
-    "flops_per_token": flops,
-    "gflops": flops * batch * seq / med / 1e9,
-    **out,
-  }
+  spec = {**_peer_spec(framework, dtype, size, seq, batch), "steps": steps, "warmup": warmup}
+  return _peer_record(spec, _run_subprocess(_peer_argv(python, spec), timeout))
 
 
 def measure_ours_subprocess(spec: dict[str, Any], timeout: float = 3600) -> dict[str, Any]:
@@ -631,6 +684,138 @@ def measure_ours_subprocess(spec: dict[str, Any], timeout: float = 3600) -> dict
   return _run_subprocess(
     [sys.executable, "-m", "bert_jax.benchmark", "--worker=" + json.dumps(spec)], timeout
   )
+
+
+class _LockstepWorker:
+  """A measurement process kept alive between steps: it compiles and warms up, then runs one
+  timed step each time it is asked (`_lockstep_serve`), and reports its record at the end."""
+
+  def __init__(self, name: str, argv: list[str], timeout: float):
+    self.name, self.timeout = name, timeout
+    self._err = tempfile.TemporaryFile("w+")  # a file, so a chatty stderr cannot block it
+    self.proc = subprocess.Popen(
+      argv,
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=self._err,
+      text=True,
+      env=_subprocess_env(),
+    )
+    self._read_until(_READY_MARK)
+
+  def _read_until(self, mark: str) -> str:
+    # A worker that hangs instead of dying is stopped by close()'s kill, not by a read timeout.
+    while True:
+      line = self.proc.stdout.readline()
+      if not line:
+        self._err.seek(0)
+        tail = self._err.read().strip().splitlines()[-3:]
+        code = self.proc.wait(timeout=self.timeout)
+        raise RuntimeError(f"lockstep worker {self.name} exited ({code}) early: {tail}")
+      if line.startswith(mark):
+        return line[len(mark) :]
+
+  def step(self) -> float:
+    self.proc.stdin.write("step\n")
+    self.proc.stdin.flush()
+    return float(self._read_until(_STEP_MARK))
+
+  def finish(self) -> dict[str, Any]:
+    self.proc.stdin.write("end\n")
+    self.proc.stdin.flush()
+    rec = json.loads(self._read_until(_RESULT_MARK))
+    self.proc.wait(timeout=self.timeout)
+    return rec
+
+  def close(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.kill()
+      self.proc.wait()
+    self._err.close()
+
+
+def measure_lockstep(
+  size: str,
+  seq: int,
+  batch: int,
+  dtype: str,
+  rounds: int,
+  warmup: int,
+  peers: Sequence[tuple[str, str]],
+  peer_python: str,
+  timeout: float = 3600,
+  peer_argv=None,
+  min_turn_s: float = 3.0,
+) -> list[dict[str, Any]]:
+  """Ours against each peer in alternating turns of steps, from processes kept alive throughout.
+
+  Our worker compiles once and stays up; the peers come one at a time beside it (so at most
+  two models are resident). For each peer, `rounds` rounds of one turn each, ours first in even
+  rounds and the peer first in odd ones, so a drift of the host's speed within a round falls on
+  both alike. A turn is whole steps until `min_turn_s` have passed (one step for base), so
+  small models do not compare single sub-second steps right after the other side woke up.
+  Returns one "lockstep" record per peer (the per-round ratios), the peers' step records, and
+  ours (all its timed steps; MFU against its own matmul peak) last.
+  `peer_argv(spec) -> argv` replaces the HF/PyTorch worker (tests time ours against ours).
+  """
+  peer_argv = peer_argv or functools.partial(_peer_argv, peer_python)
+
+  def turn(worker: _LockstepWorker) -> tuple[int, float]:
+    n, t = 0, 0.0
+    while n == 0 or t < min_turn_s:
+      n, t = n + 1, t + worker.step()
+    return n, t
+
+  spec = dict(size=size, seq=seq, batch=batch, dtype=dtype, steps=0, warmup=warmup)
+  spec.update(variant=dict(FAST), serve=True)
+  argv = [sys.executable, "-m", "bert_jax.benchmark", "--worker=" + json.dumps(spec)]
+  ours = _LockstepWorker("bert_jax", argv, timeout)
+  out: list[dict[str, Any]] = []
+  try:
+    for fw, dt in peers:
+      pspec = {**_peer_spec(fw, dt, size, seq, batch), "warmup": warmup, "serve": True}
+      try:
+        peer = _LockstepWorker(f"{fw}:{dt}", peer_argv(pspec), timeout)
+      except RuntimeError as e:
+        err = {"kind": "error", "impl": fw, "size": size, "seq": seq, "dtype": dt}
+        out.append({**err, "error": str(e)[-500:]})
+        continue
+      try:
+        t_ours, t_peer = [], []  # (steps, seconds) per turn
+        for r in range(rounds):
+          for w, ts in ((ours, t_ours), (peer, t_peer))[:: 1 if r % 2 == 0 else -1]:
+            ts.append(turn(w))
+        prec = _peer_record(pspec, peer.finish())
+      finally:
+        peer.close()
+      ours_tps = [n * batch * seq / t for n, t in t_ours]
+      peer_tps = [n * batch * seq / t for n, t in t_peer]
+      ratios = [a / b for a, b in zip(ours_tps, peer_tps, strict=True)]
+      out.append(
+        {
+          "kind": "lockstep",
+          "size": size,
+          "seq": seq,
+          "batch": batch,
+          "dtype": dtype,
+          "peer": f"{fw}:{dt}",
+          "rounds": rounds,
+          "min_turn_s": min_turn_s,
+          "ours_turns": t_ours,
+          "peer_turns": t_peer,
+          "ratio_per_round": ratios,  # ours tokens/s over the peer's, round by round
+          "ratio_min": min(ratios),
+          "ratio_median": statistics.median(ratios),
+          "ratio_max": max(ratios),
+          "ours_tokens_per_s": statistics.median(ours_tps),
+          "peer_tokens_per_s": statistics.median(peer_tps),
+        }
+      )
+      out.append(prec)
+    out.append(ours.finish())
+  finally:
+    ours.close()
+  return out
 
 
 # ----------------------------------------------------------------------------- other checks
@@ -964,6 +1149,23 @@ def format_table(records: Sequence[dict[str, Any]], summaries: Sequence[dict[str
   return "\n".join(lines)
 
 
+def format_lockstep(records: Sequence[dict[str, Any]]) -> str:
+  """The --lockstep ratios: ours tokens/s over the peer's, per round."""
+  lines = [
+    "| size | seq | pass | peer | rounds | ours tok/s (med) | peer tok/s (med) | "
+    "ours / peer per round (min / med / max) |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for r in records:
+    if r.get("kind") == "lockstep":
+      lines.append(
+        f"| {r['size']} | {r['seq']} | {r['pass']} | {r['peer']} | {r['rounds']} | "
+        f"{r['ours_tokens_per_s']:.0f} | {r['peer_tokens_per_s']:.0f} | "
+        f"{r['ratio_min']:.2f} / {r['ratio_median']:.2f} / {r['ratio_max']:.2f} |"
+      )
+  return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- CLI
 
 
@@ -993,6 +1195,15 @@ def _define_flags():
     "AVX512-BF16 or AMX).",
   )
   f.DEFINE_bool("isolate", True, "Each of our measurements in a fresh process.")
+  f.DEFINE_bool(
+    "lockstep",
+    False,
+    "With --peers: keep our step and each peer's (one peer at a time) in live processes and "
+    "alternate turns of whole steps, --steps rounds per peer; reports the ratio round by round, "
+    "so a host whose speed drifts over minutes still gives side-by-side ratios. Our first "
+    "--dtypes only, default variant.",
+  )
+  f.DEFINE_float("lockstep_turn_s", 3.0, "--lockstep: a turn runs whole steps for this long.")
   f.DEFINE_bool(
     "thp_malloc",
     True,
@@ -1064,7 +1275,24 @@ def _main(FLAGS) -> None:  # noqa: N803
   }
   _emit({"kind": "host", **host, "python": sys.version.split()[0]}, FLAGS.json_out)
   records: list[dict[str, Any]] = []
-  if FLAGS.train_steps and FLAGS.sizes:
+  if FLAGS.lockstep and not (peers and FLAGS.isolate):
+    raise ValueError("--lockstep needs --peers (with an importable peer) and --isolate")
+  if FLAGS.train_steps and FLAGS.sizes and FLAGS.lockstep:
+    dtype = (FLAGS.dtypes or default_dtypes())[0]
+    for p, seq, size in itertools.product(range(FLAGS.passes), seqs, FLAGS.sizes):
+      t0 = time.perf_counter()
+      try:
+        recs = measure_lockstep(
+          size, seq, FLAGS.batch, dtype, FLAGS.steps, FLAGS.warmup, peers, peer_python,
+          min_turn_s=FLAGS.lockstep_turn_s,
+        )  # fmt: skip
+      except RuntimeError as e:
+        recs = [{"kind": "error", "impl": "bert_jax", "size": size, "seq": seq, "error": str(e)}]
+      for rec in recs:
+        rec.update({"pass": p, "wall_s": time.perf_counter() - t0})
+        _emit(rec, FLAGS.json_out)
+      records += recs
+  elif FLAGS.train_steps and FLAGS.sizes:
     records = run_suite(
       FLAGS.sizes,
       seqs,
@@ -1104,6 +1332,8 @@ def _main(FLAGS) -> None:  # noqa: N803
     _emit(s, FLAGS.json_out)
   if records:
     print(format_table(records, summaries))
+  if any(r.get("kind") == "lockstep" for r in records):
+    print("\n" + format_lockstep(records))
 
 
 def run() -> None:

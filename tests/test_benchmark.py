@@ -165,3 +165,48 @@ def test_thp_malloc_env_cuts_page_faults():
   plain, thp = faults(env), faults(benchmark.with_thp_malloc(env))
   assert plain > 8 * 16_000  # 64 MB is 16,384 pages of 4 KB
   assert thp < plain / 20  # 2 MB pages, bar the unaligned ends of each block
+
+
+def test_lockstep_alternates_single_steps_of_live_workers():
+  """Ours against ours (an A/A run): each worker compiles once, then steps on request."""
+  ours_argv = []
+
+  def self_as_peer(pspec):
+    spec = dict(size="tiny", seq=32, batch=2, dtype="float32", steps=0, warmup=1)
+    spec.update(variant=dict(benchmark.FAST), serve=True, peak=False)
+    ours_argv.append(pspec)
+    return [sys.executable, "-m", "bert_jax.benchmark", "--worker=" + json.dumps(spec)]
+
+  def dies(pspec):
+    return [sys.executable, "-c", "import sys; print('no model here', file=sys.stderr); exit(3)"]
+
+  peers = [("hf_flax", "float32"), ("torch", "float32")]
+  argv_for = {"hf_flax": self_as_peer, "torch": dies}
+  recs = benchmark.measure_lockstep(
+    "tiny", 32, 2, "float32", rounds=3, warmup=1, peers=peers, peer_python=sys.executable,
+    peer_argv=lambda pspec: argv_for[pspec["framework"]](pspec), min_turn_s=0.5,
+  )  # fmt: skip
+  kinds = [r["kind"] for r in recs]
+  assert kinds == ["lockstep", "train_step", "error", "train_step"], kinds
+  lock, peer, err, ours = recs
+  assert ours_argv[0]["serve"] and ours_argv[0]["framework"] == "hf_flax"
+  assert lock["peer"] == "hf_flax:float32" and lock["rounds"] == 3
+  assert len(lock["ours_turns"]) == len(lock["peer_turns"]) == 3
+  # Each turn: whole steps until min_turn_s=0.5 s passed; ratio of tokens/s round by round.
+  tps = {k: [n * 2 * 32 / t for n, t in lock[k]] for k in ("ours_turns", "peer_turns")}
+  assert lock["ratio_per_round"] == [
+    o / p for o, p in zip(tps["ours_turns"], tps["peer_turns"], strict=True)
+  ]
+  assert lock["ratio_min"] <= lock["ratio_median"] <= lock["ratio_max"]
+  assert 0.2 < lock["ratio_median"] < 5  # the same step on both sides
+  for n, t in lock["ours_turns"] + lock["peer_turns"]:
+    assert n >= 1 and t >= 0.5
+  assert len(peer["step_s"]) == sum(n for n, _ in lock["peer_turns"])
+  assert len(peer["losses"]) == 1 + len(peer["step_s"])
+  assert "exited (3) early" in err["error"] and "no model here" in err["error"]
+  # Ours stayed up through both peers: only the rounds it was asked for, then its record.
+  assert ours["impl"] == "bert_jax"
+  assert math.isclose(sum(ours["step_s"]), sum(t for _, t in lock["ours_turns"]))
+  assert 0 < ours["mfu"] < 1.5 and ours["page_faults_per_step"] >= 0
+  table = benchmark.format_lockstep([{**lock, "pass": 0}])
+  assert "| tiny | 32 | 0 | hf_flax:float32 | 3 |" in table
