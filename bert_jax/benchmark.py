@@ -2,6 +2,7 @@
 
   python -m bert_jax.benchmark --sizes=tiny,mini,small,medium,base --seqs=128 --batch=32 \
       --passes=2 --peers --peer_python=/path/to/venv/bin/python
+  python -m bert_jax.benchmark --sizes=base --peers --lockstep --steps=5  # turn by turn
   python -m bert_jax.benchmark --large        # BERT-Large (scan): compile time, step memory
   python -m bert_jax.benchmark --data         # create_data and input-pipeline throughput
   python -m bert_jax.benchmark --loss_check   # fast vs plain configuration: same losses
@@ -16,6 +17,11 @@ divides the model FLOPs (`model.train_flops_per_token`: attention included, the 
 the `max_predictions` gathered positions, the pruned last layer at the positions it computes)
 by a matmul peak measured in the same process
 (the best of 7 square matmuls, before and after the timed steps).
+
+With `--lockstep` (and `--peers`) the comparison is finer: our step and each peer's stay
+compiled in live processes (one peer at a time beside ours) and take turns of whole steps,
+`--steps` rounds per peer, and each round gives its own ratio. On a shared host whose speed
+drifts over minutes, this keeps the two sides of a ratio seconds apart instead of minutes.
 
 Every measured process, ours and the peers', starts with glibc's malloc on transparent huge
 pages (`--thp_malloc`, on by default where the kernel offers THP): each step allocates its
@@ -90,8 +96,9 @@ _STEP_MARK = "BENCH_STEP "
 
 
 def _lockstep_serve(run_one) -> list[float]:
-  """Lockstep worker loop: after "BENCH_READY", one timed step (`run_one()` -> seconds) per
-  "step" line on stdin, each answered with a "BENCH_STEP <seconds>" line, until any other line.
+  """Lockstep worker loop: after "BENCH_READY", one step (`run_one()` -> seconds) per "step"
+  or "settle" line on stdin, each answered with a "BENCH_STEP <seconds>" line, until any other
+  line. Returns the times of the "step" steps ("settle" ones are not measurements).
   Also runs in the peer interpreter (from its source text), so it uses only the stdlib."""
   import json
   import sys
@@ -99,10 +106,13 @@ def _lockstep_serve(run_one) -> list[float]:
   print("BENCH_READY", flush=True)
   times = []
   for line in sys.stdin:
-    if line.strip() != "step":
+    cmd = line.strip()
+    if cmd not in ("step", "settle"):
       break
-    times.append(run_one())
-    print("BENCH_STEP " + json.dumps(times[-1]), flush=True)
+    t = run_one()
+    if cmd == "step":
+      times.append(t)
+    print("BENCH_STEP " + json.dumps(t), flush=True)
   return times
 
 
@@ -715,8 +725,8 @@ class _LockstepWorker:
       if line.startswith(mark):
         return line[len(mark) :]
 
-  def step(self) -> float:
-    self.proc.stdin.write("step\n")
+  def step(self, settle: bool = False) -> float:
+    self.proc.stdin.write("settle\n" if settle else "step\n")
     self.proc.stdin.flush()
     return float(self._read_until(_STEP_MARK))
 
@@ -746,21 +756,30 @@ def measure_lockstep(
   timeout: float = 3600,
   peer_argv=None,
   min_turn_s: float = 3.0,
+  settle_steps: int = 1,
 ) -> list[dict[str, Any]]:
   """Ours against each peer in alternating turns of steps, from processes kept alive throughout.
 
   Our worker compiles once and stays up; the peers come one at a time beside it (so at most
   two models are resident). For each peer, `rounds` rounds of one turn each, ours first in even
   rounds and the peer first in odd ones, so a drift of the host's speed within a round falls on
-  both alike. A turn is whole steps until `min_turn_s` have passed (one step for base), so
-  small models do not compare single sub-second steps right after the other side woke up.
+  both alike. A turn is `settle_steps` untimed steps, then timed whole steps until
+  `min_turn_s` have passed (one for base). The untimed ones matter: on session 7's VM a 4-layer
+  base step took ~30% longer right after the other process's step than right after its own
+  (fresh memory from the kernel after another process ran, most likely), and a process that
+  frees its activations every step (XLA, ours and HF Flax's) pays that more than one that
+  keeps them.
   Returns one "lockstep" record per peer (the per-round ratios), the peers' step records, and
   ours (all its timed steps; MFU against its own matmul peak) last.
   `peer_argv(spec) -> argv` replaces the HF/PyTorch worker (tests time ours against ours).
   """
   peer_argv = peer_argv or functools.partial(_peer_argv, peer_python)
 
+  settled: dict[str, list[float]] = {}  # worker name -> its untimed steps' seconds
+
   def turn(worker: _LockstepWorker) -> tuple[int, float]:
+    for _ in range(settle_steps):
+      settled.setdefault(worker.name, []).append(worker.step(settle=True))
     n, t = 0, 0.0
     while n == 0 or t < min_turn_s:
       n, t = n + 1, t + worker.step()
@@ -801,8 +820,11 @@ def measure_lockstep(
           "peer": f"{fw}:{dt}",
           "rounds": rounds,
           "min_turn_s": min_turn_s,
+          "settle_steps": settle_steps,
           "ours_turns": t_ours,
           "peer_turns": t_peer,
+          "ours_settle_s": settled.pop(ours.name, []),
+          "peer_settle_s": settled.pop(peer.name, []),
           "ratio_per_round": ratios,  # ours tokens/s over the peer's, round by round
           "ratio_min": min(ratios),
           "ratio_median": statistics.median(ratios),
@@ -1203,7 +1225,10 @@ def _define_flags():
     "so a host whose speed drifts over minutes still gives side-by-side ratios. Our first "
     "--dtypes only, default variant.",
   )
-  f.DEFINE_float("lockstep_turn_s", 3.0, "--lockstep: a turn runs whole steps for this long.")
+  f.DEFINE_float("lockstep_turn_s", 3.0, "--lockstep: a turn times whole steps this long.")
+  f.DEFINE_integer(
+    "lockstep_settle", 1, "--lockstep: untimed steps that open each turn (after a switch)."
+  )
   f.DEFINE_bool(
     "thp_malloc",
     True,
@@ -1284,7 +1309,7 @@ def _main(FLAGS) -> None:  # noqa: N803
       try:
         recs = measure_lockstep(
           size, seq, FLAGS.batch, dtype, FLAGS.steps, FLAGS.warmup, peers, peer_python,
-          min_turn_s=FLAGS.lockstep_turn_s,
+          min_turn_s=FLAGS.lockstep_turn_s, settle_steps=FLAGS.lockstep_settle,
         )  # fmt: skip
       except RuntimeError as e:
         recs = [{"kind": "error", "impl": "bert_jax", "size": size, "seq": seq, "error": str(e)}]

@@ -201,8 +201,10 @@ def test_lockstep_alternates_single_steps_of_live_workers():
   assert 0.2 < lock["ratio_median"] < 5  # the same step on both sides
   for n, t in lock["ours_turns"] + lock["peer_turns"]:
     assert n >= 1 and t >= 0.5
+  # Each turn opens with one untimed settle step: run (a loss) but not in the times.
   assert len(peer["step_s"]) == sum(n for n, _ in lock["peer_turns"])
-  assert len(peer["losses"]) == 1 + len(peer["step_s"])
+  assert len(peer["losses"]) == 1 + 3 + len(peer["step_s"])
+  assert len(lock["ours_settle_s"]) == len(lock["peer_settle_s"]) == 3
   assert "exited (3) early" in err["error"] and "no model here" in err["error"]
   # Ours stayed up through both peers: only the rounds it was asked for, then its record.
   assert ours["impl"] == "bert_jax"
@@ -210,3 +212,16 @@ def test_lockstep_alternates_single_steps_of_live_workers():
   assert 0 < ours["mfu"] < 1.5 and ours["page_faults_per_step"] >= 0
   table = benchmark.format_lockstep([{**lock, "pass": 0}])
   assert "| tiny | 32 | 0 | hf_flax:float32 | 3 |" in table
+
+
+def test_lockstep_without_peers_is_a_one_line_error():
+  proc = subprocess.run(
+    [sys.executable, "-m", "bert_jax.benchmark", "--sizes=tiny", "--lockstep"],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 1
+  assert proc.stderr.strip().splitlines()[-1] == (
+    "benchmark: error: --lockstep needs --peers (with an importable peer) and --isolate"
+  )
