@@ -361,9 +361,11 @@ def measure_ours(
       return t[0]
 
     times = _lockstep_serve(one)
+    n_run = len(losses)  # the settle steps fault too
   else:
     times, losses = run_steps(step, steps)
-  faults = (minor_faults() - faults) / max(1, len(times))
+    n_run = steps
+  faults = (minor_faults() - faults) / max(1, n_run)
   peaks = {d: max(g, matmul_peak_gflops(d)) for d, g in peaks.items()}
   flops = model_lib.train_flops_per_token(step.cfg, seq, max_predictions(seq))
   med = statistics.median(times)
