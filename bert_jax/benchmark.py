@@ -51,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -691,18 +692,23 @@ def measure_peer(
   return _peer_record(spec, _run_subprocess(_peer_argv(python, spec), timeout))
 
 
+def _ours_argv(spec: dict[str, Any]) -> list[str]:
+  """A fresh interpreter running measure_ours(**spec) (`--worker`)."""
+  return [sys.executable, "-m", "bert_jax.benchmark", "--worker=" + json.dumps(spec)]
+
+
 def measure_ours_subprocess(spec: dict[str, Any], timeout: float = 3600) -> dict[str, Any]:
   """measure_ours in a fresh interpreter (its own compile time, peak RSS, matmul peak)."""
-  return _run_subprocess(
-    [sys.executable, "-m", "bert_jax.benchmark", "--worker=" + json.dumps(spec)], timeout
-  )
+  return _run_subprocess(_ours_argv(spec), timeout)
 
 
 class _LockstepWorker:
   """A measurement process kept alive between steps: it compiles and warms up, then runs one
-  timed step each time it is asked (`_lockstep_serve`), and reports its record at the end."""
+  step each time it is asked (`_lockstep_serve`), and reports its record at the end. `env`
+  entries override this process's environment for it; a worker silent for `timeout` seconds
+  (start-up included) is killed and reported."""
 
-  def __init__(self, name: str, argv: list[str], timeout: float):
+  def __init__(self, name: str, argv: list[str], timeout: float, env: dict | None = None):
     self.name, self.timeout = name, timeout
     self._err = tempfile.TemporaryFile("w+")  # a file, so a chatty stderr cannot block it
     self.proc = subprocess.Popen(
@@ -711,21 +717,33 @@ class _LockstepWorker:
       stdout=subprocess.PIPE,
       stderr=self._err,
       text=True,
-      env=_subprocess_env(),
+      env={**_subprocess_env(), **(env or {})},
     )
     self._read_until(_READY_MARK)
 
   def _read_until(self, mark: str) -> str:
-    # A worker that hangs instead of dying is stopped by close()'s kill, not by a read timeout.
-    while True:
-      line = self.proc.stdout.readline()
-      if not line:
-        self._err.seek(0)
-        tail = self._err.read().strip().splitlines()[-3:]
-        code = self.proc.wait(timeout=self.timeout)
-        raise RuntimeError(f"lockstep worker {self.name} exited ({code}) early: {tail}")
-      if line.startswith(mark):
-        return line[len(mark) :]
+    timed_out = threading.Event()
+
+    def stop() -> None:
+      timed_out.set()
+      self.proc.kill()  # unblocks the readline below
+
+    watchdog = threading.Timer(self.timeout, stop)
+    watchdog.start()
+    try:
+      while True:
+        line = self.proc.stdout.readline()
+        if not line:
+          break
+        if line.startswith(mark):
+          return line[len(mark) :]
+    finally:
+      watchdog.cancel()
+    self._err.seek(0)
+    tail = self._err.read().strip().splitlines()[-3:]
+    code = self.proc.wait()
+    why = f"timed out after {self.timeout:g} s" if timed_out.is_set() else f"exited ({code}) early"
+    raise RuntimeError(f"lockstep worker {self.name} {why}: {tail}")
 
   def step(self, settle: bool = False) -> float:
     self.proc.stdin.write("settle\n" if settle else "step\n")
@@ -746,6 +764,23 @@ class _LockstepWorker:
     self._err.close()
 
 
+def lockstep_rounds(
+  a: _LockstepWorker, b: _LockstepWorker, rounds: int, min_turn_s: float, settle_steps: int
+) -> dict[str, list]:
+  """`rounds` rounds of one turn each of `a` and `b`, `a` first in even rounds and `b` first in
+  odd ones. A turn is `settle_steps` untimed steps, then timed whole steps until `min_turn_s`
+  have passed. Returns per worker its turns as (steps, seconds) and its settle steps' seconds."""
+  out: dict[str, list] = {"a_turns": [], "b_turns": [], "a_settle_s": [], "b_settle_s": []}
+  for r in range(rounds):
+    for w, k in ((a, "a"), (b, "b"))[:: 1 if r % 2 == 0 else -1]:
+      out[f"{k}_settle_s"] += [w.step(settle=True) for _ in range(settle_steps)]
+      n, t = 0, 0.0
+      while n == 0 or t < min_turn_s:
+        n, t = n + 1, t + w.step()
+      out[f"{k}_turns"].append((n, t))
+  return out
+
+
 def measure_lockstep(
   size: str,
   seq: int,
@@ -763,10 +798,10 @@ def measure_lockstep(
   """Ours against each peer in alternating turns of steps, from processes kept alive throughout.
 
   Our worker compiles once and stays up; the peers come one at a time beside it (so at most
-  two models are resident). For each peer, `rounds` rounds of one turn each, ours first in even
-  rounds and the peer first in odd ones, so a drift of the host's speed within a round falls on
-  both alike. A turn is `settle_steps` untimed steps, then timed whole steps until
-  `min_turn_s` have passed (one for base). The untimed ones matter: on session 7's VM a 4-layer
+  two models are resident). For each peer, `rounds` rounds of one turn each (`lockstep_rounds`),
+  so a drift of the host's speed within a round falls on both alike; a turn times whole steps
+  for `min_turn_s` (one step for base) after `settle_steps` untimed ones. The untimed ones
+  matter: on session 7's VM a 4-layer
   base step took ~30% longer right after the other process's step than right after its own
   (fresh memory from the kernel after another process ran, most likely), and a process that
   frees its activations every step (XLA, ours and HF Flax's) pays that more than one that
@@ -776,21 +811,9 @@ def measure_lockstep(
   `peer_argv(spec) -> argv` replaces the HF/PyTorch worker (tests time ours against ours).
   """
   peer_argv = peer_argv or functools.partial(_peer_argv, peer_python)
-
-  settled: dict[str, list[float]] = {}  # worker name -> its untimed steps' seconds
-
-  def turn(worker: _LockstepWorker) -> tuple[int, float]:
-    for _ in range(settle_steps):
-      settled.setdefault(worker.name, []).append(worker.step(settle=True))
-    n, t = 0, 0.0
-    while n == 0 or t < min_turn_s:
-      n, t = n + 1, t + worker.step()
-    return n, t
-
   spec = dict(size=size, seq=seq, batch=batch, dtype=dtype, steps=0, warmup=warmup)
   spec.update(variant=dict(FAST), serve=True)
-  argv = [sys.executable, "-m", "bert_jax.benchmark", "--worker=" + json.dumps(spec)]
-  ours = _LockstepWorker("bert_jax", argv, timeout)
+  ours = _LockstepWorker("bert_jax", _ours_argv(spec), timeout)
   out: list[dict[str, Any]] = []
   try:
     for fw, dt in peers:
@@ -802,13 +825,11 @@ def measure_lockstep(
         out.append({**err, "error": str(e)[-500:]})
         continue
       try:
-        t_ours, t_peer = [], []  # (steps, seconds) per turn
-        for r in range(rounds):
-          for w, ts in ((ours, t_ours), (peer, t_peer))[:: 1 if r % 2 == 0 else -1]:
-            ts.append(turn(w))
+        got = lockstep_rounds(ours, peer, rounds, min_turn_s, settle_steps)
         prec = _peer_record(pspec, peer.finish())
       finally:
         peer.close()
+      t_ours, t_peer = got["a_turns"], got["b_turns"]
       ours_tps = [n * batch * seq / t for n, t in t_ours]
       peer_tps = [n * batch * seq / t for n, t in t_peer]
       ratios = [a / b for a, b in zip(ours_tps, peer_tps, strict=True)]
@@ -825,8 +846,8 @@ def measure_lockstep(
           "settle_steps": settle_steps,
           "ours_turns": t_ours,
           "peer_turns": t_peer,
-          "ours_settle_s": settled.pop(ours.name, []),
-          "peer_settle_s": settled.pop(peer.name, []),
+          "ours_settle_s": got["a_settle_s"],
+          "peer_settle_s": got["b_settle_s"],
           "ratio_per_round": ratios,  # ours tokens/s over the peer's, round by round
           "ratio_min": min(ratios),
           "ratio_median": statistics.median(ratios),

@@ -167,15 +167,40 @@ def test_thp_malloc_env_cuts_page_faults():
   assert thp < plain / 20  # 2 MB pages, bar the unaligned ends of each block
 
 
-def test_lockstep_alternates_single_steps_of_live_workers():
+def test_lockstep_rounds_alternate_who_goes_first_and_settle_each_turn():
+  calls = []
+
+  class Fake:
+    def __init__(self, name, secs):
+      self.name, self.secs = name, secs
+
+    def step(self, settle=False):
+      calls.append(self.name + ("s" if settle else ""))
+      return self.secs
+
+  got = benchmark.lockstep_rounds(Fake("a", 0.4), Fake("b", 1.0), 3, 1.0, settle_steps=1)
+  # a's turn: a settle step, then timed 0.4 s steps until 1 s (3 of them); b's: one 1 s step.
+  a_turn, b_turn = ["as", "a", "a", "a"], ["bs", "b"]
+  assert calls == a_turn + b_turn + b_turn + a_turn + a_turn + b_turn
+  assert got["a_turns"] == [(3, pytest.approx(1.2))] * 3 and got["b_turns"] == [(1, 1.0)] * 3
+  assert got["a_settle_s"] == [0.4] * 3 and got["b_settle_s"] == [1.0] * 3
+
+
+def test_lockstep_worker_that_hangs_is_killed_with_a_one_line_error():
+  hang = [sys.executable, "-c", "import time; time.sleep(600)"]
+  with pytest.raises(RuntimeError, match=r"^lockstep worker sleeper timed out after 2 s"):
+    benchmark._LockstepWorker("sleeper", hang, timeout=2)
+
+
+def test_lockstep_runs_live_workers_turn_by_turn():
   """Ours against ours (an A/A run): each worker compiles once, then steps on request."""
-  ours_argv = []
+  peer_specs = []
 
   def self_as_peer(pspec):
     spec = dict(size="tiny", seq=32, batch=2, dtype="float32", steps=0, warmup=1)
     spec.update(variant=dict(benchmark.FAST), serve=True, peak=False)
-    ours_argv.append(pspec)
-    return [sys.executable, "-m", "bert_jax.benchmark", "--worker=" + json.dumps(spec)]
+    peer_specs.append(pspec)
+    return benchmark._ours_argv(spec)
 
   def dies(pspec):
     return [sys.executable, "-c", "import sys; print('no model here', file=sys.stderr); exit(3)"]
@@ -189,7 +214,7 @@ def test_lockstep_alternates_single_steps_of_live_workers():
   kinds = [r["kind"] for r in recs]
   assert kinds == ["lockstep", "train_step", "error", "train_step"], kinds
   lock, peer, err, ours = recs
-  assert ours_argv[0]["serve"] and ours_argv[0]["framework"] == "hf_flax"
+  assert peer_specs[0]["serve"] and peer_specs[0]["framework"] == "hf_flax"
   assert lock["peer"] == "hf_flax:float32" and lock["rounds"] == 3
   assert len(lock["ours_turns"]) == len(lock["peer_turns"]) == 3
   # Each turn: whole steps until min_turn_s=0.5 s passed; ratio of tokens/s round by round.
@@ -209,6 +234,7 @@ def test_lockstep_alternates_single_steps_of_live_workers():
   # Ours stayed up through both peers: only the rounds it was asked for, then its record.
   assert ours["impl"] == "bert_jax"
   assert math.isclose(sum(ours["step_s"]), sum(t for _, t in lock["ours_turns"]))
+  assert len(ours["losses"]) == 1 + 3 + len(ours["step_s"])  # warm-up, settle, timed
   assert 0 < ours["mfu"] < 1.5 and ours["page_faults_per_step"] >= 0
   table = benchmark.format_lockstep([{**lock, "pass": 0}])
   assert "| tiny | 32 | 0 | hf_flax:float32 | 3 |" in table
