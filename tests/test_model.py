@@ -333,17 +333,46 @@ def _bf16_round(x):
   return jnp.asarray(x, jnp.bfloat16).astype(jnp.float32)
 
 
-def test_cpu_weight_gradient_layout_matches_plain_dot():
-  """_dw_cpu (a transposed copy, then a dot) is the same contraction as _dw."""
+@pytest.mark.parametrize("in_shape,out", [((4, 6), 7), ((4, 6), 30)], ids=["x_narrow", "x_wide"])
+def test_cpu_weight_gradient_layout_matches_plain_dot(in_shape, out):
+  """_dw_cpu (a transposed copy of the narrower operand, then a dot) is the same contraction
+  as _dw, whichever operand it transposes."""
   rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.normal(size=(3, 5, 4, 6)), jnp.bfloat16)
-  g = jnp.asarray(rng.normal(size=(3, 5, 7)), jnp.bfloat16)
+  x = jnp.asarray(rng.normal(size=(3, 5, *in_shape)), jnp.bfloat16)
+  g = jnp.asarray(rng.normal(size=(3, 5, out)), jnp.bfloat16)
   a = jax.jit(functools.partial(model_lib._dw_cpu, 2))(x, g)
   b = jax.jit(functools.partial(model_lib._dw, 2))(x, g)
   ref = np.einsum("abij,abk->ijk", np.asarray(x, np.float32), np.asarray(g, np.float32))
-  assert a.shape == (4, 6, 7) and a.dtype == jnp.float32
+  assert a.shape == (*in_shape, out) and a.dtype == jnp.float32
   np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(b, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+  "x_shape,w_shape,contract",
+  [((2, 8, 6), (6, 20), 1), ((2, 8, 20), (20, 6), 1), ((2, 8, 3, 4), (3, 4, 5), 2)],
+  ids=["x_narrow", "x_wide", "two_axis"],
+)
+def test_float32_matmul_vjp_matches_autodiff(x_shape, w_shape, contract):
+  """float32 matmul goes through the same custom VJP (for its dW layout on CPU): gradients
+  equal plain autodiff's, whichever operand `_dw_cpu` transposes."""
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.normal(size=x_shape), jnp.float32)
+  w = jnp.asarray(rng.normal(size=w_shape), jnp.float32)
+  gy = jnp.asarray(rng.normal(size=x_shape[: len(x_shape) - contract] + w_shape[contract:]))
+  dims = model_lib._dims(x.ndim, contract)
+
+  def fast(x, w):
+    return jnp.sum(model_lib.matmul(x, w, contract, "float32") * gy)
+
+  def ref(x, w):
+    return jnp.sum(jax.lax.dot_general(x, w, dims) * gy)
+
+  got = jax.jit(jax.grad(fast, argnums=(0, 1)))(x, w)
+  want = jax.grad(ref, argnums=(0, 1))(x, w)
+  for a, e in zip(got, want, strict=True):
+    assert a.dtype == jnp.float32
+    np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)
 
 
 def test_low_precision_custom_vjps_match_float32_autodiff():
