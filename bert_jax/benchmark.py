@@ -118,7 +118,7 @@ def _lockstep_serve(run_one) -> list[float]:
 
 
 # Model-field settings of the fast path and of the plain reference (for --loss_check).
-FAST: dict[str, Any] = {"attention_impl": "fused", "prune_last_layer": True}
+FAST: dict[str, Any] = {"attention_impl": "fused", "prune_last_layer": True, "matmul_vjp": True}
 PLAIN: dict[str, Any] = {
   "attention_impl": "explicit",
   "scan_layers": False,
@@ -126,6 +126,7 @@ PLAIN: dict[str, Any] = {
   "fuse_qkv": False,
   "dropout_rng": "threefry",
   "prune_last_layer": False,
+  "matmul_vjp": False,
 }
 # --loss_check compares with PLAIN both the timed configuration (unrolled layers, so the last
 # layer is pruned to the masked positions) and the optional paths (scan + remat, fused q/k/v).
