@@ -167,6 +167,17 @@ def test_thp_malloc_env_cuts_page_faults():
   assert thp < plain / 20  # 2 MB pages, bar the unaligned ends of each block
 
 
+def test_lockstep_times_the_fast_mode_of_this_cpu(monkeypatch):
+  """Without --dtypes, --lockstep times bf16 where the CPU has bf16 instructions (our faster
+  mode there), float32 elsewhere; an explicit --dtypes wins."""
+  monkeypatch.setattr(benchmark, "cpu_has_bf16", lambda: True)
+  assert benchmark.lockstep_dtype(None) == "bfloat16"
+  assert benchmark.lockstep_dtype(["float32", "bfloat16"]) == "float32"
+  monkeypatch.setattr(benchmark, "cpu_has_bf16", lambda: False)
+  assert benchmark.lockstep_dtype(None) == "float32"
+  assert benchmark.lockstep_dtype([]) == "float32"
+
+
 def test_lockstep_rounds_alternate_who_goes_first_and_settle_each_turn():
   calls = []
 
