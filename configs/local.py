@@ -13,7 +13,9 @@ pairs (train accuracy 92%, held-out 50%) and held MLM back (10k steps, measured 
 held-out MLM accuracy 19-22% with NSP, 25-27% without). MLM+NSP is `--config.objective.nsp=True`.
 float32, not bf16: on CPUs without AVX512-BF16 bf16 is emulated (on a Zen 3 this run did 26 vs
 42 steps/s; `python -m bert_jax.benchmark --sizes=base`: 125 vs 153 tokens/s).
-Time and accuracy: see the README.
+Time and accuracy (fresh clone to last line, set-up included): 3 min 25 s on a 2-core Zen 4
+(session 9), 6-7 min on a 2-core Zen 3; held-out MLM accuracy 24-25% against 8.4% for the most
+frequent target (README).
 
 ARG: `size=NAME` (default tiny) and `steps=N` (default 10000).
 """
