@@ -66,7 +66,8 @@ class BertConfig:
   prune_last_layer: bool = True
   # float32 matmuls through the custom VJP that bf16 always uses: on CPU its weight gradient
   # copies the narrower operand into a transposed layout, so every dot runs on YNNPACK
-  # (see `_dw_cpu`). False: plain autodiff (the reference; ~4% slower on XLA:CPU).
+  # (see `_dw_cpu`). False: plain autodiff (the reference; a BERT-Base step 4-7% slower on
+  # XLA:CPU, README).
   matmul_vjp: bool = True
 
   def __post_init__(self):
@@ -171,7 +172,7 @@ def matmul(x: Array, w: Array, contract: int, dtype, vjp: bool = True) -> Array:
   dX = g . W^T (autodiff would emit a slow bf16 -> bf16 dot) and dW = X^T . g, on CPU from a
   transposed copy of the narrower of X and g (see `_dw_cpu`). float32 uses the same VJP
   (the same dots as autodiff, but autodiff's dW on XLA:CPU transposes the wider operand or
-  falls back from YNNPACK to a slower Eigen dot: a 4-layer BERT-Base step 4% faster);
+  falls back from YNNPACK to a slower Eigen dot: a 4-layer BERT-Base step 4-7% faster);
   `vjp=False` gives float32 plain autodiff instead.
   """
   dtype = jnp.dtype(dtype)

@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -373,6 +374,36 @@ def test_float32_matmul_vjp_matches_autodiff(x_shape, w_shape, contract):
   for a, e in zip(got, want, strict=True):
     assert a.dtype == jnp.float32
     np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fuse_qkv", [False, True], ids=["qkv", "fused_qkv"])
+def test_matmul_vjp_switch_reaches_every_float32_matmul(fuse_qkv):
+  """BertConfig.matmul_vjp: every Dense matmul (one per kernel; with fuse_qkv one per layer's
+  q/k/v) goes through the custom VJP when on, none when off; the bias adds are unaffected."""
+
+  def bwd_counts(matmul_vjp):
+    cfg = model_lib.config_for_size("tiny", vocab_size=64, matmul_vjp=matmul_vjp, fuse_qkv=fuse_qkv)
+    model = BertForPreTraining(cfg)
+    ids, seg, mask = model_lib.dummy_inputs(2, 8)
+    params = model.init({"params": jax.random.key(0)}, ids, seg, mask)["params"]
+    positions = jnp.zeros((2, 2), jnp.int32)
+
+    def f(p):
+      return jnp.sum(model.apply({"params": p}, ids, seg, mask, positions)["mlm_logits"])
+
+    text = str(jax.make_jaxpr(jax.grad(f))(params))
+    kernels = sum(
+      1
+      for path, _ in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(params))
+      if "kernel" in str(path[-1])
+    )
+    return text.count("_matmul_bwd"), text.count("_add_bias_bwd"), kernels, cfg.num_layers
+
+  on, bias_on, kernels, layers = bwd_counts(True)
+  off, bias_off, _, _ = bwd_counts(False)
+  assert on == kernels - (2 * layers if fuse_qkv else 0)
+  assert off == 0
+  assert bias_on == bias_off > 0
 
 
 def test_low_precision_custom_vjps_match_float32_autodiff():
