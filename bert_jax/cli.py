@@ -1,0 +1,78 @@
+"""What every command-line entry point shares: the Flax examples' `main.py` pattern.
+
+An entry module defines its absl flags at module level (only entry modules define flags), a
+`main(argv)`, and
+
+  def run() -> None:  # the console script
+    cli.run(main, "create_data")
+
+  if __name__ == "__main__":
+    run()
+
+`cli.run` gives every command the same failure behaviour:
+- a bad flag, extra arguments, or a config file that does not load (missing file, unknown key,
+  wrong type, bad :ARG) ends in one line `PROG: error: ...` and exit status 2, before anything
+  is created or computed;
+- an error the user can cause at run time (bad input files, paths, configs: ValueError,
+  OSError, ImportError for a missing extra, FloatingPointError) ends in one line
+  `PROG: error: ...` and exit status 1. BERT_JAX_TRACEBACK=1 shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from absl import app, flags
+from ml_collections.config_flags import config_flags
+
+# Errors whose message is all a user needs; anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, OSError, ImportError, FloatingPointError)
+
+
+def one_line(error: BaseException | str) -> str:
+  """An exception's message on one line (an error raised inside a config's get_config()
+  arrives wrapped in a traceback: keep its last line)."""
+  text = str(error)
+  if "Traceback" in text:
+    text = [ln for ln in text.splitlines() if ln.strip()][-1]
+  return " ".join(text.replace("\\n", " ").split()) or type(error).__name__
+
+
+def fail(prog: str, error: BaseException | str, status: int = 1) -> NoReturn:
+  """Prints `PROG: error: MESSAGE` to stderr and exits with `status`."""
+  print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+  sys.exit(status)
+
+
+def _flags_parser(prog: str) -> Callable[[list[str]], list[str]]:
+  def parse(argv: list[str]) -> list[str]:
+    try:
+      rest = flags.FLAGS(argv)
+      for name in flags.FLAGS:
+        flag = flags.FLAGS[name]
+        if config_flags.is_config_flag(flag) and flag.present:
+          _ = flag.value  # config_flags defers load errors to the first access
+    except (flags.Error, AttributeError, KeyError, TypeError, *USER_ERRORS) as e:
+      fail(prog, e, 2)
+    if len(rest) > 1:
+      fail(prog, f"unexpected arguments: {' '.join(rest[1:])}", 2)
+    return rest
+
+  return parse
+
+
+def run(main: Callable[[list[str]], None], prog: str) -> None:
+  """`app.run(main)` with one-line errors (see the module docstring)."""
+
+  def guarded(argv: list[str]) -> None:
+    try:
+      main(argv)
+    except USER_ERRORS as e:
+      if os.environ.get("BERT_JAX_TRACEBACK"):
+        raise
+      fail(prog, e)
+
+  app.run(guarded, flags_parser=_flags_parser(prog))
