@@ -17,12 +17,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import sys
 import time
 from typing import Any
 
 import ml_collections
-from absl import app, flags
+from absl import flags
+from ml_collections import config_flags
+
+from bert_jax import cli
 
 GiB = 1024**3
 
@@ -287,47 +289,31 @@ def format_report(r: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-_CONFIG = None
+_CONFIG = config_flags.DEFINE_config_file(
+  "config", None, "Path to an ml_collections config file[:ARG].", lock_config=True
+)
 _TOPOLOGY = flags.DEFINE_string("topology", "cpu", "Named slice (v5e-16, 2xv5e-16, ...) or cpu.")
 _MESH = flags.DEFINE_string("mesh", None, "(data,fsdp,tensor) override, e.g. '(1,-1,1)'.")
 _CPU_DEVICES = flags.DEFINE_integer(
   "num_cpu_devices", None, "With --topology=cpu: fake this many CPU devices."
 )
-
-
-def _define_config_flag():
-  global _CONFIG
-  from ml_collections import config_flags
-
-  _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Path to an ml_collections config file[:ARG].", lock_config=True
-  )
-  flags.mark_flags_as_required(["config"])
+flags.mark_flags_as_required(["config"])
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv
   import jax
 
   # The host must stay a CPU backend: libtpu only provides compile-only devices here.
   jax.config.update("jax_platforms", "cpu")
   if _CPU_DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
-  try:
-    mesh = parse_mesh(_MESH.value) if _MESH.value else None
-    report = compile_train_step(_CONFIG.value, _TOPOLOGY.value, mesh)
-  except (ValueError, FileNotFoundError) as e:
-    if os.environ.get("BERT_JAX_TRACEBACK"):
-      raise
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
-  print(format_report(report))
+  mesh = parse_mesh(_MESH.value) if _MESH.value else None
+  print(format_report(compile_train_step(_CONFIG.value, _TOPOLOGY.value, mesh)))
 
 
 def run() -> None:
-  _define_config_flag()
-  app.run(main)
+  cli.run(main, "aot")
 
 
 if __name__ == "__main__":

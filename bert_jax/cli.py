@@ -54,7 +54,8 @@ def _flags_parser(prog: str) -> Callable[[list[str]], list[str]]:
       for name in flags.FLAGS:
         flag = flags.FLAGS[name]
         if config_flags.is_config_flag(flag) and flag.present:
-          _ = flag.value  # config_flags defers load errors to the first access
+          # config_flags defers a load error to the first attribute access of the value.
+          getattr(flag.value, "lock", None)
     except (flags.Error, AttributeError, KeyError, TypeError, *USER_ERRORS) as e:
       fail(prog, e, 2)
     if len(rest) > 1:

@@ -1,10 +1,6 @@
 """grain input pipeline over the ArrayRecord shards written by `bert_jax.create_data`.
 
-Record format (little-endian, no pickle/protobuf): header struct "<qBHHH" = example_id,
-next_sentence_label (0 = B is the real continuation), len_a (tokens of [CLS] A [SEP]),
-num_tokens (incl. [CLS]/[SEP]s), num_masked; then num_tokens token ids (metadata
-"token_dtype"); then, if num_masked: masked positions (uint16), their original ids and the
-masked input ids (num_tokens, token dtype).
+The record format is defined in `bert_jax.records`.
 
 Order: the global example stream is the dataset shuffled with seed `seed + epoch` in each epoch
 (grain's index shuffle), so position g holds epoch g // num_records. A global batch is a
@@ -24,14 +20,13 @@ from __future__ import annotations
 import bisect
 import json
 import os
-import struct
 from typing import Any
 
 import grain
 import numpy as np
 
-FORMAT_VERSION = 1
-HEADER = struct.Struct("<qBHHH")
+from bert_jax import records
+
 _REQUIRED = ("format_version", "max_seq_length", "nsp", "token_dtype", "tokenizer", "splits")
 
 
@@ -48,11 +43,12 @@ def read_metadata(data_dir: str) -> dict[str, Any]:
   if not isinstance(meta, dict) or any(k not in meta for k in _REQUIRED):
     missing = [k for k in _REQUIRED if not isinstance(meta, dict) or k not in meta]
     raise ValueError(f"{path} is not bert_jax pretraining metadata (missing {', '.join(missing)})")
-  if meta["format_version"] != FORMAT_VERSION:
+  if meta["format_version"] != records.FORMAT_VERSION:
     raise ValueError(
-      f"{path}: format_version {meta['format_version']} is not supported (want {FORMAT_VERSION})"
+      f"{path}: format_version {meta['format_version']} is not supported "
+      f"(want {records.FORMAT_VERSION})"
     )
-  if meta["token_dtype"] not in ("uint16", "uint32"):
+  if meta["token_dtype"] not in records.TOKEN_DTYPES:
     raise ValueError(f"{path}: unknown token_dtype {meta['token_dtype']!r}")
   return meta
 
@@ -156,35 +152,21 @@ class RecordReader:
       ) from e
 
   def decode(self, record: bytes) -> dict[str, np.ndarray]:
-    if len(record) < HEADER.size:
-      raise ValueError(f"{len(record)} bytes is shorter than the header")
-    example_id, label, len_a, n, m = HEADER.unpack_from(record)
-    size = self.dtype.itemsize
-    want = HEADER.size + n * size + (m * 2 + m * size + n * size if m else 0)
-    if len(record) != want or n > self.length or len_a > n or label > 1 or n < 2:
-      raise ValueError(
-        f"inconsistent record (bytes {len(record)} want {want}, num_tokens {n}, len_a {len_a}, "
-        f"label {label}, max_seq_length {self.length})"
-      )
+    r = records.decode(record, self.dtype)
+    n, m = len(r.tokens), 0 if r.masked_positions is None else len(r.masked_positions)
+    if n > self.length:
+      raise ValueError(f"inconsistent record: num_tokens {n} > max_seq_length {self.length}")
     if m > self.num_predictions:
       raise ValueError(f"{m} masked positions but the metadata allows {self.num_predictions}")
     ex = self.padding_example()
-    offset = HEADER.size
-    tokens = np.frombuffer(record, self.dtype, n, offset)
-    offset += n * size
-    ex["input_ids"][:n] = tokens
-    ex["segment_ids"][len_a:n] = 1
+    ex["input_ids"][:n] = r.tokens if not m else r.masked_tokens
+    ex["segment_ids"][r.len_a : n] = 1
     ex["input_mask"][:n] = 1
-    ex["next_sentence_label"] = np.int32(label)
-    ex["example_id"] = np.int32(example_id)
+    ex["next_sentence_label"] = np.int32(r.next_sentence_label)
+    ex["example_id"] = np.int32(r.example_id)
     if m:
-      positions = np.frombuffer(record, "<u2", m, offset)
-      offset += 2 * m
-      original = np.frombuffer(record, self.dtype, m, offset)
-      offset += m * size
-      ex["input_ids"][:n] = np.frombuffer(record, self.dtype, n, offset)
-      ex["masked_lm_positions"][:m] = positions
-      ex["masked_lm_ids"][:m] = original
+      ex["masked_lm_positions"][:m] = r.masked_positions
+      ex["masked_lm_ids"][:m] = r.masked_ids
       ex["masked_lm_weights"][:m] = 1.0
     return ex
 

@@ -4,11 +4,10 @@
       --config.data.dir=/data/wiki_books_128
 """
 
-import os
-import sys
-
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
+
+from bert_jax import cli
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Path to an ml_collections config file[:ARG].", lock_config=True
@@ -28,9 +27,8 @@ _CPU_DEVICES = flags.DEFINE_integer(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+def main(argv: list[str]) -> None:
+  del argv
   if not flags.FLAGS["verbosity"].present:
     # orbax and grain log every save at INFO; progress goes to stdout.
     logging.set_verbosity(logging.WARNING)
@@ -55,35 +53,13 @@ def main(argv):
   )
   try:
     train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except (ValueError, FileNotFoundError, FloatingPointError) as e:
-    if os.environ.get("BERT_JAX_TRACEBACK"):
-      raise
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
   finally:
     if _DISTRIBUTED.value:
       jax.distributed.shutdown()
 
 
-def _parse_or_exit(argv: list[str]) -> list[str]:
-  """Config problems (unknown key, wrong type, bad :ARG, missing file) as one line, before
-  anything is created or computed."""
-  try:
-    rest = flags.FLAGS(argv)
-    if flags.FLAGS["config"].present:
-      _ = _CONFIG.value.model  # config_flags defers load errors to first access
-  except (flags.Error, AttributeError, KeyError, OSError, TypeError, ValueError) as e:
-    text = str(e)
-    if "Traceback" in text:  # an exception raised inside get_config(): keep its last line
-      text = [ln for ln in text.splitlines() if ln.strip()][-1]
-    msg = " ".join(text.replace("\\n", " ").split())
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(2)
-  return rest
-
-
-def run():
-  app.run(main, flags_parser=_parse_or_exit)
+def run() -> None:
+  cli.run(main, "main")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ Every directory under --root holding a `metrics.jsonl` (written by train.py) is 
 between the runs (the ablated ones), the steps trained, the final train loss (LM loss + NSP
 loss, as the trainer prints it), and the last eval's MLM/LTR accuracy and perplexity and NSP
 accuracy. It is printed as markdown and written, with loss-curve plots, to --root/report/.
+The plots need matplotlib (`pip install 'bert_jax[plots]'`); without it the table is still
+written and the command says the plots were skipped.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from absl import app, flags
+from absl import flags
+
+from bert_jax import cli
 
 REPORT_DIR = "report"
 # Config fields that differ between runs without being an ablation.
@@ -152,8 +155,13 @@ def markdown(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def plot(runs: list[Run], out_dir: str) -> list[str]:
-  """Train loss, train LM loss and (if any) eval LM loss per step, one line per run."""
-  import matplotlib
+  """Train loss, train LM loss and (if any) eval LM loss per step, one line per run.
+
+  Raises ImportError naming the extra when matplotlib is not installed."""
+  try:
+    import matplotlib
+  except ImportError:
+    raise ImportError("plots need matplotlib: pip install 'bert_jax[plots]'") from None
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -191,8 +199,9 @@ def plot(runs: list[Run], out_dir: str) -> list[str]:
   return written
 
 
-def report(root: str) -> str:
-  """Builds the table and plots under root/report/; returns the markdown."""
+def report(root: str) -> tuple[str, str | None]:
+  """Writes the table (root/report/results.md) and the plots; returns the markdown and, when
+  the plots were skipped, why."""
   runs = find_runs(root)
   md = markdown(*table(runs))
   out_dir = os.path.join(root, REPORT_DIR)
@@ -201,28 +210,30 @@ def report(root: str) -> str:
   with open(path + ".tmp", "w") as f:
     f.write(md + "\n")
   os.replace(path + ".tmp", path)
-  plot(runs, out_dir)
-  return md
+  try:
+    plot(runs, out_dir)
+  except ImportError as e:
+    return md, str(e)
+  return md, None
 
 
 _ROOT = flags.DEFINE_string("root", None, "Directory holding the runs (e.g. a sweep root).")
+flags.mark_flags_as_required(["root"])
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  try:
-    md = report(_ROOT.value)
-  except (ValueError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+  del argv
+  md, skipped = report(_ROOT.value)
   print(md)
-  print(f"\nwritten: {os.path.join(_ROOT.value, REPORT_DIR)}/{{results.md,*.png}}")
+  out_dir = os.path.join(_ROOT.value, REPORT_DIR)
+  if skipped:
+    print(f"\nwritten: {out_dir}/results.md (plots skipped: {skipped})")
+  else:
+    print(f"\nwritten: {out_dir}/{{results.md,*.png}}")
 
 
 def run() -> None:
-  flags.mark_flags_as_required(["root"])
-  app.run(main)
+  cli.run(main, "report")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,14 @@ import optax
 from absl import logging
 
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import create_data, input_pipeline, masking, objectives, optim
+from bert_jax import (
+  input_pipeline,
+  masking,
+  objectives,
+  optim,
+  pretraining_data,
+  tokenizer_training,
+)
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax import tokenizer as tokenizer_lib
@@ -84,10 +91,8 @@ def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
     vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
     if n_vocab:
       # A WordPiece vocab of the corpus itself (lower-cased like BERT's uncased vocab).
-      from bert_jax import train_tokenizer  # noqa: PLC0415 (defines CLI flags on import)
-
       vocab = os.path.join(workdir, "vocab.txt")
-      tok, _ = train_tokenizer.train(config.data.input, "wordpiece", n_vocab, vocab)
+      tok, _ = tokenizer_training.train(config.data.input, "wordpiece", n_vocab, vocab)
       if tok.vocab_size != n_vocab:
         raise ValueError(
           f"config.data.train_vocab_size={n_vocab}: {config.data.input} only yields "
@@ -95,7 +100,7 @@ def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
         )
       console(f"Trained a {n_vocab}-token WordPiece vocab on {config.data.input} into {vocab}")
     console(f"Building pretraining data from {config.data.input} into {data_dir}")
-    summary = create_data.build(
+    summary = pretraining_data.build(
       input=config.data.input,
       output_dir=data_dir,
       vocab=vocab,
@@ -108,7 +113,7 @@ def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
       seed=config.data.seed,
       progress=False,
     )
-    console(create_data.format_summary(summary))
+    console(pretraining_data.format_summary(summary))
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
 

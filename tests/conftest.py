@@ -45,10 +45,10 @@ def shared_data():
 @pytest.fixture(scope="session")
 def tiny_data_dir(tmp_path_factory):
   """The bundled corpus built once per session at sequence length 64 (a few seconds)."""
-  from bert_jax import create_data
+  from bert_jax import pretraining_data
 
   out = tmp_path_factory.mktemp("data") / "local64"
-  create_data.build(
+  pretraining_data.build(
     str(
       pathlib.Path(__file__).resolve().parents[1] / "bert_jax" / "data" / "sample_public_domain.txt"
     ),

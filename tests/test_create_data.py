@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import create_data as cd
 from bert_jax import input_pipeline as ip
+from bert_jax import pretraining_data as cd
 from bert_jax.tokenizer import default_vocab_path, load_tokenizer
 
 SAMPLE = os.path.join(os.path.dirname(cd.__file__), "data", "sample_public_domain.txt")
@@ -265,6 +265,14 @@ def test_missing_glob_and_cli_one_line_error(tmp_path):
   assert r.stderr.strip().splitlines() == [
     f"create_data: error: --input: no file matches '{tmp_path}/nope*.txt'"
   ]
+
+
+def test_tfds_input_without_tensorflow_datasets_names_the_extra(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # as if not installed
+  with pytest.raises(ImportError) as e:
+    cd.build(output_dir=str(tmp_path / "o"), tfds_name="wikipedia", progress=False)
+  assert str(e.value) == "--tfds_name needs tensorflow-datasets: pip install 'bert_jax[tfds]'"
+  assert not (tmp_path / "o").exists()
 
 
 def test_output_dir_safety(tmp_path):

@@ -165,7 +165,7 @@ TRAIN_OVERRIDES = {
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory):
   """{nsp: data dir}: the bundled corpus (its first 1,500 lines) with and without NSP."""
-  from bert_jax import create_data
+  from bert_jax import pretraining_data
 
   root = tmp_path_factory.mktemp("experiment_data")
   corpus = os.path.join(REPO, "bert_jax", "data", "sample_public_domain.txt")
@@ -176,7 +176,7 @@ def datasets(tmp_path_factory):
   out = {}
   for nsp in (True, False):
     out[nsp] = str(root / f"nsp_{nsp}")
-    create_data.build(
+    pretraining_data.build(
       str(small), out[nsp], max_seq_length=SEQ, nsp=nsp, eval_fraction=0.1, progress=False,
       num_workers=0,
     )  # fmt: skip

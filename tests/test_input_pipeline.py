@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, Mesh
 
-from bert_jax import create_data as cd
 from bert_jax import input_pipeline as ip
+from bert_jax import pretraining_data as cd
+from bert_jax import records
 
 SAMPLE = os.path.join(os.path.dirname(cd.__file__), "data", "sample_public_domain.txt")
 
@@ -193,7 +194,7 @@ def test_errors(data, tmp_path):
     ip.check_vocab(meta, 1000)
   reader = ip.RecordReader(ip.split_files(data, "train", meta), meta)
   with pytest.raises(ValueError, match="inconsistent record"):
-    reader.decode(ip.HEADER.pack(0, 0, 3, 10, 0) + b"\0" * 4)
+    reader.decode(records.HEADER.pack(0, 0, 3, 10, 0) + b"\0" * 4)
 
 
 def test_corrupt_record_names_the_file(tmp_path):
@@ -205,7 +206,7 @@ def test_corrupt_record_names_the_file(tmp_path):
   n = ip.read_metadata(str(d))["splits"]["train"]["num_sequences"]
   w = ArrayRecordWriter(str(shard), "group_size:1")
   for i in range(n):
-    w.write(ip.HEADER.pack(i, 0, 3, 5, 0) + b"\1\0" * (5 if i != 2 else 4))
+    w.write(records.HEADER.pack(i, 0, 3, 5, 0) + b"\1\0" * (5 if i != 2 else 4))
   w.close()
   reader = ip.RecordReader([str(shard)], ip.read_metadata(str(d)))
   reader.read(1)

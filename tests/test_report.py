@@ -83,7 +83,8 @@ def test_table_values_and_ablated_fields(sweep_root):
 
 
 def test_report_writes_markdown_and_plots(sweep_root):
-  md = report.report(sweep_root)
+  md, skipped = report.report(sweep_root)
+  assert skipped is None
   lines = md.splitlines()
   assert lines[0].startswith("| run | objective.mlm | objective.nsp | objective.ltr | steps |")
   row = next(ln for ln in lines if ln.startswith("| task=mlm_nsp"))
@@ -96,7 +97,7 @@ def test_report_writes_markdown_and_plots(sweep_root):
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   assert not [f for f in os.listdir(out) if "tmp" in f]
   # A second report skips report/ itself and gives the same table.
-  assert report.report(sweep_root) == md
+  assert report.report(sweep_root) == (md, None)
 
 
 def test_single_run_and_missing_metric_columns(tmp_path):
@@ -138,5 +139,21 @@ def test_cli(sweep_root):
     timeout=120,
   )
   assert r.returncode == 1 and r.stderr.strip().splitlines() == [
-    f"error: --root={sweep_root}/nope: no such directory"
+    f"report: error: --root={sweep_root}/nope: no such directory"
   ]
+
+
+def test_cli_without_matplotlib_writes_the_table(sweep_root):
+  code = (
+    "import sys; sys.modules['matplotlib'] = None; from bert_jax import report; "
+    f"sys.argv = ['report', '--root={sweep_root}']; report.run()"
+  )
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr
+  out = os.path.join(sweep_root, "report")
+  assert r.stdout.strip().splitlines()[-1] == (
+    f"written: {out}/results.md (plots skipped: plots need matplotlib: "
+    "pip install 'bert_jax[plots]')"
+  )
+  assert "| task=ltr |" in open(os.path.join(out, "results.md")).read()
+  assert not [f for f in os.listdir(out) if f.endswith(".png")]

@@ -1,4 +1,4 @@
-"""Tests for bert_jax.tokenizer and bert_jax.train_tokenizer.
+"""Tests for bert_jax.tokenizer, bert_jax.tokenizer_training and the train_tokenizer CLI.
 
 WordPiece parity with google-research/bert's FullTokenizer is checked against golden ids made by
 scripts/make_tokenizer_fixtures.py (which ran the original code once; see its docstring).
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from bert_jax import tokenizer as tokenizer_lib
-from bert_jax import train_tokenizer
+from bert_jax import tokenizer_training
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "tokenizer"
 SAMPLE = pathlib.Path(tokenizer_lib.__file__).parent / "data" / "sample_public_domain.txt"
@@ -55,7 +55,7 @@ def cased():
 @pytest.fixture(scope="module")
 def spm_unigram(tmp_path_factory):
   out = tmp_path_factory.mktemp("spm") / "unigram.model"
-  tok, _ = train_tokenizer.train(str(SAMPLE), "sentencepiece", 500, str(out))
+  tok, _ = tokenizer_training.train(str(SAMPLE), "sentencepiece", 500, str(out))
   return tok, out
 
 
@@ -299,7 +299,7 @@ def test_sentencepiece_train_and_load(spm_unigram, tmp_path):
   assert sorted(os.listdir(tmp_path / "sp")) == ["spm.model", "tokenizer.json"]
   back = tokenizer_lib.load_tokenizer(tmp_path / "sp")
   assert back.fingerprint == tok.fingerprint and back.encode(text) == ids
-  bpe, _ = train_tokenizer.train(
+  bpe, _ = tokenizer_training.train(
     str(SAMPLE),
     "sentencepiece",
     400,
@@ -385,9 +385,10 @@ def test_train_cli_error_is_one_line(tmp_path):
     text=True,
     timeout=120,
   )
-  assert proc.returncode != 0
+  assert proc.returncode == 1
   assert proc.stderr.strip() == (
-    f"train_tokenizer: --input={tmp_path}/missing*.txt: no files match '{tmp_path}/missing*.txt'"
+    f"train_tokenizer: error: --input={tmp_path}/missing*.txt: "
+    f"no files match '{tmp_path}/missing*.txt'"
   )
   assert not out.exists()
 
@@ -397,28 +398,28 @@ def test_train_bad_input(tmp_path, kind):
   out = str(tmp_path / ("o.model" if kind == "sentencepiece" else "vocab.txt"))
   (tmp_path / "empty.txt").write_text("\n\n   \n")
   with pytest.raises(ValueError, match=r"empty.txt: no text in 1 file"):
-    train_tokenizer.train(str(tmp_path / "empty.txt"), kind, 100, out)
+    tokenizer_training.train(str(tmp_path / "empty.txt"), kind, 100, out)
   (tmp_path / "bin.txt").write_bytes(b"hello\n\x00\x01\x02\xff" * 10)
   with pytest.raises(ValueError, match=r"bin.txt: looks binary"):
-    train_tokenizer.train(str(tmp_path / "bin.txt"), kind, 100, out)
+    tokenizer_training.train(str(tmp_path / "bin.txt"), kind, 100, out)
   (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n\xff\xfe\n")
   with pytest.raises(ValueError, match=r"no text in 1 file\(s\) \(2 non-UTF-8 lines skipped\)"):
-    train_tokenizer.train(str(tmp_path / "latin1.txt"), kind, 100, out)
+    tokenizer_training.train(str(tmp_path / "latin1.txt"), kind, 100, out)
   (tmp_path / "fake.gz").write_bytes(b"not gzip at all\n")
   with pytest.raises(ValueError, match=r"fake.gz: not a readable gzip file"):
-    train_tokenizer.train(str(tmp_path / "fake.gz"), kind, 100, out)
+    tokenizer_training.train(str(tmp_path / "fake.gz"), kind, 100, out)
   with pytest.raises(FileNotFoundError, match="no files match"):
-    train_tokenizer.train(str(tmp_path / "nothing*.txt"), kind, 100, out)
+    tokenizer_training.train(str(tmp_path / "nothing*.txt"), kind, 100, out)
   assert not os.path.exists(out)
   assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
 
 
 def test_train_flag_validation(tmp_path):
   with pytest.raises(ValueError, match=r"--output=.*end in .model"):
-    train_tokenizer.train(str(SAMPLE), "sentencepiece", 500, str(tmp_path / "vocab.txt"))
+    tokenizer_training.train(str(SAMPLE), "sentencepiece", 500, str(tmp_path / "vocab.txt"))
   with pytest.raises(ValueError, match="--kind=bpe"):
-    train_tokenizer.train(str(SAMPLE), "bpe", 500, str(tmp_path / "vocab.txt"))
+    tokenizer_training.train(str(SAMPLE), "bpe", 500, str(tmp_path / "vocab.txt"))
   with pytest.raises(ValueError, match="--sp_model_type=char"):
-    train_tokenizer.train(
+    tokenizer_training.train(
       str(SAMPLE), "sentencepiece", 500, str(tmp_path / "a.model"), sp_model_type="char"
     )

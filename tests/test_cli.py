@@ -1,0 +1,87 @@
+"""The entry points share one pattern: bad flags and user errors end in one line on stderr with
+exit status 2 (before any work) or 1; library modules define no absl flags when imported."""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LOCAL = str(ROOT / "configs" / "local.py")
+
+
+def _entry_modules() -> set[str]:
+  """The console scripts' modules, from whichever packaging file declares them."""
+  found = set()
+  for name in ("setup.py", "pyproject.toml"):
+    path = ROOT / name
+    if path.is_file():
+      found |= set(re.findall(r"(bert_jax(?:\.\w+)+):\w+", path.read_text()))
+  return found
+
+
+def _run(*args: str, cwd=None) -> subprocess.CompletedProcess:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+  env.pop("BERT_JAX_TRACEBACK", None)
+  return subprocess.run(
+    [sys.executable, *args], capture_output=True, text=True, timeout=120, env=env, cwd=cwd
+  )
+
+
+@pytest.mark.parametrize(
+  "prog, args, status, message",
+  [
+    ("main", [f"--config={LOCAL}", "--workdir={tmp}/wd", "--config.model.hiden_size=64"], 2,
+     "hiden_size"),
+    ("main", ["--workdir={tmp}/wd"], 2, "--config must have a value"),
+    ("main", ["--config={tmp}/nope.py", "--workdir={tmp}/wd"], 2, "nope.py"),
+    ("create_data", ["--input=x.txt", "--output_dir={tmp}/wd", "--max_seq_lenght=64"], 2,
+     "max_seq_lenght"),
+    ("train_tokenizer", ["--input=x.txt", "--output={tmp}/wd/v.txt", "--kind=bpe"], 2,
+     "--kind=bpe: value should be one of"),
+    ("train_tokenizer", ["--input=x.txt"], 2, "--output must have a value"),
+    ("aot", ["--config={tmp}/nope.py"], 2, "nope.py"),
+    ("aot", [f"--config={LOCAL}", "--topology=v9-1"], 1, "--topology=v9-1: unknown"),
+    ("report", ["--root={tmp}/wd", "extra"], 2, "unexpected arguments: extra"),
+  ],
+)  # fmt: skip
+def test_errors_are_one_line(tmp_path, prog, args, status, message):
+  r = _run("-m", f"bert_jax.{prog}", *(a.format(tmp=tmp_path) for a in args))
+  lines = r.stderr.strip().splitlines()
+  assert r.returncode == status, r.stderr[-2000:]
+  assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), r.stderr[-2000:]
+  assert message in lines[0]
+  assert not (tmp_path / "wd").exists()
+
+
+def test_library_modules_define_no_flags():
+  """Imports every module but the entry points in a fresh process: no bert_jax module has
+  defined an absl flag (the libraries under it may). An import of an entry module anywhere in
+  the library makes this fail."""
+  entry = _entry_modules()
+  assert {"bert_jax.main", "bert_jax.create_data", "bert_jax.train_tokenizer"} <= entry
+  code = """
+import importlib, json, pkgutil, sys
+from absl import flags
+import bert_jax
+
+skip = set(sys.argv[1:])
+names = [m.name for m in pkgutil.walk_packages(bert_jax.__path__, "bert_jax.")]
+names = [n for n in names if n not in skip and not n.endswith(".__main__")]
+for n in names:
+  importlib.import_module(n)
+owners = {m: [f.name for f in fs] for m, fs in flags.FLAGS.flags_by_module_dict().items()}
+print(json.dumps({"modules": names, "owners": owners}))
+"""
+  r = _run("-c", code, *sorted(entry))
+  assert r.returncode == 0, r.stderr[-3000:]
+  out = json.loads(r.stdout.strip().splitlines()[-1])
+  assert {"bert_jax.train", "bert_jax.pretraining_data", "bert_jax.tokenizer_training"} <= set(
+    out["modules"]
+  )
+  ours = {m: f for m, f in out["owners"].items() if m.split(".")[0] == "bert_jax"}
+  assert not ours, f"importing the library defined flags: {ours}"
