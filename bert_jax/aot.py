@@ -6,7 +6,7 @@
 Builds the same `train.make_train_step` jitted with the same shardings as training, on an
 abstract state (`train.create_state` under `jax.eval_shape`: no arrays are allocated) and an
 abstract batch, and compiles it with libtpu's compile-only devices for a named topology
-(`pip install -e .[tpu]`; no TPU needed). Prints per-device memory (arguments, temporaries,
+(`pip install 'bert_jax[tpu]'`; no TPU needed). Prints per-device memory (arguments, temporaries,
 outputs) against the chip's HBM, FLOPs and compile time; exits 1 with a one-line "does not
 fit" when XLA runs out of HBM. `--topology=cpu` compiles for the local CPU devices instead
 (no libtpu; `--num_cpu_devices` fakes more), as a quick check of the same code path.
@@ -85,8 +85,8 @@ def topology_devices(name: str) -> tuple[list[Any], Topology | None]:
   try:
     import libtpu  # noqa: F401  -- only to give a clear error below
   except ImportError:
-    raise ValueError(
-      f"--topology={name} needs libtpu: pip install -e '.[tpu]' (or use --topology=cpu)"
+    raise ImportError(
+      f"--topology={name} needs libtpu: pip install 'bert_jax[tpu]' (or use --topology=cpu)"
     ) from None
   from jax.experimental import topologies
 

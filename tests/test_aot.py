@@ -1,7 +1,7 @@
 """bert_jax.aot: compile the real train step without running it.
 
 The CPU test always runs (8 fake devices, a (2,2,2) mesh); the TPU tests need libtpu's
-compile-only devices (`pip install -e .[tpu]`) and are skipped without it.
+compile-only devices (`pip install 'bert_jax[tpu]'`) and are skipped without it.
 """
 
 import importlib.util
@@ -110,7 +110,7 @@ def test_config_errors_are_one_line():
   with pytest.raises(ValueError, match="not divisible by the data-parallel size"):
     aot.compile_train_step(_micro_config(**{"data.batch_size": 6}), "cpu", (1, -1, 1))
   if not HAS_LIBTPU:
-    with pytest.raises(ValueError, match="needs libtpu"):
+    with pytest.raises(ImportError, match=r"needs libtpu: pip install 'bert_jax\[tpu\]'"):
       aot.compile_train_step(_micro_config(), "v4-8")
 
 
