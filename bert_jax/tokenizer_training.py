@@ -20,7 +20,6 @@ matched in raw text); no BOS/EOS. --lowercase selects the nmt_nfkc_cf normalizat
 
 from __future__ import annotations
 
-import glob
 import gzip
 import io
 import os
@@ -29,6 +28,7 @@ from collections.abc import Iterator
 
 from absl import logging
 
+from bert_jax import pretraining_data
 from bert_jax import tokenizer as tokenizer_lib
 
 _SNIFF_BYTES = 8192
@@ -39,17 +39,7 @@ class CorpusReader:
 
   def __init__(self, pattern: str):
     self.pattern = pattern
-    files: list[str] = []
-    for part in pattern.split(","):
-      part = part.strip()
-      if part:
-        matched = sorted(glob.glob(os.path.expanduser(part)))
-        if not matched:
-          raise FileNotFoundError(f"--input={pattern}: no files match {part!r}")
-        files.extend(f for f in matched if os.path.isfile(f))
-    if not files:
-      raise FileNotFoundError(f"--input={pattern}: no files match")
-    self.files = files
+    self.files = pretraining_data.expand_inputs(pattern)
     self.num_lines = 0
     self.num_bad_lines = 0
 
