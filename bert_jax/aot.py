@@ -1,4 +1,4 @@
-"""Ahead-of-time compile of the real train step for a TPU slice, from a CPU host.
+r"""Ahead-of-time compile of the real train step for a TPU slice, from a CPU host.
 
   JAX_PLATFORMS=cpu python -m bert_jax.aot --config=configs/bert_large.py --topology=v5e-16 \
       [--mesh='(1,-1,1)'] [--config.data.batch_size=512 ...]

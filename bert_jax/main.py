@@ -1,4 +1,4 @@
-"""Pretraining entry point: flags only.
+r"""Pretraining entry point: flags only.
 
   python -m bert_jax.main --config=configs/bert_base.py:base --workdir=/tmp/bert \
       --config.data.dir=/data/wiki_books_128

@@ -1,4 +1,4 @@
-"""Trains a WordPiece vocab.txt or a SentencePiece .model on text files.
+r"""Trains a WordPiece vocab.txt or a SentencePiece .model on text files.
 
   python -m bert_jax.train_tokenizer --input='corpus/*.txt.gz' --kind=wordpiece \
     --vocab_size=30522 --output=vocab.txt
