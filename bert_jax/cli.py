@@ -47,6 +47,12 @@ def fail(prog: str, error: BaseException | str, status: int = 1) -> NoReturn:
   sys.exit(status)
 
 
+def _closed_pipe() -> NoReturn:
+  """`CMD | head` closed our stdout early: not an error of the command."""
+  os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+  sys.exit(0)
+
+
 def _flags_parser(prog: str) -> Callable[[list[str]], list[str]]:
   def parse(argv: list[str]) -> list[str]:
     try:
@@ -56,6 +62,8 @@ def _flags_parser(prog: str) -> Callable[[list[str]], list[str]]:
         if config_flags.is_config_flag(flag) and flag.present:
           # config_flags defers a load error to the first attribute access of the value.
           getattr(flag.value, "lock", None)
+    except BrokenPipeError:  # `--help | head`
+      _closed_pipe()
     except (flags.Error, AttributeError, KeyError, TypeError, *USER_ERRORS) as e:
       fail(prog, e, 2)
     if len(rest) > 1:
@@ -71,6 +79,8 @@ def run(main: Callable[[list[str]], None], prog: str) -> None:
   def guarded(argv: list[str]) -> None:
     try:
       main(argv)
+    except BrokenPipeError:
+      _closed_pipe()
     except USER_ERRORS as e:
       if os.environ.get("BERT_JAX_TRACEBACK"):
         raise
