@@ -10,6 +10,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bert_jax import cli
+
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Path to an ml_collections config file[:ARG].", lock_config=True
 )
@@ -69,7 +71,7 @@ def _parse_or_exit(argv: list[str]) -> list[str]:
   """Config problems (unknown key, wrong type, bad :ARG, missing file) as one line, before
   anything is created or computed."""
   try:
-    rest = flags.FLAGS(argv)
+    rest = flags.FLAGS(cli.resolve_config_args(argv))
     if flags.FLAGS["config"].present:
       _ = _CONFIG.value.model  # config_flags defers load errors to first access
   except (flags.Error, AttributeError, KeyError, OSError, TypeError, ValueError) as e:
