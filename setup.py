@@ -8,6 +8,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
   LONG_DESCRIPTION = f.read()
 
+PLOTS = ["matplotlib>=3.8"]
+
 setuptools.setup(
   name="bert_jax",
   version="0.1.0",
@@ -48,9 +50,9 @@ setuptools.setup(
     "protobuf",
   ],
   extras_require={
-    "test": ["pytest>=8", "ruff>=0.6"],
+    "test": ["pytest>=8", "ruff>=0.6", *PLOTS],  # the tests check report's plots too
     "tfds": ["tensorflow-datasets>=4.9.10"],  # create_data --tfds_name
-    "plots": ["matplotlib>=3.8"],  # report's loss plots
+    "plots": PLOTS,  # report's loss plots
     "tpu": ["jax[tpu]==0.10.2"],
     "cuda": ["jax[cuda12]==0.10.2"],
     "tf": ["tensorflow-cpu"],
