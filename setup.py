@@ -1,13 +1,37 @@
 """bert_jax: BERT pretraining and ablations in JAX/Flax, TPU-first."""
 
+import os
+
 import setuptools
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+  LONG_DESCRIPTION = f.read()
+
+PLOTS = ["matplotlib>=3.8"]
 
 setuptools.setup(
   name="bert_jax",
   version="0.1.0",
   description="Faithful, fast BERT pretraining and ablations in JAX/Flax (linen).",
+  long_description=LONG_DESCRIPTION,
+  long_description_content_type="text/markdown",
+  license="Apache-2.0",
+  license_files=["LICENSE", "NOTICE"],
+  classifiers=[
+    "Development Status :: 3 - Alpha",
+    "Intended Audience :: Science/Research",
+    "License :: OSI Approved :: Apache Software License",
+    "Operating System :: POSIX :: Linux",
+    "Programming Language :: Python :: 3",
+    "Programming Language :: Python :: 3.11",
+    "Topic :: Scientific/Engineering :: Artificial Intelligence",
+  ],
   python_requires=">=3.11",
-  packages=setuptools.find_packages(include=["bert_jax", "bert_jax.*"]),
+  # configs/ stays at the top of the checkout (`--config=configs/local.py`) and installs as
+  # bert_jax.configs, so `--config=local` finds it after a non-editable install (bert_jax/cli.py).
+  packages=[*setuptools.find_packages(include=["bert_jax", "bert_jax.*"]), "bert_jax.configs"],
+  package_dir={"bert_jax.configs": "configs"},
   package_data={"bert_jax": ["data/*.txt"]},
   install_requires=[
     "jax==0.10.2",
@@ -18,17 +42,17 @@ setuptools.setup(
     "array_record>=0.8.6",
     "sentencepiece>=0.2",
     "tokenizers>=0.22",
-    "tensorflow-datasets>=4.9.10",
     "ml-collections>=1.1",
     "absl-py>=2.1",
     "tensorboardX>=2.6",
-    "matplotlib>=3.8",
     "safetensors>=0.4",
     "numpy>=2.0",
     "protobuf",
   ],
   extras_require={
-    "test": ["pytest>=8", "ruff>=0.6"],
+    "test": ["pytest>=8", "ruff>=0.6", *PLOTS],  # the tests check report's plots too
+    "tfds": ["tensorflow-datasets>=4.9.10"],  # create_data --tfds_name
+    "plots": PLOTS,  # report's loss plots
     "tpu": ["jax[tpu]==0.10.2"],
     "cuda": ["jax[cuda12]==0.10.2"],
     "tf": ["tensorflow-cpu"],

@@ -16,10 +16,15 @@ An entry module defines its absl flags at module level (only entry modules defin
 - an error the user can cause at run time (bad input files, paths, configs: ValueError,
   OSError, ImportError for a missing extra, FloatingPointError) ends in one line
   `PROG: error: ...` and exit status 1. BERT_JAX_TRACEBACK=1 shows the traceback instead.
+
+A config flag (`config_flags.DEFINE_config_file`) takes a path (`--config=configs/local.py:mini`)
+or the name of a bundled config (`--config=local:mini`): `configs/` ships inside the package as
+`bert_jax.configs`, so names work from any directory after a non-editable `pip install`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -53,10 +58,61 @@ def _closed_pipe() -> NoReturn:
   sys.exit(0)
 
 
+def config_dir() -> str:
+  """The bundled configs: the installed `bert_jax.configs`, else the checkout's `configs/`."""
+  spec = importlib.util.find_spec("bert_jax.configs")
+  if spec is not None and spec.submodule_search_locations:
+    return list(spec.submodule_search_locations)[0]
+  return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def bundled_configs() -> dict[str, str]:
+  """{name: path} of every bundled config file."""
+  root = config_dir()
+  names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+  return {n[:-3]: os.path.join(root, n) for n in names if n.endswith(".py") and n[0] != "_"}
+
+
+def resolve_config(value: str) -> str:
+  """`NAME[:ARG]` of a bundled config -> `PATH[:ARG]`; a path (it has a '/', ends in '.py', or
+  is an existing file) is returned unchanged."""
+  path, sep, arg = value.partition(":")
+  if "/" in path or os.sep in path or path.endswith(".py") or os.path.isfile(path):
+    return value
+  configs = bundled_configs()
+  if path not in configs:
+    raise ValueError(
+      f"no config file or bundled config named {path!r} (bundled: {', '.join(configs)})"
+    )
+  return configs[path] + sep + arg
+
+
+def resolve_config_args(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
+  """argv with the value of every config flag passed through `resolve_config`."""
+  names = {n for n in flag_values if config_flags.is_config_flag(flag_values[n])}
+  out, args = list(argv[:1]), iter(argv[1:])
+  for arg in args:
+    if arg == "--":
+      out += [arg, *args]
+      break
+    key, eq, value = arg.partition("=")
+    if key.startswith("-") and key.lstrip("-") in names:
+      if eq:
+        arg = f"{key}={resolve_config(value)}"
+      else:  # `--config NAME`; a missing value is left to absl's error
+        out.append(arg)
+        arg = next(args, None)
+        if arg is None:
+          break
+        arg = resolve_config(arg)
+    out.append(arg)
+  return out
+
+
 def _flags_parser(prog: str) -> Callable[[list[str]], list[str]]:
   def parse(argv: list[str]) -> list[str]:
     try:
-      rest = flags.FLAGS(argv)
+      rest = flags.FLAGS(resolve_config_args(argv))
       for name in flags.FLAGS:
         flag = flags.FLAGS[name]
         if config_flags.is_config_flag(flag) and flag.present:

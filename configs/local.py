@@ -1,21 +1,19 @@
-"""The bundled default: a small BERT pretrained on the corpus shipped inside the package.
+"""The bundled default: BERT-tiny pretrained with masked LM on the corpus shipped in the package.
 
-  python -m bert_jax.main --config=configs/local.py --workdir=/tmp/bert_local
+  bert_jax_train --config=local --workdir=/tmp/bert_local
+  python -m bert_jax.main --config=configs/local.py --workdir=/tmp/bert_local  # from a checkout
+
+Hardware: 2 CPU cores, float32. Time: TBD-LEAD (fresh clone to last line, set-up included).
+Reaches held-out MLM accuracy TBD-LEAD after 10k steps; always predicting the most frequent
+target gets 8.4% and a count-based neighbour reference 26.3% (scripts/ngram_reference.py).
 
 On first use it trains a 4,096-token WordPiece vocab on bert_jax/data/sample_public_domain.txt
-(Alice in Wonderland, a novel and three State of the Union addresses, 400 KB) and packs it into
-sequences of up to 64 tokens; then it trains BERT-tiny (2 layers, hidden 128) with MLM in
-float32 on 2 CPU cores, evaluates on a held-out document and prints fill_mask results.
-The model, masking and optimizer are BERT's; the scale is chosen for a 10-minute CPU run
-(batch 8, 10k steps, lr 1e-3, a corpus-sized vocab), and the objective is the paper's "No NSP"
-row (Table 5) with dynamic masking, as RoBERTa: on this 15-document corpus NSP memorises its
-pairs (train accuracy 92%, held-out 50%) and held MLM back (10k steps, measured on one host:
-held-out MLM accuracy 19-22% with NSP, 25-27% without). MLM+NSP is `--config.objective.nsp=True`.
-float32, not bf16: on CPUs without AVX512-BF16 bf16 is emulated (on a Zen 3 this run did 26 vs
-42 steps/s; `python -m bert_jax.benchmark --sizes=base`: 125 vs 153 tokens/s).
-Time and accuracy (fresh clone to last line, set-up included): 3 min 25 s on a 2-core Zen 4
-(session 9), 6-7 min on a 2-core Zen 3; held-out MLM accuracy 24-25% against 8.4% for the most
-frequent target (README).
+(400 KB, 15 documents; NOTICE) and packs it into sequences of up to 64 tokens, then trains
+BERT-tiny (2 layers, hidden 128) for 10k steps of batch 8, evaluates on a held-out document and
+prints fill_mask predictions. The objective is the paper's "No NSP" row (Table 5) with dynamic
+masking, as RoBERTa: on 15 documents NSP memorises its pairs and holds MLM back
+(docs/history.md); MLM+NSP is `--config.objective.nsp=True`. float32 because bf16 is emulated
+on CPUs without AVX512-BF16; `--config.model.dtype=bfloat16` where the CPU has it.
 
 ARG: `size=NAME` (default tiny) and `steps=N` (default 10000).
 """

@@ -16,6 +16,9 @@ CPU scale (bundled corpus with dupe_factor 5, 300 steps: several epochs, so the 
   python launch/sweep.py --experiment=experiments/masking_static_vs_dynamic.py:scale=cpu \
       --root=/tmp/masking && python -m bert_jax.report --root=/tmp/masking
 
+Hardware and time: full scale, each point is a BERT-Base pretraining run (the paper's 4 Cloud
+TPUs for 4 days); CPU scale, 2 CPU cores, TBD-LEAD min per point.
+
 Result: not run at full scale here (no TPU). RoBERTa's Table 1 (BERT-Base size): static
 SQuAD 2.0 F1 78.3, MNLI-m 84.3, SST-2 92.5; dynamic 78.7, 84.0, 92.9 ("comparable or
 slightly better"). CPU scale: not yet run.

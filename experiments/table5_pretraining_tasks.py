@@ -25,12 +25,13 @@ CPU scale (tiny model, bundled corpus, 300 steps; each run builds its own data):
   python launch/sweep.py --experiment=experiments/table5_pretraining_tasks.py:scale=cpu \
       --root=/tmp/table5 && python -m bert_jax.report --root=/tmp/table5
 
+Hardware and time: full scale, each point is a BERT-Base pretraining run (the paper's 4 Cloud
+TPUs for 4 days); CPU scale, 2 CPU cores, TBD-LEAD min per point.
+
 Result: not run at full scale here (no TPU). The paper (dev sets, BERT-Base):
 MNLI-m 84.4 / 83.9 / 82.1, SQuAD F1 88.5 / 87.9 / 77.8 for mlm_nsp / mlm / ltr.
-CPU scale, measured for the baseline row only (the other two not yet run): task=mlm_nsp after
-300 steps: train loss 6.63, eval MLM accuracy 0.085 (perplexity 472), eval NSP accuracy 0.48
-(chance: 31 eval batches are too few, and 300 steps too short, for NSP to learn); ~12 min on
-2 busy CPU cores. Expect the rows to be indistinguishable at this scale.
+CPU scale: TBD-LEAD (final train loss and eval accuracy of each row); expect the rows to be
+indistinguishable at this scale (300 steps are too short for NSP to learn).
 """
 
 from bert_jax import config_lib

@@ -19,6 +19,9 @@ CPU scale (bundled corpus, 300 steps):
   python launch/sweep.py --experiment=experiments/table6_model_size.py:scale=cpu \
       --root=/tmp/table6 && python -m bert_jax.report --root=/tmp/table6
 
+Hardware and time: full scale, each point is a pretraining run of its size (BERT-Base: the
+paper's 4 Cloud TPUs for 4 days); CPU scale, 2 CPU cores, TBD-LEAD min per point.
+
 Result: not run at full scale here (no TPU). The paper's held-out LM perplexity:
 5.84, 5.24, 4.68, 3.99, 3.54, 3.23 for the six rows in order (MNLI-m 77.9 ... 86.6).
 CPU scale: not yet run.

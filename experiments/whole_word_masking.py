@@ -17,6 +17,9 @@ CPU scale (bundled corpus, 300 steps):
   python launch/sweep.py --experiment=experiments/whole_word_masking.py:scale=cpu \
       --root=/tmp/wwm && python -m bert_jax.report --root=/tmp/wwm
 
+Hardware and time: full scale, each point is a BERT-Base pretraining run (the paper's 4 Cloud
+TPUs for 4 days); CPU scale, 2 CPU cores, TBD-LEAD min per point.
+
 Result: not run at full scale here (no TPU). CPU scale: not yet run.
 """
 

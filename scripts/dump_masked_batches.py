@@ -1,5 +1,5 @@
 """Dumps masked pretraining batches (as bert_jax's trainer makes them) for
-scripts/hf_reference_mlm.py: the README's 3,200-batch comparison with HuggingFace.
+scripts/hf_reference_mlm.py: the 3,200-batch comparison with HuggingFace in docs/history.md.
 
   python scripts/dump_masked_batches.py --data_dir=WORKDIR/data   # e.g. of configs/local.py
 """
