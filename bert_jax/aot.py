@@ -290,7 +290,10 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 _CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "A config: a bundled name (local, bert_base, bert_large) or a path, each with [:ARG].", lock_config=True
+  "config",
+  None,
+  "A config: a bundled name (local, bert_base, bert_large) or a path, each with [:ARG].",
+  lock_config=True,
 )
 _TOPOLOGY = flags.DEFINE_string("topology", "cpu", "Named slice (v5e-16, 2xv5e-16, ...) or cpu.")
 _MESH = flags.DEFINE_string("mesh", None, "(data,fsdp,tensor) override, e.g. '(1,-1,1)'.")

@@ -10,7 +10,10 @@ from ml_collections import config_flags
 from bert_jax import cli
 
 _CONFIG = config_flags.DEFINE_config_file(
-  "config", None, "A config: a bundled name (local, bert_base, bert_large) or a path, each with [:ARG].", lock_config=True
+  "config",
+  None,
+  "A config: a bundled name (local, bert_base, bert_large) or a path, each with [:ARG].",
+  lock_config=True,
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and data.")
 _DISTRIBUTED = flags.DEFINE_bool(
