@@ -28,7 +28,7 @@ import optax
 from absl import logging
 
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import create_data, input_pipeline, masking, objectives, optim
+from bert_jax import create_data, input_pipeline, interop, masking, objectives, optim
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax import tokenizer as tokenizer_lib
@@ -271,12 +271,18 @@ def jit_train_step(model, tx, obj, tables, grad_accum_steps, mesh, state_sh) -> 
   )
 
 
-def restore_init_from(path: str, cfg, abstract_params) -> Any:
-  """Weights of another run (e.g. phase 1 at seq 128 for phase 2 at 512); fresh optimizer."""
-  meta, _, _ = ckpt_lib.read_meta(path)
-  ckpt_lib.check_same_architecture(meta, cfg, path)
-  params, _ = ckpt_lib.restore_params(path, abstract_params)
-  return params
+def restore_init_from(path: str, cfg, abstract_params, tokenizer=None) -> Any:
+  """Weights from any checkpoint `interop.load_checkpoint` reads (another run's workdir, e.g.
+  phase 1 at seq 128 for phase 2 at 512, a HuggingFace or params dir), onto the training
+  shardings, with a fresh optimizer. A checkpoint without MLM/NSP heads (BertModel) returns
+  {"bert": ...} only: the caller keeps its freshly initialised heads. When the checkpoint
+  carries a tokenizer, its vocabulary must be the data's (`tokenizer`)."""
+  ck = interop.load_checkpoint(path, target=abstract_params, like=cfg)
+  if tokenizer is not None and ck.tokenizer is not None:
+    vocab = lambda t: [t.id_to_token(i) for i in range(t.vocab_size)]
+    if vocab(ck.tokenizer) != vocab(tokenizer):
+      raise ValueError(f"init_from {path}: its tokenizer's vocabulary is not the data's")
+  return ck.params
 
 
 # ----------------------------------------------------------------------------- logging
@@ -454,7 +460,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   else:
     start_step = 0
     if config.init_from:
-      params = restore_init_from(config.init_from, cfg, abstract_state["params"])
+      params = restore_init_from(config.init_from, cfg, abstract_state["params"], tokenizer)
+      if "predictions" not in params:
+        params = {**state["params"], **params}
+        console(f"{config.init_from} has no MLM/NSP heads (a BertModel): they start fresh")
       state = {**state, "params": params}
       console(f"Initialised weights from {config.init_from}")
 
