@@ -24,6 +24,7 @@ from safetensors.numpy import load_file, save_file
 import bert_jax
 from bert_jax import interop, train
 from bert_jax import model as model_lib
+from bert_jax import tokenizer as tokenizer_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "hf" / "roundtrip"
@@ -68,6 +69,15 @@ def _check_hidden(m, hidden, atol):
     np.testing.assert_allclose(h, hidden[f"text_{i}"], atol=atol, rtol=0)
 
 
+def _same_files(directory, files):
+  """The tokenizer files in `directory` hold what `files` holds (JSON compared parsed)."""
+  for name in HF_TOKENIZER_FILES:
+    got, want = (directory / name).read_bytes(), files[name]
+    if name.endswith(".json"):
+      got, want = json.loads(got), json.loads(want)
+    assert got == want, name
+
+
 def _digest(tok):
   return mk.ids_digest(tok.encode)
 
@@ -102,9 +112,7 @@ def test_round_trip_workdir_to_hf(workdir, tmp_path):
   back = bert_jax.load(hf)
   assert (ours.format, back.format, back.step) == ("workdir", "hf", None)
   # The tokenizer files are what interop writes for the run's tokenizer, and read back equal.
-  files = interop.hf_tokenizer_files(ours.tokenizer, ours.config)
-  for name in HF_TOKENIZER_FILES:
-    assert (hf / name).read_bytes() == files[name], name
+  _same_files(hf, interop.hf_tokenizer_files(ours.tokenizer, ours.config))
   assert back.tokenizer.fingerprint == ours.tokenizer.fingerprint
   digest = _digest(ours.tokenizer)
   assert _digest(back.tokenizer) == digest
@@ -136,9 +144,7 @@ def test_exported_tokenizer_matches_transformers_fixture():
   every corpus line (recorded) equal ours."""
   ref, _ = _reference()
   tok = interop.load_hf_tokenizer(FIXTURE)
-  files = interop.hf_tokenizer_files(tok, interop.read_config(FIXTURE)[1])
-  for name in HF_TOKENIZER_FILES:
-    assert (FIXTURE / name).read_bytes() == files[name], name
+  _same_files(FIXTURE, interop.hf_tokenizer_files(tok, interop.read_config(FIXTURE)[1]))
   assert ref["tokenizer_class"] == "BertTokenizerFast"
   assert not any(ref["loading_info"].values())
   assert _digest(tok) == ref["ids_digest"]
@@ -185,6 +191,7 @@ def test_init_from_hf_pretraining_first_loss(nsp_data, tmp_path):
   assert row["step"] == 1
   loss = row["mlm_loss"] + row["nsp_loss"]
   hf_loss = mk.hf_reference(FIXTURE)[0]["mlm_nsp_loss"] if LIVE else ref["mlm_nsp_loss"]
+  print(f"first-step MLM+NSP loss {loss:.7f}, transformers {hf_loss:.7f}")
   assert abs(loss - hf_loss) <= 1e-5 * hf_loss, (loss, hf_loss)
   # Not a fresh model: BERT's initial loss is ln(4096) + ln(2) = 9.0.
   assert abs(hf_loss - 9.0) > 1.0
@@ -307,6 +314,11 @@ def test_one_line_errors(workdir, tmp_path):
   with pytest.raises(ValueError) as e:
     bert_jax.load(short)
   _one_line(e, str(short), "tokenizer has 4095 tokens", "vocab_size is 4096")
+  # A SentencePiece tokenizer has no HuggingFace BERT equivalent.
+  sp = object.__new__(tokenizer_lib.SentencePieceTokenizer)
+  with pytest.raises(ValueError) as e:
+    interop.hf_tokenizer_files(sp, interop.read_config(FIXTURE)[1])
+  _one_line(e, "sentencepiece tokenizer has no HuggingFace BERT equivalent", "--tokenizer=false")
   # The CLI: one line, exit status 1, nothing written.
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
   cmd = [sys.executable, "-m", "bert_jax.convert", f"--src={workdir}", "--step=7"]
