@@ -120,34 +120,17 @@ def _hf_layout(cfg: BertConfig, pretraining: bool) -> list[tuple[str, str, str]]
   return rows
 
 
-def _to_ours(x: np.ndarray, kind: str, cfg: BertConfig) -> np.ndarray:
+def _reshape(x: np.ndarray, kind: str, cfg: BertConfig, to_hf: bool) -> np.ndarray:
+  """One tensor between HF's layout and ours, by its kind in the name table."""
   h, k, d = cfg.num_heads, cfg.head_dim, cfg.hidden_size
-  if kind == "copy":
-    return x
-  if kind == "linear":
-    return x.T
-  if kind == "qkv":
-    return x.T.reshape(d, h, k)
-  if kind == "qkv_bias":
-    return x.reshape(h, k)
-  if kind == "attn_out":
-    return x.T.reshape(h, k, d)
-  raise AssertionError(kind)
-
-
-def _to_hf(x: np.ndarray, kind: str, cfg: BertConfig) -> np.ndarray:
-  h, k, d = cfg.num_heads, cfg.head_dim, cfg.hidden_size
-  if kind == "copy":
-    return x
-  if kind == "linear":
-    return x.T
-  if kind == "qkv":
-    return x.reshape(d, h * k).T
-  if kind == "qkv_bias":
-    return x.reshape(h * k)
-  if kind == "attn_out":
-    return x.reshape(h * k, d).T
-  raise AssertionError(kind)
+  ways = {  # kind: (HF -> ours, ours -> HF)
+    "copy": (lambda t: t, lambda t: t),
+    "linear": (lambda t: t.T, lambda t: t.T),
+    "qkv": (lambda t: t.T.reshape(d, h, k), lambda t: t.reshape(d, h * k).T),
+    "qkv_bias": (lambda t: t.reshape(h, k), lambda t: t.reshape(h * k)),
+    "attn_out": (lambda t: t.T.reshape(h, k, d), lambda t: t.reshape(h * k, d).T),
+  }
+  return ways[kind][to_hf](x)
 
 
 def _hf_shape(our_shape: tuple[int, ...], kind: str) -> tuple[int, ...]:
@@ -434,7 +417,7 @@ def hf_state_dict_to_params(
       )
     if not np.issubdtype(x.dtype, np.floating) and x.dtype.name != "bfloat16":
       raise ValueError(f"{source}: tensor {hf!r} has non-float dtype {x.dtype}")
-    params_flat[ours] = np.ascontiguousarray(_to_ours(x, kind, cfg)).astype(dtype)
+    params_flat[ours] = np.ascontiguousarray(_reshape(x, kind, cfg, to_hf=False)).astype(dtype)
   params = unflatten(params_flat)
   _check_tree(params, cfg, pretraining, source)
   return to_layout(params, cfg.scan_layers)
@@ -451,7 +434,7 @@ def params_to_hf_state_dict(params: Any, cfg: BertConfig) -> dict[str, np.ndarra
   flat = flatten(params)
   sd = {}
   for ours, hf, kind in _hf_layout(cfg, pretraining):
-    sd[hf] = np.ascontiguousarray(_to_hf(flat[ours], kind, cfg)).astype(np.float32)
+    sd[hf] = np.ascontiguousarray(_reshape(flat[ours], kind, cfg, to_hf=True)).astype(np.float32)
   return sd
 
 

@@ -271,6 +271,21 @@ def jit_train_step(model, tx, obj, tables, grad_accum_steps, mesh, state_sh) -> 
   )
 
 
+def train_dataset(config: ml_collections.ConfigDict, data_dir: str, worker_count=None):
+  """This process's shuffled, repeating training batches (seeded by config.data.seed)."""
+  return input_pipeline.make_dataset(
+    data_dir,
+    "train",
+    global_batch_size=config.data.batch_size,
+    seed=config.data.seed,
+    shuffle=True,
+    repeat=True,
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+    worker_count=config.data.worker_count if worker_count is None else worker_count,
+  )
+
+
 def restore_init_from(path: str, cfg, abstract_params, tokenizer=None) -> Any:
   """Weights from any checkpoint `interop.load_checkpoint` reads (another run's workdir, e.g.
   phase 1 at seq 128 for phase 2 at 512, a HuggingFace or params dir), onto the training
@@ -437,18 +452,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     every_steps=config.ckpt.every_steps,
     async_save=config.ckpt.async_save,
   )
-  train_ds = input_pipeline.make_dataset(
-    data_dir,
-    "train",
-    global_batch_size=config.data.batch_size,
-    seed=config.data.seed,
-    shuffle=True,
-    repeat=True,
-    process_index=jax.process_index(),
-    process_count=jax.process_count(),
-    worker_count=config.data.worker_count,
-  )
-  train_iter = iter(train_ds)
+  train_iter = iter(train_dataset(config, data_dir))
 
   pending: dict[str, float] = {}  # metric sums of the current, unfinished log window
   start_step = ckpt.latest_step()

@@ -175,17 +175,8 @@ def build_nsp_data(vocab: str, out: str) -> str:
   """MLM+NSP pairs of the bundled corpus under `vocab` (for continued pretraining)."""
   from bert_jax import create_data
 
-  create_data.build(
-    str(CORPUS),
-    out,
-    vocab=vocab,
-    max_seq_length=64,
-    max_predictions_per_seq=10,
-    dupe_factor=1,
-    eval_fraction=0.05,
-    num_workers=1,
-    progress=False,
-  )
+  options = {"max_seq_length": 64, "max_predictions_per_seq": 10, "eval_fraction": 0.05}
+  create_data.build(str(CORPUS), out, vocab=vocab, num_workers=1, progress=False, **options)
   return out
 
 
@@ -193,20 +184,10 @@ def first_batch(config, data_dir: str) -> dict[str, np.ndarray]:
   """The trainer's first masked batch for `config` (same pipeline, seed and masking)."""
   import jax
 
-  from bert_jax import input_pipeline, masking, objectives
+  from bert_jax import masking, objectives, train
   from bert_jax import tokenizer as tokenizer_lib
 
-  ds = input_pipeline.make_dataset(
-    data_dir,
-    "train",
-    global_batch_size=config.data.batch_size,
-    seed=config.data.seed,
-    shuffle=True,
-    repeat=True,
-    process_index=0,
-    process_count=1,
-    worker_count=0,
-  )
+  ds = train.train_dataset(config, data_dir, worker_count=0)
   batch = next(iter(ds))
   tables = masking.tables_from_tokenizer(tokenizer_lib.load_tokenizer(f"{data_dir}/tokenizer"))
   obj = objectives.Objective.from_config(config)
