@@ -282,6 +282,26 @@ def test_every_format_loads_the_same_weights(workdir, tmp_path):
   assert bert_jax.load(old).tokenizer.fingerprint == ref.tokenizer.fingerprint
 
 
+def test_sharded_hf_checkpoint(tmp_path):
+  """model.safetensors.index.json + shards, as save_pretrained writes big models."""
+  d = tmp_path / "sharded"
+  shutil.copytree(FIXTURE, d)
+  sd = load_file(str(d / "model.safetensors"))
+  (d / "model.safetensors").unlink()
+  names = sorted(sd)
+  shards = {
+    "model-00001-of-00002.safetensors": names[::2],
+    "model-00002-of-00002.safetensors": names[1::2],
+  }
+  for shard, keys in shards.items():
+    save_file({k: sd[k] for k in keys}, str(d / shard), metadata={"format": "pt"})
+  weight_map = {k: shard for shard, keys in shards.items() for k in keys}
+  (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+  got = interop.load_checkpoint(d)
+  assert got.format == "hf"
+  jax.tree.map(np.testing.assert_array_equal, got.params, interop.load_checkpoint(FIXTURE).params)
+
+
 # --- Must show 4: one-line errors ------------------------------------------------------------
 
 
