@@ -237,6 +237,10 @@ def test_init_from_bert_model_gets_fresh_heads(nsp_data, tmp_path, capsys):
 def test_every_format_loads_the_same_weights(workdir, tmp_path):
   ref = interop.load_checkpoint(workdir)
   assert ref.format == "workdir" and ref.has_heads and ref.step == 100
+  earlier = interop.load_checkpoint(workdir, step=75)  # keep=2: steps 75 and 100
+  assert earlier.step == 75 and earlier.tokenizer.fingerprint == ref.tokenizer.fingerprint
+  kernel = lambda ck: ck.params["bert"]["encoder"]["layer_0"]["query"]["kernel"]
+  assert np.abs(kernel(earlier) - kernel(ref)).max() > 1e-4
   step_dir = workdir / "checkpoints" / "100"
   # Names never decide the format: a workdir called "hf", a HuggingFace dir called "100".
   shutil.copytree(workdir, tmp_path / "hf")
