@@ -7,7 +7,8 @@
 --src is anything `bert_jax.interop.load_checkpoint` reads (a workdir, one orbax step, a
 HuggingFace dir, a Google TF checkpoint, a bert_jax params dir), detected from its files.
 --dst_format=auto exports bert_jax's own formats to HuggingFace and imports the others into a
-params dir. The tokenizer found with the weights goes along (HuggingFace's own files for hf).
+params dir. The tokenizer found with the weights goes along (HuggingFace's own files for hf:
+WordPiece, or a unigram SentencePiece model; --tokenizer=false leaves it out).
 """
 
 from __future__ import annotations

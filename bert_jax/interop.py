@@ -10,16 +10,19 @@
   hf        config.json + model.safetensors, pytorch_model.bin (read with
             torch.load(weights_only=True)), or a sharded `*.index.json`; BertModel or
             BertForPreTraining weights, with or without the "bert." prefix.
-A tokenizer found beside the weights comes along (bert_jax's tokenizer/ directory, or
-HuggingFace's / Google's vocab.txt with tokenizer_config.json's do_lower_case); its vocab size
-must equal the weights'.
+A tokenizer found beside the weights comes along (bert_jax's tokenizer/ directory; HuggingFace's
+/ Google's vocab.txt with tokenizer_config.json's do_lower_case; an exported spm.model); its
+vocab size must equal the weights'.
 
 HF export writes exactly the keys `save_pretrained` does, so
 `transformers.BertForPreTraining.from_pretrained(dir)` loads it with no missing or unexpected
-keys (the tied `cls.predictions.decoder.{weight,bias}` are left out), and a WordPiece tokenizer
-in HuggingFace's own files: vocab.txt, tokenizer_config.json, special_tokens_map.json and a
-`tokenizers` tokenizer.json. Its BertNormalizer differs from BERT's rules only on characters
-BERT keeps and it drops (private-use, unassigned), see bert_jax/tokenizer.py.
+keys (the tied `cls.predictions.decoder.{weight,bias}` are left out), and the tokenizer in
+HuggingFace's own files: tokenizer_config.json, special_tokens_map.json and a `tokenizers`
+tokenizer.json, with vocab.txt for WordPiece (BertTokenizerFast; its BertNormalizer differs from
+BERT's rules only on characters BERT keeps and it drops: private-use, unassigned, see
+bert_jax/tokenizer.py) or spm.model for a unigram SentencePiece model (PreTrainedTokenizerFast
+over an equal `tokenizers` Unigram). A SentencePiece BPE model has no such equivalent: one-line
+error, and `convert --tokenizer=false` exports the weights alone.
 
 Parameter names map 1:1 (`_EMBEDDINGS`, `_LAYER`, `_HEADS` below); only the attention kernels
 are reshaped: ours are query/key/value (D, H, K) and attention_output (H, K, D), HF Linear
@@ -680,6 +683,7 @@ HF_VOCAB = "vocab.txt"
 HF_TOKENIZER = "tokenizer.json"
 HF_TOKENIZER_CONFIG = "tokenizer_config.json"
 HF_SPECIAL_TOKENS = "special_tokens_map.json"
+HF_SPM = "spm.model"  # a SentencePiece model, bert_jax's own name for it
 _HF_SPECIAL_NAMES = {
   "unk_token": "[UNK]",
   "sep_token": "[SEP]",
@@ -689,21 +693,11 @@ _HF_SPECIAL_NAMES = {
 }
 
 
-def hf_tokenizer_files(tok: tokenizer_lib.Tokenizer, cfg: BertConfig) -> dict[str, bytes]:
-  """vocab.txt, tokenizer_config.json, special_tokens_map.json and a `tokenizers`
-  tokenizer.json for a WordPiece tokenizer (what BertTokenizerFast / AutoTokenizer load)."""
+def _hf_wordpiece(tok: tokenizer_lib.WordPieceTokenizer):
+  """BertTokenizerFast's tokenizer.json for our WordPiece (same ids as ours on BERT text)."""
   import tokenizers
-  from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
+  from tokenizers import decoders, models, normalizers, pre_tokenizers
 
-  if not isinstance(tok, tokenizer_lib.WordPieceTokenizer):
-    raise ValueError(
-      f"a {tok.kind} tokenizer has no HuggingFace BERT equivalent; only WordPiece exports "
-      "(convert the weights alone with --tokenizer=false)"
-    )
-  if tok.vocab_size != cfg.vocab_size:
-    raise ValueError(
-      f"the tokenizer has {tok.vocab_size} tokens but the weights' vocab_size is {cfg.vocab_size}"
-    )
   vocab = [tok.id_to_token(i) for i in range(tok.vocab_size)]
   hf = tokenizers.Tokenizer(
     models.WordPiece(
@@ -717,28 +711,81 @@ def hf_tokenizer_files(tok: tokenizer_lib.Tokenizer, cfg: BertConfig) -> dict[st
     clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=tok.lowercase
   )
   hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  hf.decoder = decoders.WordPiece(prefix="##")
+  return hf
+
+
+def _hf_unigram(tok: tokenizer_lib.SentencePieceTokenizer):
+  """A `tokenizers` Unigram equal to a SentencePiece unigram model: its pieces and scores,
+  its precompiled normalizer, whitespace collapsed and stripped, "▁" word prefixes."""
+  import tokenizers
+  from sentencepiece import sentencepiece_model_pb2
+  from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
+
+  proto = sentencepiece_model_pb2.ModelProto()
+  proto.ParseFromString(tok.model_proto())
+  spec, norm = proto.trainer_spec, proto.normalizer_spec
+  if spec.model_type != sentencepiece_model_pb2.TrainerSpec.UNIGRAM:
+    raise ValueError(
+      "only a unigram SentencePiece model exports to HuggingFace (this one is "
+      f"{sentencepiece_model_pb2.TrainerSpec.ModelType.Name(spec.model_type)}); "
+      "convert the weights alone with --tokenizer=false"
+    )
+  pieces = [(p.piece, p.score) for p in proto.pieces]
+  hf = tokenizers.Tokenizer(models.Unigram(pieces, tok.unk_id, spec.byte_fallback))
+  steps = [normalizers.Precompiled(norm.precompiled_charsmap)] if norm.precompiled_charsmap else []
+  if norm.remove_extra_whitespaces:
+    steps += [normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " ")]
+  hf.normalizer = normalizers.Sequence(steps)
+  scheme = "always" if norm.add_dummy_prefix else "never"
+  hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme)
+  hf.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme)
+  return hf
+
+
+def hf_tokenizer_files(tok: tokenizer_lib.Tokenizer, cfg: BertConfig) -> dict[str, bytes]:
+  """The tokenizer in HuggingFace's files: a `tokenizers` tokenizer.json (what
+  AutoTokenizer loads), tokenizer_config.json and special_tokens_map.json; plus vocab.txt for
+  WordPiece (BertTokenizerFast) or spm.model for a unigram SentencePiece model
+  (PreTrainedTokenizerFast)."""
+  import tokenizers
+  from tokenizers import processors
+
+  if tok.vocab_size != cfg.vocab_size:
+    raise ValueError(
+      f"the tokenizer has {tok.vocab_size} tokens but the weights' vocab_size is {cfg.vocab_size}"
+    )
+  config = {"model_max_length": cfg.max_position_embeddings, **_HF_SPECIAL_NAMES}
+  if isinstance(tok, tokenizer_lib.WordPieceTokenizer):
+    hf = _hf_wordpiece(tok)
+    vocab = "".join(tok.id_to_token(i) + "\n" for i in range(tok.vocab_size))
+    files = {HF_VOCAB: vocab.encode("utf-8")}
+    config = {
+      "tokenizer_class": "BertTokenizer",
+      "do_lower_case": tok.lowercase,
+      "strip_accents": None,
+      "tokenize_chinese_chars": True,
+      "clean_up_tokenization_spaces": False,
+      **config,
+    }
+  elif isinstance(tok, tokenizer_lib.SentencePieceTokenizer):
+    hf = _hf_unigram(tok)
+    files = {HF_SPM: tok.model_proto()}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **config}
+  else:
+    raise ValueError(f"a {tok.kind} tokenizer has no HuggingFace equivalent")
   cls, sep = ("[CLS]", tok.cls_id), ("[SEP]", tok.sep_id)
   hf.post_processor = processors.TemplateProcessing(
     single="[CLS]:0 $A:0 [SEP]:0",
     pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
     special_tokens=[cls, sep],
   )
-  hf.decoder = decoders.WordPiece(prefix="##")
   hf.add_special_tokens(
     [tokenizers.AddedToken(t, special=True) for t in _HF_SPECIAL_NAMES.values()]
   )
-  config = {
-    "tokenizer_class": "BertTokenizer",
-    "do_lower_case": tok.lowercase,
-    "strip_accents": None,
-    "tokenize_chinese_chars": True,
-    "model_max_length": cfg.max_position_embeddings,
-    "clean_up_tokenization_spaces": False,
-    **_HF_SPECIAL_NAMES,
-  }
   dump = lambda obj: (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
   return {
-    HF_VOCAB: "".join(t + "\n" for t in vocab).encode("utf-8"),
+    **files,
     HF_TOKENIZER: hf.to_str(pretty=True).encode("utf-8"),
     HF_TOKENIZER_CONFIG: dump(config),
     HF_SPECIAL_TOKENS: dump(_HF_SPECIAL_NAMES),
@@ -747,9 +794,12 @@ def hf_tokenizer_files(tok: tokenizer_lib.Tokenizer, cfg: BertConfig) -> dict[st
 
 def load_hf_tokenizer(directory: PathLike) -> tokenizer_lib.Tokenizer | None:
   """WordPiece from an HF (or Google) dir's vocab.txt, cased or not as tokenizer_config.json's
-  do_lower_case says (uncased when there is none); None when the dir has no vocab.txt."""
+  do_lower_case says (uncased when there is none); SentencePiece from an exported spm.model;
+  None when the dir has neither."""
   d = pathlib.Path(directory)
   if not (d / HF_VOCAB).is_file():
+    if (d / HF_SPM).is_file():  # what hf_tokenizer_files writes for SentencePiece
+      return tokenizer_lib.SentencePieceTokenizer.from_file(d / HF_SPM)
     return None
   config = _read_json(d / HF_TOKENIZER_CONFIG) if (d / HF_TOKENIZER_CONFIG).is_file() else {}
   lowercase = bool(config.get("do_lower_case", True))

@@ -428,6 +428,10 @@ class SentencePieceTokenizer(Tokenizer):
       }
     )
 
+  def model_proto(self) -> bytes:
+    """The serialized SentencePiece model."""
+    return self._proto_bytes
+
   @classmethod
   def from_file(cls, path: str | os.PathLike) -> SentencePieceTokenizer:
     path = os.fspath(path)

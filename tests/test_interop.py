@@ -24,7 +24,6 @@ from safetensors.numpy import load_file, save_file
 import bert_jax
 from bert_jax import interop, train
 from bert_jax import model as model_lib
-from bert_jax import tokenizer as tokenizer_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "hf" / "roundtrip"
@@ -306,6 +305,61 @@ def test_sharded_hf_checkpoint(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, got.params, interop.load_checkpoint(FIXTURE).params)
 
 
+@pytest.fixture(scope="module")
+def sentencepiece(tmp_path_factory):
+  """Unigram and BPE SentencePiece models of the bundled corpus (1,000 pieces)."""
+  from bert_jax import train_tokenizer  # noqa: PLC0415 (an entry point: defines flags)
+
+  d = tmp_path_factory.mktemp("sp")
+  return {
+    kind: train_tokenizer.train(
+      str(mk.CORPUS), "sentencepiece", 1000, str(d / f"{kind}.model"), sp_model_type=kind
+    )[0]
+    for kind in ("unigram", "bpe")
+  }
+
+
+def test_sentencepiece_export(sentencepiece, tmp_path):
+  """A unigram model exports as a `tokenizers` Unigram with the same ids on every corpus line
+  (transformers' PreTrainedTokenizerFast loads it); BPE is a one-line error."""
+  import tokenizers
+
+  cfg = model_lib.BertConfig(
+    vocab_size=1000, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64
+  )
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(
+    lambda a: (0.5 * rng.standard_normal(a.shape)).astype(np.float32),
+    model_lib.abstract_params(cfg),
+  )
+  uni = sentencepiece["unigram"]
+  interop.save_hf(tmp_path / "hf", cfg, params, tokenizer=uni)
+  assert sorted(os.listdir(tmp_path / "hf")) == sorted(
+    ["config.json", "model.safetensors", "spm.model", "special_tokens_map.json"]
+    + ["tokenizer.json", "tokenizer_config.json"]
+  )
+  hf = tokenizers.Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
+  digest = mk.ids_digest(lambda t: hf.encode(t, add_special_tokens=False).ids)
+  assert digest == _digest(uni)
+  assert hf.encode("a b").ids[0] == uni.cls_id and hf.encode("a b").ids[-1] == uni.sep_id
+  back = bert_jax.load(tmp_path / "hf")
+  assert back.tokenizer.fingerprint == uni.fingerprint
+  with pytest.raises(ValueError) as e:
+    interop.save_hf(tmp_path / "bpe", cfg, params, tokenizer=sentencepiece["bpe"])
+  _one_line(e, "only a unigram SentencePiece model exports", "BPE", "--tokenizer=false")
+  assert not (tmp_path / "bpe").exists()
+  if LIVE:
+    import transformers
+
+    auto = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert mk.ids_digest(lambda t: auto(t, add_special_tokens=False)["input_ids"]) == digest
+    fill = transformers.pipeline("fill-mask", model=str(tmp_path / "hf"), top_k=5)
+    text = "the king and [MASK] of hearts ."
+    theirs = [[[(p["token"], p["score"]) for p in fill(text)]]]
+    ours = [[[(uni.token_to_id(t), p) for t, p in back.fill_mask(text)[0]]]]
+    _check_fill_mask(ours, theirs, atol=1e-5)
+
+
 # --- Must show 4: one-line errors ------------------------------------------------------------
 
 
@@ -338,11 +392,6 @@ def test_one_line_errors(workdir, tmp_path):
   with pytest.raises(ValueError) as e:
     bert_jax.load(short)
   _one_line(e, str(short), "tokenizer has 4095 tokens", "vocab_size is 4096")
-  # A SentencePiece tokenizer has no HuggingFace BERT equivalent.
-  sp = object.__new__(tokenizer_lib.SentencePieceTokenizer)
-  with pytest.raises(ValueError) as e:
-    interop.hf_tokenizer_files(sp, interop.read_config(FIXTURE)[1])
-  _one_line(e, "sentencepiece tokenizer has no HuggingFace BERT equivalent", "--tokenizer=false")
   # The CLI: one line, exit status 1, nothing written.
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
   cmd = [sys.executable, "-m", "bert_jax.convert", f"--src={workdir}", "--step=7"]
