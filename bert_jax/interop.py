@@ -596,6 +596,13 @@ class _AtomicDir:
     if exc_type is not None:
       shutil.rmtree(self.tmp, ignore_errors=True)
       return
+    # mkdtemp and safetensors create owner-only modes: give the output the usual umask ones.
+    umask = os.umask(0)
+    os.umask(umask)
+    for root, _dirs, files in os.walk(self.tmp):
+      os.chmod(root, 0o777 & ~umask)
+      for name in files:
+        os.chmod(os.path.join(root, name), 0o666 & ~umask)
     old = None
     if self.dst.exists():
       old = self.dst.parent / f".{self.dst.name}.old-{os.getpid()}"

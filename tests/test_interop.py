@@ -107,6 +107,12 @@ def test_round_trip_workdir_to_hf(workdir, tmp_path):
   assert sorted(os.listdir(hf)) == sorted(
     ["config.json", "model.safetensors", "special_tokens_map.json", *HF_TOKENIZER_FILES]
   )
+  umask = os.umask(0)
+  os.umask(umask)
+  assert {os.stat(p).st_mode & 0o777 for p in [hf, *hf.iterdir()]} <= {
+    0o777 & ~umask,
+    0o666 & ~umask,
+  }
   ours = bert_jax.load(workdir)
   back = bert_jax.load(hf)
   assert (ours.format, back.format, back.step) == ("workdir", "hf", None)
