@@ -800,11 +800,13 @@ def hf_tokenizer_files(tok: tokenizer_lib.Tokenizer, cfg: BertConfig) -> dict[st
 
 
 def load_hf_tokenizer(directory: PathLike) -> tokenizer_lib.Tokenizer | None:
-  """WordPiece from an HF (or Google) dir's vocab.txt, cased or not as tokenizer_config.json's
-  do_lower_case says (uncased when there is none); SentencePiece from an exported spm.model;
-  None when the dir has neither."""
+  """WordPiece from an HF (or Google) dir's vocab.txt (or, without one, the WordPiece vocab in
+  tokenizer.json), cased or not as tokenizer_config.json's do_lower_case says (uncased when
+  there is none); SentencePiece from an exported spm.model; None when the dir has none."""
   d = pathlib.Path(directory)
-  if not (d / HF_VOCAB).is_file():
+  fast = (_read_json(d / HF_TOKENIZER).get("model") or {}) if (d / HF_TOKENIZER).is_file() else {}
+  fast = fast if fast.get("type") == "WordPiece" else {}
+  if not (d / HF_VOCAB).is_file() and not isinstance(fast.get("vocab"), dict):
     if (d / HF_SPM).is_file():  # what hf_tokenizer_files writes for SentencePiece
       return tokenizer_lib.SentencePieceTokenizer.from_file(d / HF_SPM)
     return None
@@ -819,11 +821,15 @@ def load_hf_tokenizer(directory: PathLike) -> tokenizer_lib.Tokenizer | None:
   if not config.get("tokenize_chinese_chars", True):
     raise ValueError(f"{d / HF_TOKENIZER_CONFIG}: tokenize_chinese_chars=false is not supported")
   options = {"lowercase": lowercase}
-  if (d / HF_TOKENIZER).is_file():  # the fast tokenizer's word-length limit, when it has one
-    model = _read_json(d / HF_TOKENIZER).get("model") or {}
-    if model.get("type") == "WordPiece" and "max_input_chars_per_word" in model:
-      options["max_input_chars_per_word"] = int(model["max_input_chars_per_word"])
-  return tokenizer_lib.WordPieceTokenizer.from_file(d / HF_VOCAB, **options)
+  if "max_input_chars_per_word" in fast:  # the fast tokenizer's word-length limit
+    options["max_input_chars_per_word"] = int(fast["max_input_chars_per_word"])
+  if (d / HF_VOCAB).is_file():
+    return tokenizer_lib.WordPieceTokenizer.from_file(d / HF_VOCAB, **options)
+  by_id = sorted(fast["vocab"].items(), key=lambda kv: kv[1])
+  if [i for _, i in by_id] != list(range(len(by_id))):
+    raise ValueError(f"{d / HF_TOKENIZER}: WordPiece ids are not 0..{len(by_id) - 1}")
+  source = str(d / HF_TOKENIZER)
+  return tokenizer_lib.WordPieceTokenizer([t for t, _ in by_id], source=source, **options)
 
 
 # ---------------------------------------------------------------------------------------------

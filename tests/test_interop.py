@@ -144,7 +144,7 @@ def test_round_trip_workdir_to_hf(workdir, tmp_path):
     _check_hidden(ours, hidden, atol=1e-5)
 
 
-def test_exported_tokenizer_matches_transformers_fixture():
+def test_exported_tokenizer_matches_transformers_fixture(tmp_path):
   """The fixture's tokenizer files are what interop writes today, and transformers' ids on
   every corpus line (recorded) equal ours."""
   ref, _ = _reference()
@@ -153,6 +153,10 @@ def test_exported_tokenizer_matches_transformers_fixture():
   assert ref["tokenizer_class"] == "BertTokenizerFast"
   assert not any(ref["loading_info"].values())
   assert _digest(tok) == ref["ids_digest"]
+  # A dir with tokenizer.json but no vocab.txt gives the same tokenizer.
+  shutil.copytree(FIXTURE, tmp_path / "no_vocab")
+  (tmp_path / "no_vocab" / "vocab.txt").unlink()
+  assert interop.load_hf_tokenizer(tmp_path / "no_vocab").fingerprint == tok.fingerprint
 
 
 # --- Must show 2: a HuggingFace dir in the notebook API --------------------------------------
