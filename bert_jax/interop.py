@@ -801,8 +801,8 @@ def hf_tokenizer_files(tok: tokenizer_lib.Tokenizer, cfg: BertConfig) -> dict[st
 
 def load_hf_tokenizer(directory: PathLike) -> tokenizer_lib.Tokenizer | None:
   """WordPiece from an HF (or Google) dir's vocab.txt (or, without one, the WordPiece vocab in
-  tokenizer.json), cased or not as tokenizer_config.json's do_lower_case says (uncased when
-  there is none); SentencePiece from an exported spm.model; None when the dir has none."""
+  tokenizer.json), cased or not as tokenizer_config.json's do_lower_case says (without one: as
+  the vocab's letters say); SentencePiece from an exported spm.model; None when there is none."""
   d = pathlib.Path(directory)
   fast = (_read_json(d / HF_TOKENIZER).get("model") or {}) if (d / HF_TOKENIZER).is_file() else {}
   fast = fast if fast.get("type") == "WordPiece" else {}
@@ -811,7 +811,17 @@ def load_hf_tokenizer(directory: PathLike) -> tokenizer_lib.Tokenizer | None:
       return tokenizer_lib.SentencePieceTokenizer.from_file(d / HF_SPM)
     return None
   config = _read_json(d / HF_TOKENIZER_CONFIG) if (d / HF_TOKENIZER_CONFIG).is_file() else {}
-  lowercase = bool(config.get("do_lower_case", True))
+  if (d / HF_VOCAB).is_file():
+    vocab = tokenizer_lib.read_vocab(d / HF_VOCAB)
+  else:
+    by_id = sorted(fast["vocab"].items(), key=lambda kv: kv[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+      raise ValueError(f"{d / HF_TOKENIZER}: WordPiece ids are not 0..{len(by_id) - 1}")
+    vocab = [t for t, _ in by_id]
+  # Without a tokenizer_config.json (Google's releases) the vocab says it: an uncased vocab
+  # has no upper-case letters outside its [SPECIAL] tokens.
+  cased_vocab = any(t != t.lower() for t in vocab if not t.startswith("["))
+  lowercase = bool(config.get("do_lower_case", not cased_vocab))
   strip = config.get("strip_accents")
   if strip is not None and bool(strip) != lowercase:
     raise ValueError(
@@ -823,13 +833,8 @@ def load_hf_tokenizer(directory: PathLike) -> tokenizer_lib.Tokenizer | None:
   options = {"lowercase": lowercase}
   if "max_input_chars_per_word" in fast:  # the fast tokenizer's word-length limit
     options["max_input_chars_per_word"] = int(fast["max_input_chars_per_word"])
-  if (d / HF_VOCAB).is_file():
-    return tokenizer_lib.WordPieceTokenizer.from_file(d / HF_VOCAB, **options)
-  by_id = sorted(fast["vocab"].items(), key=lambda kv: kv[1])
-  if [i for _, i in by_id] != list(range(len(by_id))):
-    raise ValueError(f"{d / HF_TOKENIZER}: WordPiece ids are not 0..{len(by_id) - 1}")
-  source = str(d / HF_TOKENIZER)
-  return tokenizer_lib.WordPieceTokenizer([t for t, _ in by_id], source=source, **options)
+  source = str(d / (HF_VOCAB if (d / HF_VOCAB).is_file() else HF_TOKENIZER))
+  return tokenizer_lib.WordPieceTokenizer(vocab, source=source, **options)
 
 
 # ---------------------------------------------------------------------------------------------

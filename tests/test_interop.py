@@ -157,6 +157,14 @@ def test_exported_tokenizer_matches_transformers_fixture(tmp_path):
   shutil.copytree(FIXTURE, tmp_path / "no_vocab")
   (tmp_path / "no_vocab" / "vocab.txt").unlink()
   assert interop.load_hf_tokenizer(tmp_path / "no_vocab").fingerprint == tok.fingerprint
+  # Without tokenizer_config.json (Google's releases), casing follows the vocab's letters.
+  google = tmp_path / "google"
+  google.mkdir()
+  shutil.copy(FIXTURE / "vocab.txt", google / "vocab.txt")
+  assert interop.load_hf_tokenizer(google).lowercase
+  vocab = (google / "vocab.txt").read_text()
+  (google / "vocab.txt").write_text(vocab.replace("\nalice\n", "\nAlice\n"))
+  assert not interop.load_hf_tokenizer(google).lowercase
 
 
 # --- Must show 2: a HuggingFace dir in the notebook API --------------------------------------
