@@ -1,27 +1,29 @@
 """Notebook API: `bert_jax.load(path)` -> a model to probe, fill masks with, or embed text.
 
-Works in a plain single-device process with no mesh, whatever mesh the checkpoint was saved
-on (orbax restores onto the target shardings we give it: one device).
+`path` is anything `interop.load_checkpoint` reads: a training workdir (latest step, or
+`step=`), one orbax step, a HuggingFace dir, a Google TF checkpoint or a params dir. Works in a
+plain single-device process with no mesh, whatever mesh the checkpoint was saved on.
 
   m = bert_jax.load("/tmp/bert_local")
   m.fill_mask("the man went to the [MASK] .")
   m.embed(["a sentence"], layers=(-1, -2, -3, -4))
+
+A BertModel checkpoint (no MLM/NSP heads, e.g. a sentence-embedding model) embeds but cannot
+fill masks.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import checkpoints as ckpt_lib
+from bert_jax import interop
 from bert_jax import model as model_lib
-from bert_jax import tokenizer as tokenizer_lib
 
 MASK_TEXT = "[MASK]"
 
@@ -35,15 +37,26 @@ class Embedded:
 
 
 class Bert:
-  """A loaded checkpoint: `config` (BertConfig), `params`, `tokenizer`, `meta`, `step`."""
+  """A loaded checkpoint: `config` (BertConfig), `params`, `tokenizer`, `meta`, `step`
+  (None outside a workdir) and `format` (see `interop.FORMATS`)."""
 
-  def __init__(self, config: model_lib.BertConfig, params: Any, tokenizer, meta: dict, step: int):
+  def __init__(
+    self,
+    config: model_lib.BertConfig,
+    params: Any,
+    tokenizer,
+    meta: dict,
+    step: int | None,
+    format: str = "workdir",
+  ):
     self.config = config
     self.params = params
     self.tokenizer = tokenizer
     self.meta = meta
     self.step = step
-    self.model = model_lib.BertForPreTraining(config)
+    self.format = format
+    self.has_heads = interop.is_pretraining(params)
+    self.model = (model_lib.BertForPreTraining if self.has_heads else model_lib.BertModel)(config)
 
   def __repr__(self) -> str:
     c = self.config
@@ -55,8 +68,14 @@ class Bert:
   @functools.partial(jax.jit, static_argnums=(0, 5))
   def _forward(self, params, ids, segments, mask, hidden_states: bool):
     return self.model.apply(
-      {"params": params}, ids, segments, mask, None, output_hidden_states=hidden_states
+      {"params": params}, ids, segments, mask, output_hidden_states=hidden_states
     )
+
+  def _need_tokenizer(self) -> None:
+    if self.tokenizer is None:
+      raise ValueError(
+        "this checkpoint has no tokenizer: set `.tokenizer` (tokenizer.load_tokenizer)"
+      )
 
   def _batch(self, id_lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     longest = max(len(x) for x in id_lists)
@@ -91,6 +110,9 @@ class Bert:
     A single string returns a list (one entry per mask) of lists of (token, prob); a list of
     strings returns one such list per text.
     """
+    if not self.has_heads:
+      raise ValueError("a BertModel checkpoint has no MLM head: fill_mask needs BertForPreTraining")
+    self._need_tokenizer()
     single = isinstance(texts, str)
     texts = [texts] if single else list(texts)
     id_lists = [self._encode_with_masks(t) for t in texts]
@@ -113,6 +135,7 @@ class Bert:
 
   def embed(self, texts: list[str], layers: tuple[int, ...] = (-1,)) -> Embedded:
     """Hidden states of the chosen layers (0 = embeddings, -1 = last layer), per token."""
+    self._need_tokenizer()
     id_lists = [
       [self.tokenizer.cls_id, *self.tokenizer.encode(t), self.tokenizer.sep_id] for t in texts
     ]
@@ -126,30 +149,10 @@ class Bert:
     )
 
 
-def _find_tokenizer(path: str, meta: dict):
-  candidates = [os.path.join(path, "tokenizer")]
-  if meta.get("data_dir"):
-    candidates.append(os.path.join(meta["data_dir"], "tokenizer"))
-  for c in candidates:
-    if os.path.isdir(c):
-      tok = tokenizer_lib.load_tokenizer(c)
-      want = meta.get("tokenizer", {}).get("fingerprint")
-      if want and tok.fingerprint != want:
-        raise ValueError(f"tokenizer at {c} does not match the checkpoint's fingerprint")
-      return tok
-  return None
-
-
 def load(path: str, step: int | None = None, device: Any = None) -> Bert:
-  """Loads the latest (or `step`) checkpoint of a workdir onto one device."""
-  path = os.path.abspath(os.fspath(path))
-  meta, step, _ = ckpt_lib.read_meta(path, step)
-  cfg = ckpt_lib.bert_config_from_meta(meta, remat_policy="none")
-  target = ckpt_lib.single_device_target(model_lib.abstract_params(cfg), device)
-  params, _ = ckpt_lib.restore_params(path, target, step)
-  workdir = (
-    path
-    if os.path.isdir(os.path.join(path, "checkpoints"))
-    else os.path.dirname(ckpt_lib.checkpoint_dir(path).rstrip("/"))
-  )
-  return Bert(cfg, params, _find_tokenizer(workdir, meta), meta, step)
+  """Loads any checkpoint (the latest or `step` of a workdir) onto one device."""
+  target_device = device or jax.devices()[0]
+  ck = interop.load_checkpoint(path, step)
+  cfg = dataclasses.replace(ck.config, remat_policy="none")
+  params = jax.device_put(ck.params, target_device)
+  return Bert(cfg, params, ck.tokenizer, ck.meta, ck.step, ck.format)

@@ -956,7 +956,7 @@ def loss_check(
   key per layer), so any difference is arithmetic."""
   import jax
 
-  from bert_jax import convert, input_pipeline, optim
+  from bert_jax import input_pipeline, interop, optim
 
   checks = {k: {**FAST, **v} for k, v in (checks or LOSS_CHECKS).items()}
   plain = {**PLAIN, **(plain or {})}
@@ -975,7 +975,7 @@ def loss_check(
     if init is None:
       init = params
     else:
-      params = convert.to_layout(convert.unstack_layers(init), step.cfg.scan_layers)
+      params = interop.to_layout(interop.unstack_layers(init), step.cfg.scan_layers)
     tx = optim.make_optimizer(config.opt)
     sharding = jax.tree.map(lambda x: x.sharding, step.state)
     state = {"step": step.state["step"], "params": params, "opt_state": tx.init(params)}

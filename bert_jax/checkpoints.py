@@ -22,7 +22,7 @@ from bert_jax import model as model_lib
 
 FORMAT = "bert_jax/1"
 # BertConfig fields that change parameter shapes: two checkpoints are the same architecture
-# iff these agree (dtype, dropout, scan/remat and attention_impl do not matter for loading).
+# iff these agree (dtypes, dropout, layer layout, remat and kernels do not matter for loading).
 SHAPE_FIELDS = (
   "vocab_size",
   "hidden_size",
@@ -121,9 +121,15 @@ def read_meta(path: str, step: int | None = None) -> tuple[dict, int, str]:
     item_names=("meta",),
     options=ocp.CheckpointManagerOptions(read_only=True, create=False),
   )
-  step = mngr.latest_step() if step is None else step
-  if step is None:
+  steps = sorted(mngr.all_steps())
+  if not steps:
+    mngr.close()
     raise FileNotFoundError(f"no checkpoint found under {directory}")
+  step = steps[-1] if step is None else step
+  if step not in steps:
+    mngr.close()
+    have = ", ".join(map(str, steps))
+    raise FileNotFoundError(f"{directory}: no checkpoint at step {step} (steps: {have})")
   try:
     meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
   except Exception as e:  # orbax raises many types for missing/corrupt items
@@ -136,6 +142,8 @@ def read_meta(path: str, step: int | None = None) -> tuple[dict, int, str]:
 
 
 def bert_config_from_meta(meta: dict, **overrides: Any) -> model_lib.BertConfig:
+  """The stored BertConfig; fields this version does not have (older or newer ones) are
+  ignored, so checkpoints move between versions."""
   fields = {f.name for f in dataclasses.fields(model_lib.BertConfig)}
   stored = {k: v for k, v in meta["model"].items() if k in fields}
   return model_lib.BertConfig(**{**stored, **overrides})

@@ -93,7 +93,8 @@ def base_config(size: str = "base") -> ml_collections.ConfigDict:
   """BERT's recipe (Devlin et al. 2019, A.2) for the given model size."""
   c = ml_collections.ConfigDict()
   c.seed = 0
-  # Weights (only) of another bert_jax run, e.g. phase 1 (seq 128) for phase 2 (seq 512).
+  # Weights (only) of any checkpoint bert_jax.load reads: another run (e.g. phase 1 at seq 128
+  # for phase 2 at 512), a HuggingFace or Google BERT, a params dir. Heads missing: fresh.
   c.init_from = config_dict.placeholder(str)
 
   fields = {f.name: f.default for f in dataclasses.fields(model_lib.BertConfig)}

@@ -45,7 +45,11 @@ from tokenizers import decoders, models, pre_tokenizers
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 WORDPIECE_MAX_CHARS = 200  # google-research/bert WordpieceTokenizer.max_input_chars_per_word
-CONFIG_FILE = "tokenizer.json"
+# bert_jax's own tokenizer metadata. Not HuggingFace's `tokenizer.json`: that name belongs to
+# the `tokenizers` format (which convert writes for export); directories saved before the
+# rename carry LEGACY_CONFIG_FILE and still load.
+CONFIG_FILE = "bert_jax_tokenizer.json"
+LEGACY_CONFIG_FILE = "tokenizer.json"
 _WORD_CACHE_SIZE = 500_000  # distinct words kept per WordPiece tokenizer (~100 MB at most)
 _FORMAT = "bert_jax.tokenizer/1"
 _SP_PREFIX = "\u2581"  # "▁", SentencePiece's word-boundary marker
@@ -227,7 +231,7 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def _save_with_config(directory, files: dict[str, bytes], config: dict[str, Any]) -> None:
-  # tokenizer.json goes last: a directory without it is never mistaken for a saved tokenizer.
+  # The config goes last: a directory without it is never mistaken for a saved tokenizer.
   directory = os.fspath(directory)
   for name, data in files.items():
     _write_atomic(os.path.join(directory, name), data)
@@ -424,6 +428,10 @@ class SentencePieceTokenizer(Tokenizer):
       }
     )
 
+  def model_proto(self) -> bytes:
+    """The serialized SentencePiece model."""
+    return self._proto_bytes
+
   @classmethod
   def from_file(cls, path: str | os.PathLike) -> SentencePieceTokenizer:
     path = os.fspath(path)
@@ -491,6 +499,9 @@ def load_tokenizer(path: str | os.PathLike, **overrides) -> Tokenizer:
     raise FileNotFoundError(f"{path}: no such tokenizer file or directory")
   if os.path.isdir(path):
     config_path = os.path.join(path, CONFIG_FILE)
+    legacy = os.path.join(path, LEGACY_CONFIG_FILE)
+    if not os.path.isfile(config_path) and os.path.isfile(legacy):
+      config_path = legacy
     if not os.path.isfile(config_path):
       raise FileNotFoundError(f"{config_path}: missing (not a directory written by save())")
     try:

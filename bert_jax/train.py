@@ -30,6 +30,7 @@ from absl import logging
 from bert_jax import checkpoints as ckpt_lib
 from bert_jax import (
   input_pipeline,
+  interop,
   masking,
   objectives,
   optim,
@@ -276,12 +277,33 @@ def jit_train_step(model, tx, obj, tables, grad_accum_steps, mesh, state_sh) -> 
   )
 
 
-def restore_init_from(path: str, cfg, abstract_params) -> Any:
-  """Weights of another run (e.g. phase 1 at seq 128 for phase 2 at 512); fresh optimizer."""
-  meta, _, _ = ckpt_lib.read_meta(path)
-  ckpt_lib.check_same_architecture(meta, cfg, path)
-  params, _ = ckpt_lib.restore_params(path, abstract_params)
-  return params
+def train_dataset(config: ml_collections.ConfigDict, data_dir: str, worker_count=None):
+  """This process's shuffled, repeating training batches (seeded by config.data.seed)."""
+  return input_pipeline.make_dataset(
+    data_dir,
+    "train",
+    global_batch_size=config.data.batch_size,
+    seed=config.data.seed,
+    shuffle=True,
+    repeat=True,
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+    worker_count=config.data.worker_count if worker_count is None else worker_count,
+  )
+
+
+def restore_init_from(path: str, cfg, abstract_params, tokenizer=None) -> Any:
+  """Weights from any checkpoint `interop.load_checkpoint` reads (another run's workdir, e.g.
+  phase 1 at seq 128 for phase 2 at 512, a HuggingFace or params dir), onto the training
+  shardings, with a fresh optimizer. A checkpoint without MLM/NSP heads (BertModel) returns
+  {"bert": ...} only: the caller keeps its freshly initialised heads. When the checkpoint
+  carries a tokenizer, its vocabulary must be the data's (`tokenizer`)."""
+  ck = interop.load_checkpoint(path, target=abstract_params, like=cfg)
+  if tokenizer is not None and ck.tokenizer is not None:
+    vocab = lambda t: [t.id_to_token(i) for i in range(t.vocab_size)]
+    if vocab(ck.tokenizer) != vocab(tokenizer):
+      raise ValueError(f"init_from {path}: its tokenizer's vocabulary is not the data's")
+  return ck.params
 
 
 # ----------------------------------------------------------------------------- logging
@@ -436,18 +458,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     every_steps=config.ckpt.every_steps,
     async_save=config.ckpt.async_save,
   )
-  train_ds = input_pipeline.make_dataset(
-    data_dir,
-    "train",
-    global_batch_size=config.data.batch_size,
-    seed=config.data.seed,
-    shuffle=True,
-    repeat=True,
-    process_index=jax.process_index(),
-    process_count=jax.process_count(),
-    worker_count=config.data.worker_count,
-  )
-  train_iter = iter(train_ds)
+  train_iter = iter(train_dataset(config, data_dir))
 
   pending: dict[str, float] = {}  # metric sums of the current, unfinished log window
   start_step = ckpt.latest_step()
@@ -459,7 +470,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   else:
     start_step = 0
     if config.init_from:
-      params = restore_init_from(config.init_from, cfg, abstract_state["params"])
+      params = restore_init_from(config.init_from, cfg, abstract_state["params"], tokenizer)
+      if "predictions" not in params:
+        params = {**state["params"], **params}
+        console(f"{config.init_from} has no MLM/NSP heads (a BertModel): they start fresh")
       state = {**state, "params": params}
       console(f"Initialised weights from {config.init_from}")
 

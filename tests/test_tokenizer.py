@@ -239,13 +239,19 @@ def test_fingerprint_stable_and_sensitive(tmp_path, uncased, cased):
 
 def test_save_load_round_trip(tmp_path, cased):
   cased.save(tmp_path / "tok")
-  assert sorted(os.listdir(tmp_path / "tok")) == ["tokenizer.json", "vocab.txt"]
+  assert sorted(os.listdir(tmp_path / "tok")) == ["bert_jax_tokenizer.json", "vocab.txt"]
   back = tokenizer_lib.load_tokenizer(tmp_path / "tok")
   assert back.kind == "wordpiece" and back.lowercase is False
   assert back.fingerprint == cased.fingerprint
   assert back.encode("Héllo World") == cased.encode("Héllo World") == [100, 100]
-  config = json.loads((tmp_path / "tok" / "tokenizer.json").read_text())
+  config = json.loads((tmp_path / "tok" / "bert_jax_tokenizer.json").read_text())
   assert config["fingerprint"] == cased.fingerprint and config["mask_id"] == 103
+  # A directory saved before the rename (metadata under HF's name tokenizer.json) still loads.
+  legacy = tmp_path / "legacy"
+  legacy.mkdir()
+  (legacy / "vocab.txt").write_bytes((tmp_path / "tok" / "vocab.txt").read_bytes())
+  (legacy / "tokenizer.json").write_text(json.dumps(config))
+  assert tokenizer_lib.load_tokenizer(legacy).fingerprint == cased.fingerprint
   # A vocab edited after saving no longer matches the stored fingerprint.
   vocab_file = tmp_path / "tok" / "vocab.txt"
   vocab_file.write_text(vocab_file.read_text().replace("\nthe\n", "\nthe_\n"))
@@ -262,7 +268,7 @@ def test_load_errors(tmp_path):
     tokenizer_lib.load_tokenizer(bad)
   with pytest.raises(ValueError, match="unknown wordpiece tokenizer option"):
     tokenizer_lib.load_tokenizer(tokenizer_lib.default_vocab_path(), lower=True)
-  with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+  with pytest.raises(FileNotFoundError, match="bert_jax_tokenizer.json"):
     tokenizer_lib.load_tokenizer(tmp_path)
   not_model = tmp_path / "x.model"
   not_model.write_bytes(b"\x00garbage")
@@ -296,7 +302,7 @@ def test_sentencepiece_train_and_load(spm_unigram, tmp_path):
   assert any(not starts[i] for i in continuation)
   # Save/load round trip; a different model has a different fingerprint.
   tok.save(tmp_path / "sp")
-  assert sorted(os.listdir(tmp_path / "sp")) == ["spm.model", "tokenizer.json"]
+  assert sorted(os.listdir(tmp_path / "sp")) == ["bert_jax_tokenizer.json", "spm.model"]
   back = tokenizer_lib.load_tokenizer(tmp_path / "sp")
   assert back.fingerprint == tok.fingerprint and back.encode(text) == ids
   bpe, _ = tokenizer_training.train(
