@@ -145,6 +145,7 @@ def load(path: str, step: int | None = None, device: Any = None) -> Bert:
   path = os.path.abspath(os.fspath(path))
   meta, step, _ = ckpt_lib.read_meta(path, step)
   cfg = ckpt_lib.bert_config_from_meta(meta, remat_policy="none")
+  cfg = model_lib.resolve_kernels(cfg, (device or jax.devices()[0]).platform)
   target = ckpt_lib.single_device_target(model_lib.abstract_params(cfg), device)
   params, _ = ckpt_lib.restore_params(path, target, step)
   workdir = (
