@@ -1,8 +1,8 @@
 """XLA:CPU speed kernels: the ops `model.py` uses when `BertConfig.kernels` resolves to 'cpu'.
 
-Each computes exactly what its stock counterpart in model.py computes (same values, same
-gradients up to float32 summation order; tests/test_kernels.py checks this) and differs only
-in how XLA:CPU executes it:
+Each computes what its stock counterpart in model.py computes (the same values and gradients
+up to float32 summation order, tests/test_kernels.py; dropout draws other masks with the same
+keep probability) and differs in how XLA:CPU executes it:
 
 - `matmul`, `tied_logits`: custom VJPs that keep both backward dots in the compute dtype with
   float32 accumulators, and take the weight gradient from a transposed copy of the narrower
@@ -173,62 +173,44 @@ def _f32_einsum(spec: str, a: Array, b: Array) -> Array:
   return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
 
 
-def attention_scores(q_BQHK: Array, k_BSHK: Array) -> Array:
-  """float32 [B, H, Q, S] = q . k per head; below float32 through `_scores` (custom VJP)."""
-  if q_BQHK.dtype == jnp.float32 and k_BSHK.dtype == jnp.float32:
-    return _f32_einsum("bqhk,bshk->bhqs", q_BQHK, k_BSHK)
-  return _scores(q_BQHK, k_BSHK)
+def _attention_einsum(spec: str, da_spec: str, db_spec: str, db_cotangent_first: bool):
+  """einsum(spec, a, b) in float32; below float32 through a custom VJP whose backward dots
+  keep the operands' dtype (autodiff would run them on float32 cotangents, about 3x slower in
+  bf16 on XLA:CPU) in operand orders XLA:CPU has bf16 kernels for: dA = einsum(da_spec, g, b),
+  dB = einsum(db_spec, g, a) or einsum(db_spec, a, g) (bqhk,bhqs->bshk has no bf16 kernel)."""
+
+  @jax.custom_vjp
+  def low_precision(a, b):
+    return _f32_einsum(spec, a, b)
+
+  def fwd(a, b):
+    return low_precision(a, b), (a, b)
+
+  def bwd(res, g):
+    a, b = res
+    g = g.astype(a.dtype)
+    da = _f32_einsum(da_spec, g, b)
+    db = _f32_einsum(db_spec, *((g, a) if db_cotangent_first else (a, g)))
+    return da.astype(a.dtype), db.astype(b.dtype)
+
+  low_precision.defvjp(fwd, bwd)
+
+  def op(a: Array, b: Array) -> Array:
+    if a.dtype == jnp.float32 and b.dtype == jnp.float32:
+      return _f32_einsum(spec, a, b)
+    return low_precision(a, b)
+
+  return op
 
 
-@jax.custom_vjp
-def _scores(q_BQHK: Array, k_BSHK: Array) -> Array:
-  """Its VJP (and `_context`'s) keeps the backward dots in the operands' dtype (autodiff would
-  run them on float32 cotangents, about 3x slower in bf16 on XLA:CPU) and in operand orders
-  XLA:CPU has bf16 kernels for (bqhk,bhqs->bshk has none)."""
-  return _f32_einsum("bqhk,bshk->bhqs", q_BQHK, k_BSHK)
-
-
-def _scores_fwd(q, k):
-  return _scores(q, k), (q, k)
-
-
-def _scores_bwd(res, g_BHQS):
-  q, k = res
-  g = g_BHQS.astype(q.dtype)
-  dq = _f32_einsum("bhqs,bshk->bqhk", g, k)
-  dk = _f32_einsum("bhqs,bqhk->bshk", g, q)
-  return dq.astype(q.dtype), dk.astype(k.dtype)
-
-
-_scores.defvjp(_scores_fwd, _scores_bwd)
-
-
-def attention_context(p_BHQS: Array, v_BSHK: Array) -> Array:
-  """float32 [B, Q, H, K] = p . v per head; below float32 through `_context` (custom VJP)."""
-  if p_BHQS.dtype == jnp.float32 and v_BSHK.dtype == jnp.float32:
-    return _f32_einsum("bhqs,bshk->bqhk", p_BHQS, v_BSHK)
-  return _context(p_BHQS, v_BSHK)
-
-
-@jax.custom_vjp
-def _context(p_BHQS: Array, v_BSHK: Array) -> Array:
-  """See `_scores`."""
-  return _f32_einsum("bhqs,bshk->bqhk", p_BHQS, v_BSHK)
-
-
-def _context_fwd(p, v):
-  return _context(p, v), (p, v)
-
-
-def _context_bwd(res, g_BQHK):
-  p, v = res
-  g = g_BQHK.astype(v.dtype)
-  dp = _f32_einsum("bqhk,bshk->bhqs", g, v)
-  dv = _f32_einsum("bhqs,bqhk->bshk", p, g)
-  return dp.astype(p.dtype), dv.astype(v.dtype)
-
-
-_context.defvjp(_context_fwd, _context_bwd)
+# float32 [B, H, Q, S] = q_BQHK . k_BSHK per head.
+attention_scores = _attention_einsum(
+  "bqhk,bshk->bhqs", "bhqs,bshk->bqhk", "bhqs,bqhk->bshk", db_cotangent_first=True
+)
+# float32 [B, Q, H, K] = p_BHQS . v_BSHK per head.
+attention_context = _attention_einsum(
+  "bhqs,bshk->bqhk", "bqhk,bshk->bhqs", "bhqs,bqhk->bshk", db_cotangent_first=False
+)
 
 
 # ----------------------------------------------------------------------------- bias, LayerNorm
