@@ -398,7 +398,7 @@ def self_attention(
       ops_for(cfg),
       lambda p: drop(p, deterministic=deterministic),
     )
-  else:  # no probabilities needed: the fused op, which XLA may keep unmaterialised
+  else:  # no probabilities to return or drop out: the library attention op
     ctx_BQHK = jax.nn.dot_product_attention(q_BQHK, k_BSHK, v_BSHK, mask=mask_B1QS)
   ctx_BQHK = _constrain(ctx_BQHK, act)
   out_BQD = Dense(
