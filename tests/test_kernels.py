@@ -154,6 +154,45 @@ def test_cpu_kernels_match_stock_ops(case):
   assert not zero, zero
 
 
+def test_cpu_kernels_reach_every_dense_layer():
+  """kernels='cpu': every Dense matmul and bias add runs through the kernels' VJPs (one per
+  kernel), every LayerNorm through kernels.LayerNorm; kernels='xla': none of them."""
+
+  def counts(mode):
+    cfg = dataclasses.replace(TINY, kernels=mode)
+    params = _random_params(cfg)
+    ids, seg, mask = _batch()
+    model = BertForPreTraining(cfg)
+    positions = np.array([[1, 2], [3, 4]], np.int32)
+    f = lambda p: jnp.sum(model.apply({"params": p}, ids, seg, mask, positions)["mlm_logits"])
+    text = str(jax.make_jaxpr(jax.grad(f))(params))
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
+    n_kernels = sum(p.endswith("['kernel']") for p in paths)
+    return text.count("_matmul_bwd"), text.count("_add_bias_bwd"), n_kernels
+
+  matmuls, biases, n_kernels = counts("cpu")
+  assert matmuls == n_kernels and biases == n_kernels + 1  # + the MLM output bias
+  assert counts("xla")[:2] == (0, 0)
+  layer_norms = lambda mode: sum(
+    isinstance(m, kernels.LayerNorm)
+    for m in _modules(BertForPreTraining(dataclasses.replace(TINY, kernels=mode)))
+  )
+  assert layer_norms("cpu") == 2 * TINY.num_layers + 2 and layer_norms("xla") == 0
+
+
+def _modules(model: nn.Module) -> list[nn.Module]:
+  """Every submodule `model` creates in a forward pass."""
+  found = []
+
+  def record(next_fun, args, kwargs, context):
+    found.append(context.module)
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(record):
+    jax.eval_shape(lambda r: model.init(r, *model_lib.dummy_inputs(1, 8)), jax.random.key(0))
+  return list({id(m): m for m in found}.values())
+
+
 def test_dropout_follows_the_switch():
   """Both modes drop out (reproducibly per key); the masks differ (hash vs threefry)."""
   ids, seg, mask = _batch()
