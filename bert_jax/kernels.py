@@ -32,7 +32,7 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-def dot_dims(x_ndim: int, contract: int):
+def _dot_dims(x_ndim: int, contract: int):
   """dot_general dimension numbers contracting x's last `contract` dims with w's first."""
   return ((tuple(range(x_ndim - contract, x_ndim)), tuple(range(contract))), ((), ()))
 
@@ -55,7 +55,10 @@ def matmul(x: Array, w: Array, contract: int, dtype: Any) -> Array:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _matmul(x: Array, w: Array, contract: int, dtype) -> Array:
   y = jax.lax.dot_general(
-    x.astype(dtype), w.astype(dtype), dot_dims(x.ndim, contract), preferred_element_type=jnp.float32
+    x.astype(dtype),
+    w.astype(dtype),
+    _dot_dims(x.ndim, contract),
+    preferred_element_type=jnp.float32,
   )
   return y.astype(dtype)
 
