@@ -442,6 +442,9 @@ class Layer(nn.Module):
     return x_BQD, probs_BHQS
 
 
+# ----------------------------------------------------------------------------- encoder
+
+
 class _ScanLayer(nn.Module):
   """Layer with the (carry, per-step output) signature nn.scan needs."""
 
@@ -463,9 +466,6 @@ def _maybe_remat(cls, cfg: BertConfig, prevent_cse: bool):
   if cfg.remat_policy == "none":
     return cls
   return nn.remat(cls, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=prevent_cse)
-
-
-# ----------------------------------------------------------------------------- encoder
 
 
 class Encoder(nn.Module):
