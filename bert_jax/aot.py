@@ -172,7 +172,7 @@ def compile_train_step(
   train.validate(config, mesh, metadata)
 
   cfg = train.bert_config(config)
-  model = model_lib.BertForPreTraining(cfg)
+  model = model_lib.BertForPreTraining(model_lib.resolve_kernels(cfg, devices[0].platform))
   tx = optim.make_optimizer(config.opt)
   obj = objectives.Objective.from_config(config)
   tables = _masking_tables(config)
@@ -223,6 +223,7 @@ def compile_train_step(
     "topology": topology,
     "device_kind": topo.device_kind if topo else devices[0].device_kind,
     "num_devices": len(devices),
+    "kernels": model.cfg.kernels,
     "mesh": dict(mesh.shape),
     "params": model_lib.count_params(abstract_state["params"]),
     "global_batch": b,
@@ -265,7 +266,7 @@ def format_report(r: dict[str, Any]) -> str:
   lines = [
     f"{r['topology']}: {r['num_devices']} x {r['device_kind']}, mesh {r['mesh']}",
     f"  model {r['params'] / 1e6:.1f}M params, global batch {r['global_batch']} x "
-    f"{r['seq_len']} tokens",
+    f"{r['seq_len']} tokens, kernels={r['kernels']}",
     f"  lower {r['lower_seconds']:.1f} s, compile {r['compile_seconds']:.1f} s",
   ]
   if "total_bytes" in r:

@@ -154,5 +154,6 @@ def load(path: str, step: int | None = None, device: Any = None) -> Bert:
   target_device = device or jax.devices()[0]
   ck = interop.load_checkpoint(path, step)
   cfg = dataclasses.replace(ck.config, remat_policy="none")
+  cfg = model_lib.resolve_kernels(cfg, target_device.platform)
   params = jax.device_put(ck.params, target_device)
   return Bert(cfg, params, ck.tokenizer, ck.meta, ck.step, ck.format)

@@ -441,7 +441,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     raise ValueError(f"{data_dir}/tokenizer does not match the fingerprint in metadata.json")
 
   cfg = bert_config(config)
-  model = model_lib.BertForPreTraining(cfg)
+  model = model_lib.BertForPreTraining(
+    model_lib.resolve_kernels(cfg, mesh.devices.flat[0].platform)
+  )
   tx = optim.make_optimizer(config.opt)
   obj = objectives.Objective.from_config(config)
   tables = masking.tables_from_tokenizer(tokenizer)

@@ -1,9 +1,10 @@
-"""bert_jax.model: parameter counts, padding invariance, layouts, remat, dropout, LTR, bf16."""
+"""bert_jax.model: parameter counts, padding invariance, layouts, remat, dropout, LTR, bf16.
+
+The kernels switch (CPU kernels vs stock XLA ops) is tested in test_kernels.py."""
 
 import dataclasses
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -206,10 +207,10 @@ def test_masked_positions_gather_matches_all_positions():
   np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("causal,fuse_qkv", [(False, False), (True, False), (False, True)])
-def test_pruned_last_layer_same_outputs_and_grads(causal, fuse_qkv):
+@pytest.mark.parametrize("causal", [False, True])
+def test_pruned_last_layer_same_outputs_and_grads(causal):
   """The last layer at [CLS] + the masked positions only: same logits and gradients."""
-  on = dataclasses.replace(TINY, causal=causal, fuse_qkv=fuse_qkv, prune_last_layer=True)
+  on = dataclasses.replace(TINY, causal=causal, prune_last_layer=True)
   off = dataclasses.replace(on, prune_last_layer=False)
   params = _params(TINY)
   ids, seg, mask = _batch([8, 5], 8)
@@ -247,12 +248,6 @@ def test_pruned_last_layer_flops():
   )
   scan = dataclasses.replace(base, scan_layers=True)
   assert model_lib.train_flops_per_token(scan, 128, 20) == full
-  # fuse_qkv computes the last layer's queries at every position (one matmul for q, k, v).
-  fused = dataclasses.replace(base, fuse_qkv=True)
-  q_saved = (1 - 21 / L) * 6 * d * d
-  np.testing.assert_allclose(
-    model_lib.train_flops_per_token(fused, 128, 20) - pruned, q_saved, rtol=1e-9
-  )
 
 
 # --- dropout, causal mask, bf16 ----------------------------------------------------------------
@@ -304,13 +299,34 @@ def test_causal_mask(causal):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_fused_attention_op_matches_explicit(causal):
-  # The two attention paths agree with padding and causal masks.
+  # The fused op (no dropout, no probabilities asked for) and the explicit softmax agree with
+  # padding and causal masks.
   kq, kk, kv = jax.random.split(jax.random.key(0), 3)
   q, k, v = (jax.random.normal(key, (2, 6, 3, 8)) for key in (kq, kk, kv))
   mask = model_lib.attention_mask(jnp.array([[1] * 6, [1] * 4 + [0] * 2]), causal)
-  want, _ = model_lib.explicit_attention(q, k, v, mask, jnp.float32)
-  got = model_lib.fused_attention(q, k, v, mask, jnp.float32)
+  assert mask.shape == (2, 1, 6, 6)
+  want, probs = model_lib.explicit_attention(q, k, v, mask, model_lib.XLA_OPS)
+  got = jax.nn.dot_product_attention(q, k, v, mask=mask)
   np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-6)
+  assert np.all(np.asarray(probs)[1, :, :, 4:] == 0.0)  # padding keys are never attended
+  if causal:
+    assert np.all(np.triu(np.asarray(probs)[0], 1) == 0.0)  # no query attends a later key
+
+
+def test_attention_mask_at_query_positions():
+  """The pruned last layer's mask [B, 1, Q, S]: the rows of the full mask at its positions."""
+  input_mask = jnp.array([[1] * 6, [1] * 4 + [0] * 2])
+  positions = jnp.array([[0, 3, 5], [2, 2, 1]])
+  for causal in (False, True):
+    full = np.asarray(model_lib.attention_mask(input_mask, causal))
+    got = np.asarray(model_lib.attention_mask(input_mask, causal, positions))
+    assert got.shape == (2, 1, 3, 6)
+    want = np.take_along_axis(full, np.asarray(positions)[:, None, :, None], axis=2)
+    np.testing.assert_array_equal(got, want)
+  assert not np.array_equal(  # causal rows differ by position
+    model_lib.attention_mask(input_mask, True, positions)[0, 0, 0],
+    model_lib.attention_mask(input_mask, True, positions)[0, 0, 2],
+  )
 
 
 def test_bf16_compute_with_fp32_params():
@@ -325,136 +341,3 @@ def test_bf16_compute_with_fp32_params():
   err = np.abs(np.asarray(a["mlm_logits"]) - np.asarray(b["mlm_logits"])).max()
   scale = np.abs(np.asarray(a["mlm_logits"])).max()
   assert 0 < err < 0.05 * scale, (err, scale)
-
-
-# --- custom VJPs of the low-precision paths ---------------------------------------------------
-
-
-def _bf16_round(x):
-  return jnp.asarray(x, jnp.bfloat16).astype(jnp.float32)
-
-
-@pytest.mark.parametrize("in_shape,out", [((4, 6), 7), ((4, 6), 30)], ids=["x_narrow", "x_wide"])
-def test_cpu_weight_gradient_layout_matches_plain_dot(in_shape, out):
-  """_dw_cpu (a transposed copy of the narrower operand, then a dot) is the same contraction
-  as _dw, whichever operand it transposes."""
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.normal(size=(3, 5, *in_shape)), jnp.bfloat16)
-  g = jnp.asarray(rng.normal(size=(3, 5, out)), jnp.bfloat16)
-  a = jax.jit(functools.partial(model_lib._dw_cpu, 2))(x, g)
-  b = jax.jit(functools.partial(model_lib._dw, 2))(x, g)
-  ref = np.einsum("abij,abk->ijk", np.asarray(x, np.float32), np.asarray(g, np.float32))
-  assert a.shape == (*in_shape, out) and a.dtype == jnp.float32
-  np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(b, ref, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize(
-  "x_shape,w_shape,contract",
-  [((2, 8, 6), (6, 20), 1), ((2, 8, 20), (20, 6), 1), ((2, 8, 3, 4), (3, 4, 5), 2)],
-  ids=["x_narrow", "x_wide", "two_axis"],
-)
-def test_float32_matmul_vjp_matches_autodiff(x_shape, w_shape, contract):
-  """float32 matmul goes through the same custom VJP (for its dW layout on CPU): gradients
-  equal plain autodiff's, whichever operand `_dw_cpu` transposes."""
-  rng = np.random.default_rng(3)
-  x = jnp.asarray(rng.normal(size=x_shape), jnp.float32)
-  w = jnp.asarray(rng.normal(size=w_shape), jnp.float32)
-  gy = jnp.asarray(rng.normal(size=x_shape[: len(x_shape) - contract] + w_shape[contract:]))
-  dims = model_lib._dims(x.ndim, contract)
-
-  def fast(x, w):
-    return jnp.sum(model_lib.matmul(x, w, contract, "float32") * gy)
-
-  def ref(x, w):
-    return jnp.sum(jax.lax.dot_general(x, w, dims) * gy)
-
-  got = jax.jit(jax.grad(fast, argnums=(0, 1)))(x, w)
-  want = jax.grad(ref, argnums=(0, 1))(x, w)
-  for a, e in zip(got, want, strict=True):
-    assert a.dtype == jnp.float32
-    np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("fuse_qkv", [False, True], ids=["qkv", "fused_qkv"])
-def test_matmul_vjp_switch_reaches_every_float32_matmul(fuse_qkv):
-  """BertConfig.matmul_vjp: every Dense matmul (one per kernel; with fuse_qkv one per layer's
-  q/k/v) goes through the custom VJP when on, none when off; the bias adds are unaffected."""
-
-  def bwd_counts(matmul_vjp):
-    cfg = model_lib.config_for_size("tiny", vocab_size=64, matmul_vjp=matmul_vjp, fuse_qkv=fuse_qkv)
-    model = BertForPreTraining(cfg)
-    ids, seg, mask = model_lib.dummy_inputs(2, 8)
-    params = model.init({"params": jax.random.key(0)}, ids, seg, mask)["params"]
-    positions = jnp.zeros((2, 2), jnp.int32)
-
-    def f(p):
-      return jnp.sum(model.apply({"params": p}, ids, seg, mask, positions)["mlm_logits"])
-
-    text = str(jax.make_jaxpr(jax.grad(f))(params))
-    kernels = sum(
-      1
-      for path, _ in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(params))
-      if "kernel" in str(path[-1])
-    )
-    return text.count("_matmul_bwd"), text.count("_add_bias_bwd"), kernels, cfg.num_layers
-
-  on, bias_on, kernels, layers = bwd_counts(True)
-  off, bias_off, _, _ = bwd_counts(False)
-  assert on == kernels - (2 * layers if fuse_qkv else 0)
-  assert off == 0
-  assert bias_on == bias_off > 0
-
-
-def test_low_precision_custom_vjps_match_float32_autodiff():
-  """bf16 matmul, tied decoder and bias add: gradients equal float32 autodiff on the same
-  (bf16-rounded) operands and cotangents, up to float32 summation order; the bias gradient
-  is a float32 sum (autodiff would accumulate it in bf16)."""
-  rng = np.random.default_rng(1)
-  x = _bf16_round(rng.normal(size=(2, 64, 16)))
-  w = _bf16_round(rng.normal(size=(16, 4, 8)))
-  b = jnp.asarray(rng.normal(size=(4, 8)), jnp.float32)
-  table = _bf16_round(rng.normal(size=(50, 16)))
-  gy = _bf16_round(rng.normal(size=(2, 64, 4, 8)))
-  gl = _bf16_round(rng.normal(size=(2, 64, 50)))
-
-  def fast(x, w, b, table):
-    y = model_lib.add_bias(model_lib.matmul(x, w, 1, "bfloat16"), b)
-    logits = model_lib.tied_logits(x, table, "bfloat16")
-    return jnp.sum(y.astype(jnp.float32) * gy) + jnp.sum(logits * gl)
-
-  def ref(x, w, b, table):
-    y = jnp.einsum("bld,dhk->blhk", x, w) + b
-    logits = jnp.einsum("bld,vd->blv", x, table)
-    return jnp.sum(y * gy) + jnp.sum(logits * gl)
-
-  got = jax.jit(jax.grad(fast, argnums=(0, 1, 2, 3)))(x, w, b, table)
-  want = jax.grad(ref, argnums=(0, 1, 2, 3))(x, w, b, table)
-  for name, a, e in zip(("x", "w", "b", "table"), got, want, strict=True):
-    assert a.dtype == jnp.float32, name
-    np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-4 * float(jnp.abs(e).max()), err_msg=name)
-
-
-def test_attention_custom_vjps_match_float32_autodiff():
-  rng = np.random.default_rng(2)
-  q, k, v = (_bf16_round(rng.normal(size=(2, 6, 3, 4))) for _ in range(3))
-  p = _bf16_round(rng.random(size=(2, 3, 6, 6)))
-  gs, gc = _bf16_round(rng.normal(size=(2, 3, 6, 6))), _bf16_round(rng.normal(size=(2, 6, 3, 4)))
-  bf = lambda *xs: [x.astype(jnp.bfloat16) for x in xs]
-
-  def fast(q, k, p, v):
-    q, k, p, v = bf(q, k, p, v)
-    s = model_lib.attention_scores(q, k)
-    c = model_lib.attention_context(p, v)
-    return jnp.sum(s * gs) + jnp.sum(c * gc)
-
-  def ref(q, k, p, v):
-    s = jnp.einsum("bqhk,bshk->bhqs", q, k)
-    c = jnp.einsum("bhqs,bshk->bqhk", p, v)
-    return jnp.sum(s * gs) + jnp.sum(c * gc)
-
-  got = jax.jit(jax.grad(fast, argnums=(0, 1, 2, 3)))(q, k, p, v)
-  want = jax.grad(ref, argnums=(0, 1, 2, 3))(q, k, p, v)
-  for name, a, e in zip("qkpv", got, want, strict=True):
-    # The gradients come back in the operands' dtype (bf16): equal up to its rounding.
-    np.testing.assert_allclose(a, e, rtol=2**-7, atol=2**-7 * float(jnp.abs(e).max()), err_msg=name)
