@@ -16,7 +16,7 @@ import pytest
 
 from bert_jax import model as model_lib
 from bert_jax import train
-from bert_jax.benchmark import host, lockstep, memory, peers, step, suite, tables
+from bert_jax.benchmark import data, host, lockstep, memory, peers, step, suite, tables
 
 PACKAGE = pathlib.Path(step.__file__).parent
 
@@ -121,6 +121,28 @@ def test_memory_record_counts_params_four_times_and_xla_buffers():
   )
   assert rec["xla_peak_gb"] < 1.5 * n_bytes / 1e9
   assert rec["xla_peak_ratio"] == pytest.approx(rec["xla_peak_gb"] / rec["params_grads_adam_gb"])
+
+
+def test_large_measurement_path_on_a_tiny_model():
+  """--large's measurement (scanned layers, full remat, XLA's memory accounting), at tiny."""
+  spec = {**memory.large_spec(batch=2), "size": "tiny", "seq": 32}
+  rec = step.measure_ours(**spec)
+  assert rec["variant"] == memory.LARGE_VARIANT and len(rec["step_s"]) == 2
+  assert "mfu" not in rec  # no matmul peak for this one
+  n_params = model_lib.count_params(model_lib.abstract_params(model_lib.config_for_size("tiny")))
+  assert rec["param_gb"] == pytest.approx(4 * n_params / 1e9)
+  # The state (params + 2 Adam moments) is an argument; the peak holds at least it.
+  assert rec["xla_argument_gb"] >= 3 * rec["param_gb"]
+  assert rec["xla_peak_gb"] >= rec["xla_argument_gb"]
+  assert rec["peak_rss_ratio"] == rec["peak_rss_gb"] / rec["params_grads_adam_gb"]
+
+
+def test_data_throughput_record():
+  rec = data.measure_data(seq=64, batch=8, batches=5)
+  assert rec["kind"] == "data" and rec["corpus_bytes"] > 100_000
+  assert rec["create_data_tokens_per_s"] > rec["create_data_sequences_per_s"] > 0
+  assert rec["pipeline_tokens_per_s"] == pytest.approx(rec["pipeline_batches_per_s"] * 8 * 64)
+  assert 0 <= rec["padding_fraction"] < 0.5
 
 
 # ----------------------------------------------------------------------------- tables
