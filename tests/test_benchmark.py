@@ -41,7 +41,9 @@ def test_build_step_is_the_trainers_jitted_step(monkeypatch):
   config = step.bench_config("tiny", 32, 2, "float32", {"hidden_dropout_prob": 0.0})
   s = step.build_step(config)
   assert calls == ["create_state", "jit_train_step"]
-  assert s.cfg == train.bert_config(config) and s.cfg.hidden_dropout_prob == 0.0
+  # The trainer's model config, its kernels resolved for this (CPU) backend as train does.
+  assert s.cfg == model_lib.resolve_kernels(train.bert_config(config), "cpu")
+  assert s.cfg.kernels == "cpu" and s.cfg.hidden_dropout_prob == 0.0
   _, losses = step.run_steps(s, 2)
   # A fresh model: MLM over the vocab + NSP, ~ ln(V) + ln(2); one AdamW step lowers it.
   assert abs(losses[0] - (math.log(s.cfg.vocab_size) + math.log(2))) < 0.5
@@ -51,9 +53,12 @@ def test_build_step_is_the_trainers_jitted_step(monkeypatch):
 
 
 def test_kernel_variants_are_model_fields():
-  # Needs BertConfig.kernels (the model's kernel switch).
+  assert step.bench_config("tiny", 32, 2, "float32", {}).model.kernels == "auto"
   for variant, kernels in ((step.FAST, "cpu"), (step.PLAIN, "xla")):
-    assert step.bench_config("tiny", 32, 2, "float32", variant).model.kernels == kernels
+    config = step.bench_config("tiny", 32, 2, "float32", variant)
+    assert config.model.kernels == kernels
+    # An explicit setting is what runs, on any backend.
+    assert model_lib.resolve_kernels(train.bert_config(config), "tpu").kernels == kernels
 
 
 def test_tiny_run_emits_sane_json(tmp_path):
@@ -73,7 +78,7 @@ def test_tiny_run_emits_sane_json(tmp_path):
   assert lines == json.loads(json.dumps(records))
   (r,) = lines
   assert r["kind"] == "train_step" and r["impl"] == "bert_jax" and r["size"] == "tiny"
-  assert r["variant"] == {}  # the trainer's default model
+  assert r["variant"] == {} and r["kernels"] == "cpu"  # the trainer's default on CPU
   assert r["step_ms_min"] <= r["step_ms_median"] <= r["step_ms_max"]
   assert math.isclose(r["tokens_per_s"], 4 * 64 / (r["step_ms_median"] / 1e3), rel_tol=1e-9)
   cfg = model_lib.config_for_size("tiny")
@@ -373,7 +378,7 @@ def test_lockstep_runs_live_workers_turn_by_turn():
   assert "exited (3) early" in err["error"] and "no model here" in err["error"]
   assert err["impl"] == "torch" and err["size"] == "tiny"
   # Ours stayed up through both peers: only the rounds it was asked for, then its record.
-  assert ours["impl"] == "bert_jax" and ours["variant"] == {}
+  assert ours["impl"] == "bert_jax" and ours["variant"] == {} and ours["kernels"] == "cpu"
   assert math.isclose(sum(ours["step_s"]), sum(t for _, t in lock["ours_turns"]))
   assert len(ours["losses"]) == 1 + 3 + len(ours["step_s"])  # warm-up, settle, timed
   assert 0 < ours["mfu"] < 1.5 and ours["page_faults_per_step"] >= 0

@@ -108,7 +108,8 @@ def build_step(config: ml_collections.ConfigDict, tables: Any = None) -> Step:
   tables = tables or _default_tables()
   mesh = sh.make_mesh(tuple(config.mesh.shape), devices=jax.devices()[:1])
   rules = sh.rules_from_config(config.mesh.rules)
-  cfg = train.bert_config(config)
+  # The kernels the trainer would run on this device ('auto' -> 'cpu' on the CPU backend).
+  cfg = model_lib.resolve_kernels(train.bert_config(config), mesh.devices.flat[0].platform)
   model = model_lib.BertForPreTraining(cfg)
   tx = optim.make_optimizer(config.opt)
   obj = objectives.Objective.from_config(config)
@@ -190,6 +191,7 @@ def measure_ours(
     "batch": batch,
     "dtype": dtype,
     "variant": variant,
+    "kernels": step.cfg.kernels,
     **tables.summarize_times(times),
     "step_s": times,
     "tokens_per_s": batch * seq / med,
