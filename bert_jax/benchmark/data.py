@@ -1,5 +1,5 @@
-"""Data throughput: `create_data` on the bundled corpus, then the input pipeline reading the
-records back."""
+"""Data throughput: `pretraining_data.build` (what create_data runs) on the bundled corpus,
+then the input pipeline reading the records back."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import tempfile
 import time
 from typing import Any
 
-from bert_jax import create_data, input_pipeline
+from bert_jax import input_pipeline, pretraining_data
 from bert_jax import tokenizer as tokenizer_lib
 
 
 def measure_data(seq: int = 128, batch: int = 32, batches: int = 50) -> dict[str, Any]:
-  """Sequences and tokens per second of create_data (one worker, dupe_factor 1), batches and
+  """Sequences and tokens per second of the data build (one worker, dupe_factor 1), batches and
   tokens per second of the input pipeline, and the padding fraction of its batches."""
   corpus = os.path.join(
     os.path.dirname(tokenizer_lib.default_vocab_path()), "sample_public_domain.txt"
@@ -21,7 +21,7 @@ def measure_data(seq: int = 128, batch: int = 32, batches: int = 50) -> dict[str
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "data")
     t0 = time.perf_counter()
-    summary = create_data.build(
+    summary = pretraining_data.build(
       corpus, out, max_seq_length=seq, dupe_factor=1, num_workers=1, progress=False
     )
     build_s = time.perf_counter() - t0
