@@ -1,4 +1,4 @@
-"""The benchmark's command line: `python -m bert_jax.benchmark` (console script
+r"""The benchmark's command line: `python -m bert_jax.benchmark` (console script
 `bert_jax_benchmark`). See the package docstring for what each measurement is.
 
   python -m bert_jax.benchmark --sizes=tiny,mini,small,medium,base --seqs=128 --batch=32 \
