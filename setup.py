@@ -64,7 +64,7 @@ setuptools.setup(
       "bert_jax_create_data=bert_jax.create_data:run",
       "bert_jax_train_tokenizer=bert_jax.train_tokenizer:run",
       "bert_jax_convert=bert_jax.convert:run",
-      "bert_jax_benchmark=bert_jax.benchmark:run",
+      "bert_jax_benchmark=bert_jax.benchmark.__main__:run",
       "bert_jax_aot=bert_jax.aot:run",
       "bert_jax_report=bert_jax.report:run",
     ]

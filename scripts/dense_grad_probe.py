@@ -6,10 +6,11 @@
 
 import json
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
+
+from bert_jax.benchmark import host
 
 M, K, N = 4096, 768, 3072
 kx, kg, kw = jax.random.split(jax.random.key(0), 3)
@@ -28,13 +29,7 @@ variants = {
 }
 for name, fn in variants.items():
   f = jax.jit(fn)
-  for _ in range(3):
-    jax.block_until_ready(f(x, g, w))
-  ts = []
-  for _ in range(7):
-    t0 = time.perf_counter()
-    jax.block_until_ready(f(x, g, w))
-    ts.append(time.perf_counter() - t0)
+  ts = host.time_calls(lambda f=f: jax.block_until_ready(f(x, g, w)), reps=7, warmup=3)
   print(
     json.dumps(
       {

@@ -1,20 +1,25 @@
 """A/B of our train step under two environments or model variants, in lockstep: two live
-worker processes take turns (`benchmark.lockstep_rounds`, one untimed settle step per turn),
-so the host's drift falls on both sides alike. The README's malloc and XLA-scheduler A/Bs.
+worker processes take turns (`bert_jax.benchmark.lockstep.lockstep_rounds`, one untimed settle
+step per turn), so the host's drift falls on both sides alike. E.g. the kernels A/B:
+
+  python scripts/lockstep_ab.py --layers=4 --rounds=6 --b='V_kernels=xla'
+
+or an environment A/B (malloc tunables, XLA flags):
 
   python scripts/lockstep_ab.py --layers=4 --rounds=6 \
       --a='GLIBC_TUNABLES=glibc.malloc.hugetlb=1' \
       --b='GLIBC_TUNABLES=glibc.malloc.hugetlb=1;XLA_FLAGS=--xla_cpu_scheduler_type=...'
 
 A side is ';'-separated KEY=VALUE items: environment variables, or `V_field=value` for a
-model field (e.g. `V_fuse_qkv=True`). Prints B's step time over A's, round by round.
+model field (e.g. `V_kernels=xla`). Prints B's step time over A's, round by round.
 """
 
 import statistics
 
-from absl import app, flags
+from absl import flags
 
-from bert_jax import benchmark as bm
+from bert_jax import cli
+from bert_jax.benchmark import lockstep, step, suite
 
 flags.DEFINE_string("size", "base", "Model size.")
 flags.DEFINE_integer("layers", 4, "num_layers of both sides (0: the size's own).")
@@ -32,17 +37,16 @@ def side(text: str) -> tuple[dict[str, str], dict]:
   for item in filter(None, text.split(";")):
     key, sep, value = item.partition("=")
     if not sep:
-      raise app.UsageError(f"--a/--b: {item!r} is not KEY=VALUE")
+      raise ValueError(f"--a/--b: {item!r} is not KEY=VALUE")
     if key.startswith("V_"):
-      variant[key[2:]] = bm._parse_value(value)
+      variant[key[2:]] = suite.parse_value(value)
     else:
       env[key] = value
   return env, variant
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+def main(argv: list[str]) -> None:
+  del argv
   workers = []
   try:
     for name, text in (("A", FLAGS.a), ("B", FLAGS.b)):
@@ -50,9 +54,9 @@ def main(argv):
       if FLAGS.layers:
         variant = {"num_layers": FLAGS.layers, **variant}
       spec = dict(size=FLAGS.size, seq=FLAGS.seq, batch=FLAGS.batch, dtype="float32", steps=0)
-      spec.update(warmup=1, variant={**bm.FAST, **variant}, serve=True, peak=False)
-      workers.append(bm._LockstepWorker(name, bm._ours_argv(spec), 3600, env=env))
-    got = bm.lockstep_rounds(*workers, FLAGS.rounds, FLAGS.turn_s, settle_steps=1)
+      spec.update(warmup=1, variant=variant, serve=True, peak=False)
+      workers.append(lockstep.LockstepWorker(name, step.ours_argv(spec), 3600, env=env))
+    got = lockstep.lockstep_rounds(*workers, FLAGS.rounds, FLAGS.turn_s, settle_steps=1)
     recs = [w.finish() for w in workers]
   finally:
     for w in workers:
@@ -70,5 +74,9 @@ def main(argv):
   )
 
 
+def run() -> None:
+  cli.run(main, "lockstep_ab")
+
+
 if __name__ == "__main__":
-  app.run(main)
+  run()

@@ -1,21 +1,69 @@
-"""bert_jax.benchmark: a tiny run emits well-formed JSON; the fast paths change no maths."""
+"""bert_jax.benchmark: our step is the trainer's, a tiny run emits well-formed JSON, the
+summaries pick the right ratios, the lockstep choreography, the peer side's isolation from
+bert_jax, and the huge-page malloc tunable."""
 
+import ast
 import json
 import math
 import os
+import pathlib
 import subprocess
 import sys
 
-import numpy as np
+import jax
+import jax.numpy as jnp
 import pytest
 
-from bert_jax import benchmark
 from bert_jax import model as model_lib
+from bert_jax import train
+from bert_jax.benchmark import data, host, lockstep, memory, peers, step, suite, tables
+
+PACKAGE = pathlib.Path(step.__file__).parent
+
+
+# ----------------------------------------------------------------------------- step + suite
+
+
+def test_build_step_is_the_trainers_jitted_step(monkeypatch):
+  calls = []
+
+  def spy(name):
+    fn = getattr(train, name)
+
+    def called(*args, **kwargs):
+      calls.append(name)
+      return fn(*args, **kwargs)
+
+    monkeypatch.setattr(train, name, called)
+
+  spy("create_state")
+  spy("jit_train_step")
+  config = step.bench_config("tiny", 32, 2, "float32", {"hidden_dropout_prob": 0.0})
+  s = step.build_step(config)
+  assert calls == ["create_state", "jit_train_step"]
+  # The trainer's model config, its kernels resolved for this (CPU) backend as train does.
+  assert s.cfg == model_lib.resolve_kernels(train.bert_config(config), "cpu")
+  assert s.cfg.kernels == "cpu" and s.cfg.hidden_dropout_prob == 0.0
+  _, losses = step.run_steps(s, 2)
+  # A fresh model: MLM over the vocab + NSP, ~ ln(V) + ln(2); one AdamW step lowers it.
+  assert abs(losses[0] - (math.log(s.cfg.vocab_size) + math.log(2))) < 0.5
+  assert losses[1] < losses[0]
+  with pytest.raises(ValueError, match="'nope' is not a BertConfig field"):
+    step.bench_config("tiny", 32, 2, "float32", {"nope": 1})
+
+
+def test_kernel_variants_are_model_fields():
+  assert step.bench_config("tiny", 32, 2, "float32", {}).model.kernels == "auto"
+  for variant, kernels in ((step.FAST, "cpu"), (step.PLAIN, "xla")):
+    config = step.bench_config("tiny", 32, 2, "float32", variant)
+    assert config.model.kernels == kernels
+    # An explicit setting is what runs, on any backend.
+    assert model_lib.resolve_kernels(train.bert_config(config), "tpu").kernels == kernels
 
 
 def test_tiny_run_emits_sane_json(tmp_path):
   out = tmp_path / "bench.jsonl"
-  records = benchmark.run_suite(
+  records = suite.run_suite(
     ["tiny"],
     [64],
     batch=4,
@@ -30,6 +78,7 @@ def test_tiny_run_emits_sane_json(tmp_path):
   assert lines == json.loads(json.dumps(records))
   (r,) = lines
   assert r["kind"] == "train_step" and r["impl"] == "bert_jax" and r["size"] == "tiny"
+  assert r["variant"] == {} and r["kernels"] == "cpu"  # the trainer's default on CPU
   assert r["step_ms_min"] <= r["step_ms_median"] <= r["step_ms_max"]
   assert math.isclose(r["tokens_per_s"], 4 * 64 / (r["step_ms_median"] / 1e3), rel_tol=1e-9)
   cfg = model_lib.config_for_size("tiny")
@@ -43,10 +92,65 @@ def test_tiny_run_emits_sane_json(tmp_path):
   # Three steps (1 warm-up + 2 timed) of a fresh model: loss ~ ln(V) + ln(2), decreasing.
   assert len(r["losses"]) == 3
   assert abs(r["losses"][0] - (math.log(cfg.vocab_size) + math.log(2))) < 0.5
-  summary = benchmark.summarize(records)
+  summary = tables.summarize(records)
   assert summary[0]["ours_best_median"] == r["tokens_per_s"]
-  table = benchmark.format_table(records, summary)
-  assert "| tiny | 64 | bert_jax | float32 |" in table
+  table = tables.format_table(records, summary)
+  assert "| tiny | 64 | bert_jax | float32 | - |" in table
+
+
+def test_parse_variants_types_values():
+  got = suite.parse_variants(
+    "scan_layers=True,remat_policy=full;hidden_dropout_prob=0.0,num_layers=3"
+  )
+  assert got == [
+    {"scan_layers": True, "remat_policy": "full"},
+    {"hidden_dropout_prob": 0.0, "num_layers": 3},
+  ]
+  assert isinstance(got[1]["num_layers"], int) and isinstance(got[1]["hidden_dropout_prob"], float)
+  assert suite.parse_variants("kernels=xla") == [step.PLAIN]
+  with pytest.raises(ValueError, match="not key=value"):
+    suite.parse_variants("scan_layers")
+
+
+def test_memory_record_counts_params_four_times_and_xla_buffers():
+  params = {"w": jnp.zeros((256, 128), jnp.float32), "b": jnp.zeros((128,), jnp.float32)}
+  compiled = jax.jit(lambda p: jax.tree.map(lambda x: x * 2, p), donate_argnums=0)
+  rec = memory.memory_record(compiled.lower(params).compile(), params)
+  n_bytes = 4 * (256 * 128 + 128)
+  assert rec["param_gb"] == n_bytes / 1e9 and rec["params_grads_adam_gb"] == 4 * n_bytes / 1e9
+  assert rec["xla_argument_gb"] == pytest.approx(n_bytes / 1e9)
+  # Donated: the outputs alias the arguments, so the peak counts them once.
+  assert rec["xla_alias_gb"] == pytest.approx(n_bytes / 1e9)
+  assert rec["xla_peak_gb"] == pytest.approx(
+    rec["xla_argument_gb"] + rec["xla_output_gb"] - rec["xla_alias_gb"] + rec["xla_temp_gb"]
+  )
+  assert rec["xla_peak_gb"] < 1.5 * n_bytes / 1e9
+  assert rec["xla_peak_ratio"] == pytest.approx(rec["xla_peak_gb"] / rec["params_grads_adam_gb"])
+
+
+def test_large_measurement_path_on_a_tiny_model():
+  """--large's measurement (scanned layers, full remat, XLA's memory accounting), at tiny."""
+  spec = {**memory.large_spec(batch=2), "size": "tiny", "seq": 32}
+  rec = step.measure_ours(**spec)
+  assert rec["variant"] == memory.LARGE_VARIANT and len(rec["step_s"]) == 2
+  assert "mfu" not in rec  # no matmul peak for this one
+  n_params = model_lib.count_params(model_lib.abstract_params(model_lib.config_for_size("tiny")))
+  assert rec["param_gb"] == pytest.approx(4 * n_params / 1e9)
+  # The state (params + 2 Adam moments) is an argument; the peak holds at least it.
+  assert rec["xla_argument_gb"] >= 3 * rec["param_gb"]
+  assert rec["xla_peak_gb"] >= rec["xla_argument_gb"]
+  assert rec["peak_rss_ratio"] == rec["peak_rss_gb"] / rec["params_grads_adam_gb"]
+
+
+def test_data_throughput_record():
+  rec = data.measure_data(seq=64, batch=8, batches=5)
+  assert rec["kind"] == "data" and rec["corpus_bytes"] > 100_000
+  assert rec["create_data_tokens_per_s"] > rec["create_data_sequences_per_s"] > 0
+  assert rec["pipeline_tokens_per_s"] == pytest.approx(rec["pipeline_batches_per_s"] * 8 * 64)
+  assert 0 <= rec["padding_fraction"] < 0.5
+
+
+# ----------------------------------------------------------------------------- tables
 
 
 def test_summary_ratios_take_best_mode_and_fastest_peer_per_pass():
@@ -60,7 +164,6 @@ def test_summary_ratios_take_best_mode_and_fastest_peer_per_pass():
       dtype=dtype,
       variant={},
       tokens_per_s=tps,
-      pass_=p,
       step_ms_min=1,
       step_ms_median=1,
       step_ms_max=1,
@@ -68,71 +171,41 @@ def test_summary_ratios_take_best_mode_and_fastest_peer_per_pass():
       peak_rss_gb=1,
       gflops=1,
       load_avg=0,
+      **{"pass": p},
     )
 
   records = []
   for p, (f32, b16, hf, torch) in enumerate([(100, 120, 50, 80), (90, 100, 60, 100)]):
-    for r in (
+    records += [
       rec("bert_jax", "float32", f32, p),
       rec("bert_jax", "bfloat16", b16, p),
       rec("hf_flax", "float32", hf, p),
       rec("torch", "bfloat16", torch, p),
-    ):
-      r["pass"] = r.pop("pass_")
-      records.append(r)
-  (s,) = benchmark.summarize(records)
+    ]
+  # A variant measured beside the default does not count as "ours best".
+  records.append({**rec("bert_jax", "float32", 1000, 0), "variant": step.PLAIN})
+  (s,) = tables.summarize(records)
   assert [e["ratio_vs_fastest_peer"] for e in s["passes"]] == [1.5, 1.0]
   assert [e["ratio_vs_hf_flax_fp32"] for e in s["passes"]] == [120 / 50, 100 / 60]
   assert s["ratio_vs_fastest_peer_min"] == 1.0 and s["ratio_vs_fastest_peer_median"] == 1.25
+  assert [e["fastest_peer"] for e in s["passes"]] == ["torch:bfloat16", "torch:bfloat16"]
+  table = tables.format_table(records, [s])
+  assert "| base | 128 | bert_jax | float32 | kernels=xla | 0 | 1000 |" in table
+  assert "| base | 128 | 110 | 1.00 / 1.25 | 1.67 / 2.03 |" in table
 
 
-def test_fast_and_plain_give_the_same_losses():
-  # Fast: fused attention, pruned last layer (unrolled), or scan + full remat + fused q/k/v,
-  # custom-VJP bf16 matmuls. Plain: explicit attention, unrolled, full last layer, separate
-  # q/k/v, fp32. Same weights and batches, 20 steps.
-  recs = benchmark.loss_check("tiny", steps=20, batch=4, seq=32)
-  by = {(r["check"], r["dtype"]): r for r in recs}
-  assert sorted(by) == [(c, d) for c in ("fast", "fast_scan") for d in ("bfloat16", "float32")]
-  assert by["fast", "float32"]["fast"]["prune_last_layer"]
-  assert not by["fast", "float32"]["plain"]["prune_last_layer"]
-  assert by["fast_scan", "float32"]["fast"]["scan_layers"]
-  assert not by["fast_scan", "float32"]["plain"]["scan_layers"]
-  a = np.array(by["fast", "float32"]["plain_losses"])
-  assert len(a) == 20 and a[-1] < a[0] - 0.5  # the check is over a moving loss curve
-  for check in ("fast", "fast_scan"):
-    fp32, bf16 = by[check, "float32"], by[check, "bfloat16"]
-    np.testing.assert_allclose(fp32["fast_losses"], a, rtol=2e-4)
-    assert fp32["max_rel_diff"] < 2e-4
-    # bf16 compute with fp32 params and accumulation: the same curve to bf16 tolerance.
-    assert np.array_equal(bf16["plain_losses"], a) and bf16["dtype"] == "bfloat16"
-    assert 0 < bf16["max_rel_diff"] < 3e-2
-
-
-def test_parse_variants_types_values():
-  got = benchmark.parse_variants(
-    "scan_layers=True,remat_policy=full;hidden_dropout_prob=0.0,num_layers=3"
-  )
-  assert got == [
-    {"scan_layers": True, "remat_policy": "full"},
-    {"hidden_dropout_prob": 0.0, "num_layers": 3},
-  ]
-  assert isinstance(got[1]["num_layers"], int) and isinstance(got[1]["hidden_dropout_prob"], float)
-  with pytest.raises(ValueError, match="not key=value"):
-    benchmark.parse_variants("scan_layers")
+# ----------------------------------------------------------------------------- host
 
 
 def test_thp_malloc_env_keeps_the_callers_tunables(monkeypatch):
-  monkeypatch.setattr(benchmark, "thp_available", lambda: True)
-  assert benchmark.with_thp_malloc({"A": "1"}) == {
-    "A": "1",
-    "GLIBC_TUNABLES": benchmark.THP_TUNABLE,
-  }
-  got = benchmark.with_thp_malloc({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
-  assert got["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + benchmark.THP_TUNABLE
+  monkeypatch.setattr(host, "thp_available", lambda: True)
+  assert host.with_thp_malloc({"A": "1"}) == {"A": "1", "GLIBC_TUNABLES": host.THP_TUNABLE}
+  got = host.with_thp_malloc({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+  assert got["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + host.THP_TUNABLE
   mine = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}
-  assert benchmark.with_thp_malloc(mine) == mine
-  monkeypatch.setattr(benchmark, "thp_available", lambda: False)
-  assert benchmark.with_thp_malloc({"A": "1"}) == {"A": "1"}
+  assert host.with_thp_malloc(mine) == mine
+  monkeypatch.setattr(host, "thp_available", lambda: False)
+  assert host.with_thp_malloc({"A": "1"}) == {"A": "1"}
 
 
 _FAULTS_CHILD = """
@@ -151,7 +224,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 def test_thp_malloc_env_cuts_page_faults():
   """The tunable takes effect: 8 fresh 64 MB blocks fault 4 KB pages in, or 2 MB ones."""
-  if not benchmark.thp_available():
+  if not host.thp_available():
     pytest.skip("the kernel offers no transparent huge pages")
   env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
 
@@ -161,21 +234,81 @@ def test_thp_malloc_env_cuts_page_faults():
 
   libc, _, version = (os.confstr("CS_GNU_LIBC_VERSION") or "").partition(" ")
   if libc != "glibc" or tuple(map(int, version.split(".")[:2])) < (2, 35):
-    pytest.skip(f"{benchmark.THP_TUNABLE} needs glibc >= 2.35, not {libc} {version}")
-  plain, thp = faults(env), faults(benchmark.with_thp_malloc(env))
+    pytest.skip(f"{host.THP_TUNABLE} needs glibc >= 2.35, not {libc} {version}")
+  plain, thp = faults(env), faults(host.with_thp_malloc(env))
   assert plain > 8 * 16_000  # 64 MB is 16,384 pages of 4 KB
   assert thp < plain / 20  # 2 MB pages, bar the unaligned ends of each block
 
 
-def test_lockstep_times_the_fast_mode_of_this_cpu(monkeypatch):
-  """Without --dtypes, --lockstep times bf16 where the CPU has bf16 instructions (our faster
-  mode there), float32 elsewhere; an explicit --dtypes wins."""
-  monkeypatch.setattr(benchmark, "cpu_has_bf16", lambda: True)
-  assert benchmark.lockstep_dtype(None) == "bfloat16"
-  assert benchmark.lockstep_dtype(["float32", "bfloat16"]) == "float32"
-  monkeypatch.setattr(benchmark, "cpu_has_bf16", lambda: False)
-  assert benchmark.lockstep_dtype(None) == "float32"
-  assert benchmark.lockstep_dtype([]) == "float32"
+def test_bf16_is_timed_only_where_the_cpu_has_it(monkeypatch):
+  """Without --dtypes, our dtypes and the peers follow the CPU; --lockstep times bf16 where
+  the CPU has bf16 instructions (our faster mode there), float32 elsewhere; --dtypes wins."""
+  monkeypatch.setattr(host, "cpu_has_bf16", lambda: True)
+  assert host.default_dtypes() == ["float32", "bfloat16"]
+  assert peers.default_peers() == list(peers.PEERS_FP32 + peers.PEERS_BF16)
+  assert lockstep.lockstep_dtype(None) == "bfloat16"
+  assert lockstep.lockstep_dtype(["float32", "bfloat16"]) == "float32"
+  monkeypatch.setattr(host, "cpu_has_bf16", lambda: False)
+  assert host.default_dtypes() == ["float32"]
+  assert peers.default_peers() == list(peers.PEERS_FP32)
+  assert lockstep.lockstep_dtype(None) == "float32"
+  assert lockstep.lockstep_dtype([]) == "float32"
+
+
+# ----------------------------------------------------------------------------- peers
+
+
+def _module_imports(path: pathlib.Path) -> tuple[set[str], set[str]]:
+  """Top-level module names a file imports (unconditionally, and under `if __package__`)."""
+  always, in_package = set(), set()
+  for node in ast.parse(path.read_text()).body:
+    blocks = [(node, always)]
+    if isinstance(node, ast.If):
+      is_pkg = ast.unparse(node.test) == "__package__"
+      blocks = [(n, in_package if is_pkg else always) for n in node.body]
+      blocks += [(n, always) for n in node.orelse]
+    for n, into in blocks:
+      if isinstance(n, ast.Import):
+        into.update(a.name.split(".")[0] for a in n.names)
+      elif isinstance(n, ast.ImportFrom) and n.module:
+        into.add(n.module.split(".")[0])
+  return always, in_package
+
+
+def test_peer_side_files_run_without_bert_jax():
+  """The peer interpreter runs peer_worker.py by path: at module level it and its siblings
+  import only the standard library, numpy and each other (bert_jax only as a package)."""
+  stdlib = set(sys.stdlib_module_names) | {"__future__"}
+  for name in ("host.py", "protocol.py"):
+    always, _ = _module_imports(PACKAGE / name)
+    assert always <= stdlib, (name, always - stdlib)
+  always, in_package = _module_imports(PACKAGE / "peer_worker.py")
+  assert always - stdlib == {"numpy", "host", "protocol"}
+  assert in_package == {"bert_jax"}
+  assert peers.peer_argv("PY", {"a": 1}) == ["PY", str(PACKAGE / "peer_worker.py"), '{"a": 1}']
+
+
+def _peer_python() -> str | None:
+  """An interpreter with torch and transformers: $BERT_JAX_PEER_PYTHON, or this one."""
+  python = os.environ.get("BERT_JAX_PEER_PYTHON", sys.executable)
+  return python if peers.peer_available(python)["torch"] else None
+
+
+def test_torch_peer_times_a_fresh_bert():
+  python = _peer_python()
+  if python is None:
+    pytest.skip("no interpreter with torch and transformers (set BERT_JAX_PEER_PYTHON)")
+  rec = peers.measure_peer(python, "torch", "float32", "tiny", 32, 2, steps=2, warmup=1)
+  assert rec["impl"] == "torch" and rec["size"] == "tiny" and len(rec["step_s"]) == 2
+  assert len(rec["losses"]) == 3 and "torch" in rec["versions"]
+  # HF's loss: MLM over the vocab + NSP, ~ ln(V) + ln(2) for a fresh model.
+  cfg = model_lib.config_for_size("tiny")
+  assert abs(rec["losses"][0] - (math.log(cfg.vocab_size) + math.log(2))) < 0.5
+  # The peers' FLOPs count the MLM head at every position.
+  assert rec["flops_per_token"] == model_lib.train_flops_per_token(cfg, 32, 32)
+
+
+# ----------------------------------------------------------------------------- lockstep
 
 
 def test_lockstep_rounds_alternate_who_goes_first_and_settle_each_turn():
@@ -189,7 +322,7 @@ def test_lockstep_rounds_alternate_who_goes_first_and_settle_each_turn():
       calls.append(self.name + ("s" if settle else ""))
       return self.secs
 
-  got = benchmark.lockstep_rounds(Fake("a", 0.4), Fake("b", 1.0), 3, 1.0, settle_steps=1)
+  got = lockstep.lockstep_rounds(Fake("a", 0.4), Fake("b", 1.0), 3, 1.0, settle_steps=1)
   # a's turn: a settle step, then timed 0.4 s steps until 1 s (3 of them); b's: one 1 s step.
   a_turn, b_turn = ["as", "a", "a", "a"], ["bs", "b"]
   assert calls == a_turn + b_turn + b_turn + a_turn + a_turn + b_turn
@@ -200,7 +333,7 @@ def test_lockstep_rounds_alternate_who_goes_first_and_settle_each_turn():
 def test_lockstep_worker_that_hangs_is_killed_with_a_one_line_error():
   hang = [sys.executable, "-c", "import time; time.sleep(600)"]
   with pytest.raises(RuntimeError, match=r"^lockstep worker sleeper timed out after 2 s"):
-    benchmark._LockstepWorker("sleeper", hang, timeout=2)
+    lockstep.LockstepWorker("sleeper", hang, timeout=2)
 
 
 def test_lockstep_runs_live_workers_turn_by_turn():
@@ -209,18 +342,19 @@ def test_lockstep_runs_live_workers_turn_by_turn():
 
   def self_as_peer(pspec):
     spec = dict(size="tiny", seq=32, batch=2, dtype="float32", steps=0, warmup=1)
-    spec.update(variant=dict(benchmark.FAST), serve=True, peak=False)
+    spec.update(serve=True, peak=False)
     peer_specs.append(pspec)
-    return benchmark._ours_argv(spec)
+    return step.ours_argv(spec)
 
   def dies(pspec):
     return [sys.executable, "-c", "import sys; print('no model here', file=sys.stderr); exit(3)"]
 
-  peers = [("hf_flax", "float32"), ("torch", "float32")]
+  peer_list = [("hf_flax", "float32"), ("torch", "float32")]
   argv_for = {"hf_flax": self_as_peer, "torch": dies}
-  recs = benchmark.measure_lockstep(
-    "tiny", 32, 2, "float32", rounds=3, warmup=1, peers=peers, peer_python=sys.executable,
-    peer_argv=lambda pspec: argv_for[pspec["framework"]](pspec), min_turn_s=0.5,
+  recs = lockstep.measure_lockstep(
+    "tiny", 32, 2, "float32", rounds=3, warmup=1, peer_list=peer_list,
+    peer_python=sys.executable, peer_argv=lambda pspec: argv_for[pspec["framework"]](pspec),
+    min_turn_s=0.5,
   )  # fmt: skip
   kinds = [r["kind"] for r in recs]
   assert kinds == ["lockstep", "train_step", "error", "train_step"], kinds
@@ -242,13 +376,17 @@ def test_lockstep_runs_live_workers_turn_by_turn():
   assert len(peer["losses"]) == 1 + 3 + len(peer["step_s"])
   assert len(lock["ours_settle_s"]) == len(lock["peer_settle_s"]) == 3
   assert "exited (3) early" in err["error"] and "no model here" in err["error"]
+  assert err["impl"] == "torch" and err["size"] == "tiny"
   # Ours stayed up through both peers: only the rounds it was asked for, then its record.
-  assert ours["impl"] == "bert_jax"
+  assert ours["impl"] == "bert_jax" and ours["variant"] == {} and ours["kernels"] == "cpu"
   assert math.isclose(sum(ours["step_s"]), sum(t for _, t in lock["ours_turns"]))
   assert len(ours["losses"]) == 1 + 3 + len(ours["step_s"])  # warm-up, settle, timed
   assert 0 < ours["mfu"] < 1.5 and ours["page_faults_per_step"] >= 0
-  table = benchmark.format_lockstep([{**lock, "pass": 0}])
+  table = tables.format_lockstep([{**lock, "pass": 0}])
   assert "| tiny | 32 | 0 | hf_flax:float32 | 3 |" in table
+
+
+# ----------------------------------------------------------------------------- CLI
 
 
 def test_lockstep_without_peers_is_a_one_line_error():
@@ -262,3 +400,4 @@ def test_lockstep_without_peers_is_a_one_line_error():
   assert proc.stderr.strip().splitlines()[-1] == (
     "benchmark: error: --lockstep needs --peers (with an importable peer) and --isolate"
   )
+  assert proc.stdout == ""  # nothing measured, not even the host record

@@ -1,0 +1,182 @@
+r"""The benchmark's command line: `python -m bert_jax.benchmark` (console script
+`bert_jax_benchmark`). See the package docstring for what each measurement is.
+
+  python -m bert_jax.benchmark --sizes=tiny,mini,small,medium,base --seqs=128 --batch=32 \
+      --passes=2 --peers --peer_python=/path/to/venv/bin/python
+  python -m bert_jax.benchmark --sizes=tiny,base --peers --lockstep --steps=5 \
+      --peer_python=/path/to/venv/bin/python                 # turn by turn
+  python -m bert_jax.benchmark --notrain_steps --large  # BERT-Large (scan): compile, memory
+  python -m bert_jax.benchmark --notrain_steps --data   # create_data, input pipeline
+
+Output: one JSON line per measurement (stdout, and appended to `--json_out`), then tables.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from absl import flags
+
+from bert_jax import cli
+from bert_jax import model as model_lib
+from bert_jax.benchmark import data, host, lockstep, memory, peers, protocol, step, suite, tables
+
+_SIZES = flags.DEFINE_list(
+  "sizes", ["tiny", "mini", "small", "medium", "base"], "Model sizes (bert_jax.model.SIZES)."
+)
+_SEQS = flags.DEFINE_list("seqs", ["128"], "Sequence lengths.")
+_BATCH = flags.DEFINE_integer("batch", 32, "Global batch (sequences).")
+_DTYPES = flags.DEFINE_list(
+  "dtypes",
+  None,
+  "Our compute dtypes; params stay fp32 (default: float32, and bfloat16 when the CPU has "
+  "AVX512-BF16 or AMX).",
+)
+_STEPS = flags.DEFINE_integer("steps", 5, "Timed steps per measurement (the median is reported).")
+_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps first (the first compiles).")
+_PASSES = flags.DEFINE_integer("passes", 2, "Interleaved passes over everything.")
+_VARIANTS = flags.DEFINE_string(
+  "variants",
+  "",
+  "Extra model-field variants of ours, ';'-separated k=v,k=v lists (e.g. kernels=xla for the "
+  "stock XLA ops); the first measurement is always the trainer's default.",
+)
+_PEERS = flags.DEFINE_bool("peers", False, "Also time HF Flax / PyTorch BertForPreTraining steps.")
+_PEER_PYTHON = flags.DEFINE_string(
+  "peer_python", None, "Interpreter with torch/transformers (default: this one)."
+)
+_PEER_LIST = flags.DEFINE_list(
+  "peer_list",
+  None,
+  "framework:dtype peers to time (default: each peer in fp32, and in bf16 when the CPU has "
+  "AVX512-BF16 or AMX).",
+)
+_ISOLATE = flags.DEFINE_bool("isolate", True, "Each of our measurements in a fresh process.")
+_LOCKSTEP = flags.DEFINE_bool(
+  "lockstep",
+  False,
+  "With --peers: keep our step and each peer's (one peer at a time) in live processes and "
+  "alternate turns of whole steps, --steps rounds per peer; reports the ratio round by round. "
+  "Our first --dtypes only (default: bfloat16 on a CPU with bf16 instructions, else float32), "
+  "trainer's default model.",
+)
+_TURN_S = flags.DEFINE_float(
+  "lockstep_turn_s", 3.0, "--lockstep: a turn times whole steps this long."
+)
+_SETTLE = flags.DEFINE_integer(
+  "lockstep_settle", 1, "--lockstep: untimed steps that open each turn (after a switch)."
+)
+_THP_MALLOC = flags.DEFINE_bool(
+  "thp_malloc",
+  True,
+  "Run every measured process (ours and the peers alike) with glibc's malloc on transparent "
+  f"huge pages ({host.THP_TUNABLE} in GLIBC_TUNABLES) when the kernel offers them; needs "
+  "--isolate (in-process measurements keep the malloc this process started with).",
+)
+_LARGE = flags.DEFINE_bool("large", False, "BERT-Large (scan): compile time and step memory.")
+_LARGE_BATCH = flags.DEFINE_integer("large_batch", 8, "Batch of the --large step.")
+_DATA = flags.DEFINE_bool("data", False, "Time create_data and the input pipeline.")
+_TRAIN_STEPS = flags.DEFINE_bool("train_steps", True, "Run the train-step suite.")
+_JSON_OUT = flags.DEFINE_string("json_out", None, "Also append the JSON lines to this file.")
+_WORKER = flags.DEFINE_string("worker", None, "Internal: run one measurement (JSON spec) and exit.")
+
+
+def _peer_list(peer_python: str) -> list[tuple[str, str]]:
+  """--peer_list (or the default peers) that `peer_python` can run; the others are skipped
+  with a note."""
+  if _PEER_PYTHON.value and not os.path.exists(_PEER_PYTHON.value):
+    raise FileNotFoundError(f"--peer_python: {_PEER_PYTHON.value} does not exist")
+  ok = peers.peer_available(peer_python)
+  out = []
+  for item in _PEER_LIST.value or peers.default_peers():
+    fw, _, dt = item.partition(":")
+    if fw not in ok:
+      raise ValueError(f"--peer_list: unknown peer {fw!r}; use {', '.join(peers.FRAMEWORKS)}")
+    if ok[fw]:
+      out.append((fw, dt or "float32"))
+    else:
+      print(f"benchmark: peer {fw} is not importable in {peer_python}; skipped", file=sys.stderr)
+  return out
+
+
+def _lockstep_all(seqs: list[int], peer_list, peer_python: str) -> list[dict[str, Any]]:
+  dtype = lockstep.lockstep_dtype(_DTYPES.value)
+  records = []
+  for p, seq, size in itertools.product(range(_PASSES.value), seqs, _SIZES.value):
+    t0 = time.perf_counter()
+    try:
+      recs = lockstep.measure_lockstep(
+        size, seq, _BATCH.value, dtype, _STEPS.value, _WARMUP.value, peer_list, peer_python,
+        min_turn_s=_TURN_S.value, settle_steps=_SETTLE.value,
+      )  # fmt: skip
+    except RuntimeError as e:
+      recs = [{"kind": "error", "impl": "bert_jax", "size": size, "seq": seq, "error": str(e)}]
+    for rec in recs:
+      rec.update({"pass": p, "wall_s": time.perf_counter() - t0})
+      suite.emit(rec, _JSON_OUT.value)
+    records += recs
+  return records
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  if _WORKER.value:
+    protocol.print_result(step.measure_ours(**json.loads(_WORKER.value)))
+    return
+  for s in _SIZES.value:
+    if s not in model_lib.SIZES:
+      raise ValueError(f"--sizes: unknown size {s!r}; choose from {', '.join(model_lib.SIZES)}")
+  seqs = [int(s) for s in _SEQS.value]
+  variants = [{}] + (suite.parse_variants(_VARIANTS.value) if _VARIANTS.value else [])
+  peer_python = _PEER_PYTHON.value or sys.executable
+  peer_list = _peer_list(peer_python) if _PEERS.value else []
+  if _LOCKSTEP.value and not (peer_list and _ISOLATE.value):
+    raise ValueError("--lockstep needs --peers (with an importable peer) and --isolate")
+  # Children inherit it: the peers, and ours only when isolated, so only then (both alike).
+  if _THP_MALLOC.value and _ISOLATE.value:
+    os.environ.update(host.with_thp_malloc(dict(os.environ)))
+  suite.emit({**host.host_record(), "python": sys.version.split()[0]}, _JSON_OUT.value)
+  records: list[dict[str, Any]] = []
+  if _TRAIN_STEPS.value and _SIZES.value and _LOCKSTEP.value:
+    records = _lockstep_all(seqs, peer_list, peer_python)
+  elif _TRAIN_STEPS.value and _SIZES.value:
+    records = suite.run_suite(
+      _SIZES.value,
+      seqs,
+      _BATCH.value,
+      _DTYPES.value or host.default_dtypes(),
+      _PASSES.value,
+      _STEPS.value,
+      _WARMUP.value,
+      peer_list,
+      peer_python,
+      variants,
+      _JSON_OUT.value,
+      _ISOLATE.value,
+    )
+  if _LARGE.value:
+    spec = memory.large_spec(_LARGE_BATCH.value)
+    rec = step.measure_ours_isolated(spec) if _ISOLATE.value else step.measure_ours(**spec)
+    suite.emit({**rec, "kind": "large"}, _JSON_OUT.value)
+  if _DATA.value:
+    suite.emit(data.measure_data(seqs[0]), _JSON_OUT.value)
+  summaries = tables.summarize(records)
+  for s in summaries:
+    suite.emit(s, _JSON_OUT.value)
+  if records:
+    print(tables.format_table(records, summaries))
+  if any(r.get("kind") == "lockstep" for r in records):
+    print("\n" + tables.format_lockstep(records))
+
+
+def run() -> None:
+  cli.run(main, "benchmark")
+
+
+if __name__ == "__main__":
+  run()
