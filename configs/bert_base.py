@@ -10,8 +10,8 @@ Phase 2 (the last 10% at length 512, weights from phase 1):
 Hardware: the paper's 4 Cloud TPUs (16 chips) for 4 days; on a v5e-16 add
 --config.mesh.shape='(1,16,1)' (FSDP) and check the fit first with
 `python -m bert_jax.aot --config=bert_base --topology=v5e-16`. Target: pretraining MLM
-accuracy ~0.7 and NSP accuracy ~0.97-0.98, what BERT-Base reaches (bert_jax's own figure:
-TBD-LEAD, not yet run end to end).
+accuracy ~0.7 and NSP accuracy ~0.97-0.98, what BERT-Base reaches (bert_jax has not
+run it end to end: no TPU has been available).
 
 ARG: `size=NAME` (a bare first value works: `:large`, `:L6_H768_A12`; see
 bert_jax.model.SIZES) and `phase=1|2`.

@@ -17,7 +17,8 @@ CPU scale (bundled corpus with dupe_factor 5, 300 steps: several epochs, so the 
       --root=/tmp/masking && python -m bert_jax.report --root=/tmp/masking
 
 Hardware and time: full scale, each point is a BERT-Base pretraining run (the paper's 4 Cloud
-TPUs for 4 days); CPU scale, 2 CPU cores, TBD-LEAD min per point.
+TPUs for 4 days); CPU scale, 2 CPU cores, not yet
+timed on this version (issue #21 runs it with the downstream suite).
 
 Result: not run at full scale here (no TPU). RoBERTa's Table 1 (BERT-Base size): static
 SQuAD 2.0 F1 78.3, MNLI-m 84.3, SST-2 92.5; dynamic 78.7, 84.0, 92.9 ("comparable or

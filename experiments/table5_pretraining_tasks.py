@@ -26,12 +26,14 @@ CPU scale (tiny model, bundled corpus, 300 steps; each run builds its own data):
       --root=/tmp/table5 && python -m bert_jax.report --root=/tmp/table5
 
 Hardware and time: full scale, each point is a BERT-Base pretraining run (the paper's 4 Cloud
-TPUs for 4 days); CPU scale, 2 CPU cores, TBD-LEAD min per point.
+TPUs for 4 days); CPU scale, 2 CPU cores, not yet
+timed on this version (issue #21 runs it with the downstream suite).
 
 Result: not run at full scale here (no TPU). The paper (dev sets, BERT-Base):
 MNLI-m 84.4 / 83.9 / 82.1, SQuAD F1 88.5 / 87.9 / 77.8 for mlm_nsp / mlm / ltr.
-CPU scale: TBD-LEAD (final train loss and eval accuracy of each row); expect the rows to be
-indistinguishable at this scale (300 steps are too short for NSP to learn).
+CPU scale: only the mlm_nsp row was measured, before the kernels split (docs/history.md: eval
+MLM accuracy 0.085 after 300 steps); expect the rows to be indistinguishable at this scale
+(300 steps are too short for NSP to learn).
 """
 
 from bert_jax import config_lib

@@ -18,7 +18,8 @@ CPU scale (bundled corpus, 300 steps):
       --root=/tmp/wwm && python -m bert_jax.report --root=/tmp/wwm
 
 Hardware and time: full scale, each point is a BERT-Base pretraining run (the paper's 4 Cloud
-TPUs for 4 days); CPU scale, 2 CPU cores, TBD-LEAD min per point.
+TPUs for 4 days); CPU scale, 2 CPU cores, not yet
+timed on this version (issue #21 runs it with the downstream suite).
 
 Result: not run at full scale here (no TPU). CPU scale: not yet run.
 """
