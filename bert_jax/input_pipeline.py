@@ -95,6 +95,8 @@ class RecordReader:
     self.dtype = np.dtype(metadata["token_dtype"]).newbyteorder("<")
     masking = metadata.get("masking")
     self.num_predictions = int(masking["max_predictions"]) if masking else 0
+    # train.validate makes the model's vocab_size equal to this one.
+    self.vocab_size = int(metadata["tokenizer"]["vocab_size"])
     self._sizes: list[int] | None = None
     self._sources = None
 
@@ -158,8 +160,15 @@ class RecordReader:
       raise ValueError(f"inconsistent record: num_tokens {n} > max_seq_length {self.length}")
     if m > self.num_predictions:
       raise ValueError(f"{m} masked positions but the metadata allows {self.num_predictions}")
+    inputs = r.tokens if not m else r.masked_tokens
+    for name, ids in (("token", inputs), ("label", r.masked_ids)):
+      # One vectorised max per array (token dtypes are unsigned: no id is negative). An id
+      # outside the embedding table would otherwise surface only as a NaN loss, or not at all
+      # (JAX clamps out-of-range gathers).
+      if ids is not None and ids.max() >= self.vocab_size:
+        raise ValueError(f"{name} id {ids.max()} outside the vocabulary [0, {self.vocab_size})")
     ex = self.padding_example()
-    ex["input_ids"][:n] = r.tokens if not m else r.masked_tokens
+    ex["input_ids"][:n] = inputs
     ex["segment_ids"][r.len_a : n] = 1
     ex["input_mask"][:n] = 1
     ex["next_sentence_label"] = np.int32(r.next_sentence_label)

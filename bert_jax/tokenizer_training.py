@@ -11,7 +11,8 @@ binary file, an empty corpus or a glob that matches nothing is a one-line error.
 written under a temporary name and renamed at the end, so a failed run leaves nothing behind.
 
 WordPiece: the text goes through BERT's basic tokenization (bert_jax.tokenizer.basic_tokenize,
-the same as at encode time), then the `tokenizers` WordPiece trainer. vocab.txt starts with
+the same as at encode time), then BPE-style merges with a fixed tie-break (_wordpiece_vocab): the
+same corpus gives the same vocab.txt bytes on every run. vocab.txt starts with
 [PAD] [UNK] [CLS] [SEP] [MASK] (ids 0-4). A vocab.txt does not record casing: load a cased one
 with load_tokenizer(path, lowercase=False).
 SentencePiece: [PAD]=0 (pad), [UNK]=1 (unk), [CLS]=2 [SEP]=3 [MASK]=4 (control pieces: never
@@ -20,11 +21,15 @@ matched in raw text); no BOS/EOS. --lowercase selects the nmt_nfkc_cf normalizat
 
 from __future__ import annotations
 
+import collections
 import gzip
+import heapq
 import io
+import itertools
 import os
+import random
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from absl import logging
 
@@ -32,6 +37,9 @@ from bert_jax import pretraining_data
 from bert_jax import tokenizer as tokenizer_lib
 
 _SNIFF_BYTES = 8192
+# SentencePiece trains on at most this many sentences (a uniform sample of a larger corpus).
+_SP_MAX_SENTENCES = 10_000_000
+_SP_THREADS = 16
 
 
 class CorpusReader:
@@ -101,37 +109,117 @@ class CorpusReader:
 def train_wordpiece(
   reader: CorpusReader, vocab_size: int, lowercase: bool = True
 ) -> tokenizer_lib.WordPieceTokenizer:
-  import tokenizers
-  from tokenizers import models, pre_tokenizers, trainers
-
-  hf = tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]"))
-  hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-  trainer = trainers.WordPieceTrainer(
-    vocab_size=vocab_size,
-    special_tokens=list(tokenizer_lib.SPECIAL_TOKENS),
-    continuing_subword_prefix="##",
-    # BERT's own vocab has ~1k single characters; rarer ones become [UNK].
-    limit_alphabet=min(1000, max(vocab_size // 4, 1)),
-    show_progress=False,
-  )
-
-  def batches():
-    batch = []
-    for line in reader:
-      batch.append(" ".join(tokenizer_lib.basic_tokenize(line, lowercase)))
-      if len(batch) == 1000:
-        yield batch
-        batch = []
-    yield batch
-
-  hf.train_from_iterator(batches(), trainer=trainer)
+  """A WordPiece vocab of the corpus; the same corpus always gives the same vocab.txt bytes."""
+  word_counts: collections.Counter[str] = collections.Counter()
+  for line in reader:
+    word_counts.update(tokenizer_lib.basic_tokenize(line, lowercase))
   reader.check_nonempty()
-  vocab = sorted(hf.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
-  tokens = [t for t, _ in vocab]
-  assert tokens[: len(tokenizer_lib.SPECIAL_TOKENS)] == list(tokenizer_lib.SPECIAL_TOKENS), tokens[
-    :5
-  ]
+  # BERT's own vocab has ~1k single characters; rarer ones become [UNK].
+  limit_alphabet = min(1000, max(vocab_size // 4, 1))
+  tokens = _wordpiece_vocab(word_counts, vocab_size, limit_alphabet)
   return tokenizer_lib.WordPieceTokenizer(tokens, lowercase=lowercase)
+
+
+def _wordpiece_vocab(
+  word_counts: dict[str, int], vocab_size: int, limit_alphabet: int
+) -> list[str]:
+  """Deterministic WordPiece vocab: BPE-style merges over word counts, ties by a fixed rule.
+
+  The contract of `tokenizers`' WordPieceTrainer, minus its hash-map order: specials, the
+  `limit_alphabet` most frequent characters (ties: smaller code point), their `##` forms where
+  a character occurs inside a word, then one token per merge. Each step merges the most frequent
+  adjacent pair; ties go to the lexicographically smallest (left, right) token strings. A
+  character outside the alphabet splits its word, so no token spans a character that encodes as
+  [UNK].
+  """
+  chars: dict[str, int] = {}
+  for word, n in word_counts.items():
+    for ch in word:
+      chars[ch] = chars.get(ch, 0) + n
+  alphabet = sorted(chars, key=lambda ch: (-chars[ch], ch))[:limit_alphabet]
+  tokens = list(tokenizer_lib.SPECIAL_TOKENS) + sorted(alphabet)
+  in_alphabet = set(alphabet)
+  inner = sorted({ch for w in word_counts for ch in w[1:] if ch in in_alphabet})
+  tokens += ["##" + ch for ch in inner]
+  token_id = {t: i for i, t in enumerate(tokens)}
+
+  # Each word (or alphabet-only piece of one) is a list of token ids with its count.
+  words: list[list[int]] = []
+  counts: list[int] = []
+  for word in sorted(word_counts):
+    n, piece = word_counts[word], []
+    for i, ch in enumerate(word):
+      if ch not in in_alphabet:
+        if len(piece) > 1:
+          words.append(piece)
+          counts.append(n)
+        piece = []
+        continue
+      piece.append(token_id[ch if i == 0 else "##" + ch])
+    if len(piece) > 1:
+      words.append(piece)
+      counts.append(n)
+
+  pair_count: dict[tuple[int, int], int] = {}
+  where: dict[tuple[int, int], set[int]] = {}
+  for w, (ids, n) in enumerate(zip(words, counts, strict=True)):
+    for pair in itertools.pairwise(ids):
+      pair_count[pair] = pair_count.get(pair, 0) + n
+      where.setdefault(pair, set()).add(w)
+  # Max-heap on (count, then smallest strings); stale entries are skipped when popped.
+  heap = [(-c, tokens[a], tokens[b], a, b) for (a, b), c in pair_count.items()]
+  heapq.heapify(heap)
+
+  while len(tokens) < vocab_size and heap:
+    neg, _, _, a, b = heapq.heappop(heap)
+    if pair_count.get((a, b), 0) != -neg or not neg:
+      continue
+    right = tokens[b][2:] if tokens[b].startswith("##") else tokens[b]
+    merged = tokens[a] + right
+    new = token_id.get(merged)
+    if new is None:
+      new = token_id[merged] = len(tokens)
+      tokens.append(merged)
+    changed: dict[tuple[int, int], int] = {}
+    for w in sorted(where.pop((a, b), ())):
+      ids, n, out, i = words[w], counts[w], [], 0
+      while i < len(ids):
+        if i + 1 < len(ids) and ids[i] == a and ids[i + 1] == b:
+          out.append(new)
+          i += 2
+        else:
+          out.append(ids[i])
+          i += 1
+      if len(out) == len(ids):
+        continue
+      for pair in itertools.pairwise(ids):
+        changed[pair] = changed.get(pair, 0) - n
+      for pair in itertools.pairwise(out):
+        changed[pair] = changed.get(pair, 0) + n
+        where.setdefault(pair, set()).add(w)
+      words[w] = out
+    for pair, delta in changed.items():
+      if delta:
+        c = pair_count[pair] = pair_count.get(pair, 0) + delta
+        if c > 0:
+          heapq.heappush(heap, (-c, tokens[pair[0]], tokens[pair[1]], *pair))
+        else:
+          pair_count.pop(pair, None)
+  return tokens[:vocab_size]
+
+
+def _sample_sentences(sentences: Iterable[str], size: int, seed: int = 0) -> list[str]:
+  """All sentences in order, or a uniform sample of `size` of them that the seed fixes."""
+  rng = random.Random(seed)
+  sample: list[str] = []
+  for i, sentence in enumerate(sentences):
+    if i < size:
+      sample.append(sentence)
+    else:
+      j = rng.randrange(i + 1)  # reservoir sampling (Algorithm R)
+      if j < size:
+        sample[j] = sentence
+  return sample
 
 
 def train_sentencepiece(
@@ -141,20 +229,12 @@ def train_sentencepiece(
 
   model = io.BytesIO()
   pad, unk, *control = tokenizer_lib.SPECIAL_TOKENS
-  sentences = iter(reader)
-  try:
-    first = next(sentences)
-  except StopIteration:
-    first = None
+  sentences = _sample_sentences(reader, _SP_MAX_SENTENCES)
   reader.check_nonempty()
-
-  def all_sentences():
-    yield first
-    yield from sentences
 
   try:
     spm.SentencePieceTrainer.train(
-      sentence_iterator=all_sentences(),
+      sentence_iterator=iter(sentences),
       model_writer=model,
       model_type=model_type,
       vocab_size=vocab_size,
@@ -167,9 +247,13 @@ def train_sentencepiece(
       unk_piece=unk,
       control_symbols=control,
       normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
-      input_sentence_size=10_000_000,
-      shuffle_input_sentence=True,
-      num_threads=os.cpu_count() or 1,
+      # Sampled above with a fixed seed: SentencePiece's own sampling differed run to run even
+      # after spm.set_random_generator_seed (0.2.3).
+      input_sentence_size=0,
+      shuffle_input_sentence=False,
+      # The thread count partitions the EM sums (so the float results): a constant, not the
+      # CPU count, gives the same .model bytes on any machine.
+      num_threads=_SP_THREADS,
       minloglevel=2,
     )
   except RuntimeError as e:

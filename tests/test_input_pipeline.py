@@ -1,6 +1,10 @@
 """input_pipeline: decoding, epochs, per-process sharding, exact resume, global arrays."""
 
 import os
+import pathlib
+import re
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -11,6 +15,7 @@ from bert_jax import input_pipeline as ip
 from bert_jax import pretraining_data as cd
 from bert_jax import records
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 SAMPLE = os.path.join(os.path.dirname(cd.__file__), "data", "sample_public_domain.txt")
 
 
@@ -222,3 +227,89 @@ def test_worker_processes_give_the_same_batches(data):
   for w, g in zip(want, got, strict=True):
     np.testing.assert_array_equal(w["example_id"], g["example_id"])
     np.testing.assert_array_equal(w["input_ids"], g["input_ids"])
+
+
+def _rewrite_shard(shard, change):
+  """Rewrites an ArrayRecord shard with change(index, Record) -> Record applied to each record."""
+  from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+
+  reader = ArrayRecordReader(str(shard))
+  raw = reader.read_all()
+  reader.close()
+  w = ArrayRecordWriter(str(shard), records.ARRAY_RECORD_OPTIONS)
+  for i, rec in enumerate(raw):
+    r = change(i, records.decode(rec, np.dtype("<u2")))
+    w.write(records.encode(*r))
+  w.close()
+
+
+def _with_token(r, position, value, field="tokens"):
+  ids = getattr(r, field).copy()
+  ids[position] = value
+  return r._replace(**{field: ids})
+
+
+def test_out_of_range_token_ids_name_the_record(tmp_path):
+  d = tmp_path / "d"
+  cd.build(
+    SAMPLE,
+    str(d),
+    max_seq_length=64,
+    eval_fraction=0,
+    write_masks=True,
+    num_workers=1,
+    progress=False,
+  )
+  meta = ip.read_metadata(str(d))
+  assert meta["tokenizer"]["vocab_size"] == 30522 and meta["token_dtype"] == "uint16"
+  shard = d / "train-00000-of-00001.array_record"
+  bad = {7: ("masked_tokens", 30522), 9: ("masked_ids", 65535)}
+
+  def change(i, r):
+    return _with_token(r, 0, bad[i][1], bad[i][0]) if i in bad else r
+
+  _rewrite_shard(shard, change)
+  reader = ip.RecordReader([str(shard)], meta)
+  assert reader.read(6)["input_ids"].max() < 30522 and reader.read(8)["masked_lm_ids"].max() < 30522
+  with pytest.raises(
+    ValueError,
+    match=r"train-00000-of-00001.array_record: corrupt record 7: token id 30522 outside the "
+    r"vocabulary \[0, 30522\)",
+  ):
+    reader.read(7)
+  with pytest.raises(ValueError, match=r"corrupt record 9: label id 65535 outside the vocabulary"):
+    reader.read(9)
+
+
+def test_out_of_range_token_id_stops_training_with_one_line(tmp_path):
+  # Every training record carries id 40000 >= the model's 30522: the run must stop at the first
+  # batch naming the shard and record, not train on clamped ids or report a NaN loss.
+  d = tmp_path / "d"
+  cd.build(SAMPLE, str(d), max_seq_length=64, eval_fraction=0.05, num_workers=1, progress=False)
+  _rewrite_shard(d / "train-00000-of-00001.array_record", lambda i, r: _with_token(r, 1, 40000))
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "bert_jax.main",
+      f"--config={ROOT / 'configs' / 'local.py'}:steps=2",
+      f"--workdir={tmp_path / 'wd'}",
+      f"--config.data.dir={d}",
+      "--config.model.vocab_size=30522",
+      "--config.model.hidden_size=32",
+      "--config.model.intermediate_size=64",
+      "--config.model.num_heads=2",
+      "--config.eval.every_steps=0",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert re.fullmatch(
+    r"main: error: \S*train-00000-of-00001\.array_record: corrupt record \d+: token id 40000 "
+    r"outside the vocabulary \[0, 30522\)",
+    last,
+  ), proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
