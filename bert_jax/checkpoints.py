@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 import grain
@@ -127,7 +128,10 @@ class Checkpointer:
     return state, r.meta
 
   def restore_latest(
-    self, abstract_state: dict, data_iter: Any = None, check: Any = None
+    self,
+    abstract_state: dict,
+    data_iter: Any = None,
+    check: Callable[[dict], None] | None = None,
   ) -> tuple[int, dict, dict] | None:
     """(step, state, meta) of the newest checkpoint that restores, or None when there is none.
 

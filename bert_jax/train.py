@@ -346,7 +346,8 @@ class MetricLogger:
     repair_metrics_log(self.path, resume_step)
     from tensorboardX import SummaryWriter
 
-    # purge_step hides the events a killed run logged after `resume_step`, as above.
+    # purge_step hides the events a killed run logged after `resume_step` (TensorBoard would
+    # show both runs' points at those steps).
     self.tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=resume_step + 1)
 
   def write(self, step: int, split: str, values: dict[str, float]) -> None:
