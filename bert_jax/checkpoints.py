@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import glob
 import json
+import logging as py_logging
 import os
 import re
 import shutil
@@ -53,6 +54,21 @@ def _split_step_dir(path: str) -> tuple[str, int | None]:
   if base.isdigit() and os.path.isdir(os.path.join(path, "meta")):
     return os.path.dirname(path.rstrip("/")), int(base)
   return path, None
+
+
+class _OrbaxTracebacks(py_logging.Filter):
+  """orbax logs each failed background write with its traceback before the error reaches
+  `Checkpointer`, which raises it as one line: keep orbax's one-line messages, and their
+  tracebacks only when logging is verbose (`--verbosity=0`)."""
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    verbose = py_logging.getLogger("absl").getEffectiveLevel() <= py_logging.INFO
+    if record.exc_info and "/orbax/" in record.pathname and not verbose:
+      record.exc_info = record.exc_text = None
+    return True
+
+
+py_logging.getLogger("absl").addFilter(_OrbaxTracebacks())
 
 
 class Checkpointer:
