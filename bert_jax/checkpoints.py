@@ -8,15 +8,22 @@ BertConfig and the tokenizer fingerprint -- never pickled, never evaluated.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import glob
 import json
+import logging as py_logging
 import os
+import re
+import shutil
+from collections.abc import Callable
 from typing import Any
 
 import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 
 from bert_jax import model as model_lib
 
@@ -49,6 +56,21 @@ def _split_step_dir(path: str) -> tuple[str, int | None]:
   return path, None
 
 
+class _OrbaxTracebacks(py_logging.Filter):
+  """orbax logs each failed background write with its traceback before the error reaches
+  `Checkpointer`, which raises it as one line: keep orbax's one-line messages, and their
+  tracebacks only when logging is verbose (`--verbosity=0`)."""
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    verbose = py_logging.getLogger("absl").getEffectiveLevel() <= py_logging.INFO
+    if record.exc_info and "/orbax/" in record.pathname and not verbose:
+      record.exc_info = record.exc_text = None
+    return True
+
+
+py_logging.getLogger("absl").addFilter(_OrbaxTracebacks())
+
+
 class Checkpointer:
   """Thin wrapper over ocp.CheckpointManager with the items bert_jax saves."""
 
@@ -71,6 +93,8 @@ class Checkpointer:
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(every_steps),
         read_only=read_only,
         create=not read_only,
+        # `<step>.orbax-checkpoint-tmp-*` dirs of a save that a kill or a full disk cut short.
+        cleanup_tmp_directories=not read_only,
       ),
     )
 
@@ -85,7 +109,24 @@ class Checkpointer:
     }
     if data_iter is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iter)
-    return self.mngr.save(step, args=ocp.args.Composite(**items), force=force)
+    with self._write_errors():
+      return self.mngr.save(step, args=ocp.args.Composite(**items), force=force)
+
+  @contextlib.contextmanager
+  def _write_errors(self):
+    """A failed write (disk full, permissions; an async one surfaces at the next save or at
+    close) becomes one OSError naming the directory, and its temporary directory goes."""
+    try:
+      yield
+    except Exception as e:  # TensorStore reports I/O errors as ValueError and others
+      if jax.process_index() == 0:
+        for tmp in glob.glob(os.path.join(self.directory, "*" + ocp.utils.TMP_DIR_SUFFIX + "*")):
+          shutil.rmtree(tmp, ignore_errors=True)
+      reason = _root_cause(e)[:400]
+      # TensorStore ends an OS error with [os_error_code='28']: say it as strerror does.
+      if m := re.search(r"os_error_code='?(\d+)", _root_cause(e)):
+        reason = f"{os.strerror(int(m.group(1)))} (errno {m.group(1)})"
+      raise OSError(f"cannot write a checkpoint in {self.directory}: {reason}") from e
 
   def restore(self, step: int, abstract_state: dict, data_iter: Any = None) -> tuple[dict, dict]:
     """Restores the full train state onto the shardings carried by `abstract_state`."""
@@ -102,12 +143,104 @@ class Checkpointer:
     state = {"step": r.opt_state["step"], "params": r.params, "opt_state": r.opt_state["opt_state"]}
     return state, r.meta
 
+  def restore_latest(
+    self,
+    abstract_state: dict,
+    data_iter: Any = None,
+    check: Callable[[dict], None] | None = None,
+  ) -> tuple[int, dict, dict] | None:
+    """(step, state, meta) of the newest checkpoint that restores, or None when there is none.
+
+    A checkpoint that fails to restore (truncated or corrupt file, missing item) is reported
+    in one warning and moved to `<checkpoints>.unreadable/<step>`, so that training on from an
+    older one can save that step again; none is moved unless an older one restores. `check(meta)`
+    runs before the weights are read: its errors (a user's config mismatch) are not corruption
+    and propagate. If no checkpoint restores, one line names the directory.
+    """
+    steps = sorted(self.mngr.all_steps(), reverse=True)
+    unreadable: list[int] = []
+    for step in steps:
+      error = None
+      try:
+        meta = self._restore_meta(step)
+      except Exception as e:  # orbax/TensorStore raise many types for missing/corrupt files
+        error = e
+      if error is None and check is not None:
+        check(meta)
+      if error is None:
+        try:
+          state, meta = self.restore(step, abstract_state, data_iter)
+        except Exception as e:
+          error = e
+      # Every process must fall back to the same step (a shard can be corrupt on one host only).
+      if _all_processes(error is None):
+        if unreadable:
+          self._move_unreadable(unreadable)
+        return step, state, meta
+      self._warn_unreadable(step, error or RuntimeError("failed on another process"), steps)
+      unreadable.append(step)
+    if steps:
+      raise ValueError(
+        f"no checkpoint in {self.directory} restores (steps {', '.join(map(str, steps))}; "
+        "see the warnings above): move the directory away to train from scratch"
+      )
+    return None
+
+  def _restore_meta(self, step: int) -> dict:
+    meta = self.mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+      raise ValueError(f"meta is not a {FORMAT} record")
+    return meta
+
+  def _warn_unreadable(self, step: int, error: BaseException, steps: list[int]) -> None:
+    older = [s for s in steps if s < step]
+    then = f"trying step {older[0]}" if older else "no older checkpoint"
+    logging.warning(
+      "checkpoint %s/%d does not restore (%s); %s",
+      self.directory,
+      step,
+      _root_cause(error)[:400],
+      then,
+    )
+
+  def _move_unreadable(self, steps: list[int]) -> None:
+    aside = self.directory.rstrip("/") + ".unreadable"
+    if jax.process_index() == 0:
+      os.makedirs(aside, exist_ok=True)
+      for step in steps:
+        dst = os.path.join(aside, str(step))
+        if os.path.exists(dst):
+          shutil.rmtree(dst)
+        os.replace(os.path.join(self.directory, str(step)), dst)
+        logging.warning("moved the unreadable checkpoint %s/%d to %s", self.directory, step, dst)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+
+      multihost_utils.sync_global_devices("bert_jax:unreadable_moved")
+    self.mngr.reload()
+
   def wait(self) -> None:
-    self.mngr.wait_until_finished()
+    with self._write_errors():
+      self.mngr.wait_until_finished()
 
   def close(self) -> None:
-    self.mngr.wait_until_finished()
+    self.wait()
     self.mngr.close()
+
+
+def _root_cause(error: BaseException) -> str:
+  """The innermost exception on one line: TensorStore's own message says what is wrong."""
+  while error.__cause__ or error.__context__:
+    error = error.__cause__ or error.__context__
+  return f"{type(error).__name__}: " + " ".join(str(error).split())
+
+
+def _all_processes(ok: bool) -> bool:
+  if jax.process_count() == 1:
+    return ok
+  from jax.experimental import multihost_utils
+
+  return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
 
 
 def read_meta(path: str, step: int | None = None) -> tuple[dict, int, str]:
@@ -179,6 +312,33 @@ def restore_params(path: str, abstract_params: Any, step: int | None = None) -> 
   finally:
     mngr.close()
   return r.params, meta
+
+
+def write_atomic(path: str, text: str) -> None:
+  """Writes `text` to `path` under a temporary name, then renames it: a kill or a full disk
+  never leaves a partial file. Errors are one line naming `path`."""
+  tmp = path + ".tmp"
+  try:
+    with open(tmp, "w") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except OSError as e:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise OSError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def copytree_atomic(src: str, dst: str) -> None:
+  """`shutil.copytree` under a temporary name, then a rename (as `write_atomic`)."""
+  tmp = dst.rstrip("/") + ".tmp"
+  try:
+    if os.path.exists(tmp):  # left by a killed run
+      shutil.rmtree(tmp)
+    shutil.copytree(src, tmp)
+    os.replace(tmp, dst)
+  except OSError as e:  # shutil.Error too
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise OSError(f"cannot copy {src} to {dst}: {e.strerror or e}") from None
 
 
 def single_device_target(abstract: Any, device: Any = None) -> Any:

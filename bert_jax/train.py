@@ -13,7 +13,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -309,6 +308,32 @@ def restore_init_from(path: str, cfg, abstract_params, tokenizer=None) -> Any:
 # ----------------------------------------------------------------------------- logging
 
 
+def repair_metrics_log(path: str, resume_step: int) -> None:
+  """Makes `path` (metrics.jsonl) the history up to `resume_step`: the rows a killed run wrote
+  after its last checkpoint are replayed exactly by the resumed run, so they go; a torn last
+  line (a kill or a full disk during the append) goes with a warning. Rewritten atomically."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    lines = f.read().split("\n")
+  kept = []
+  for i, line in enumerate(lines):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      if i < len(lines) - 1 and any(ln.strip() for ln in lines[i + 1 :]):
+        raise ValueError(
+          f"{path}:{i + 1} is not a JSON row ({e}); fix or remove that line"
+        ) from None
+      logging.warning("%s: removed a torn last line (%d bytes)", path, len(line))
+      continue
+    if row["step"] <= resume_step:
+      kept.append(line + "\n")
+  ckpt_lib.write_atomic(path, "".join(kept))
+
+
 class MetricLogger:
   """metrics.jsonl + TensorBoard (process 0 only) + console."""
 
@@ -318,27 +343,39 @@ class MetricLogger:
     self.tb = None
     if not self.enabled:
       return
-    # History after the restored step is replayed exactly; drop what a killed run wrote.
-    if os.path.exists(self.path):
-      with open(self.path) as f:
-        kept = [ln for ln in f if ln.strip() and json.loads(ln)["step"] <= resume_step]
-      tmp = self.path + ".tmp"
-      with open(tmp, "w") as f:
-        f.writelines(kept)
-      os.replace(tmp, self.path)
+    repair_metrics_log(self.path, resume_step)
     from tensorboardX import SummaryWriter
 
-    self.tb = SummaryWriter(os.path.join(workdir, "tb"))
+    # purge_step hides the events a killed run logged after `resume_step` (TensorBoard would
+    # show both runs' points at those steps).
+    self.tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=resume_step + 1)
 
   def write(self, step: int, split: str, values: dict[str, float]) -> None:
     if not self.enabled:
       return
     row = {"step": int(step), "split": split, **{k: float(v) for k, v in values.items()}}
-    with open(self.path, "a") as f:
-      f.write(json.dumps(row) + "\n")
-    for k, v in values.items():
-      self.tb.add_scalar(f"{split}/{k}", float(v), int(step))
-    self.tb.flush()
+    data = (json.dumps(row) + "\n").encode()
+    fd = None
+    try:
+      fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+      size = os.lseek(fd, 0, os.SEEK_END)
+      try:
+        while data:
+          data = data[os.write(fd, data) :]
+      except OSError:
+        os.ftruncate(fd, size)  # no torn row left behind; truncating needs no free space
+        raise
+    except OSError as e:
+      raise OSError(f"cannot write {self.path}: {e.strerror or e}") from None
+    finally:
+      if fd is not None:
+        os.close(fd)
+    try:
+      for k, v in values.items():
+        self.tb.add_scalar(f"{split}/{k}", float(v), int(step))
+      self.tb.flush()
+    except OSError as e:
+      raise OSError(f"cannot write {self.tb.logdir}: {e.strerror or e}") from None
 
   def close(self) -> None:
     if self.tb is not None:
@@ -463,10 +500,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   train_iter = iter(train_dataset(config, data_dir))
 
   pending: dict[str, float] = {}  # metric sums of the current, unfinished log window
-  start_step = ckpt.latest_step()
-  if start_step is not None:
-    state, meta = ckpt.restore(start_step, abstract_state, train_iter)
-    ckpt_lib.check_same_architecture(meta, cfg, ckpt.directory)
+  restored = ckpt.restore_latest(
+    abstract_state,
+    train_iter,
+    check=lambda m: ckpt_lib.check_same_architecture(m, cfg, ckpt.directory),
+  )
+  if restored is not None:
+    start_step, state, meta = restored
     pending = meta.get("pending_metrics", {})
     console(f"Resumed from {ckpt.directory} at step {start_step}")
   else:
@@ -486,11 +526,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     "data_dir": os.path.abspath(data_dir),
   }
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      json.dump(meta_base["config"], f, indent=2)
+    ckpt_lib.write_atomic(
+      os.path.join(workdir, "config.json"), json.dumps(meta_base["config"], indent=2)
+    )
     tok_dir = os.path.join(workdir, "tokenizer")
     if not os.path.isdir(tok_dir):
-      shutil.copytree(os.path.join(data_dir, "tokenizer"), tok_dir)
+      ckpt_lib.copytree_atomic(os.path.join(data_dir, "tokenizer"), tok_dir)
 
   with sh.mesh_context(mesh, rules):
     p_train_step = jit_train_step(

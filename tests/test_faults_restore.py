@@ -1,0 +1,244 @@
+"""Faults on restore and on write, as real runs of `python -m bert_jax.main` on real files: a
+corrupt newest checkpoint falls back to the previous one, a torn metrics.jsonl tail is repaired,
+a full disk (a file-size limit: the kernel's EFBIG, the same failed write as ENOSPC) ends in one
+line and the run resumes afterwards. Plus the in-process pieces: TensorBoard purge on resume,
+no partial metrics row, atomic config.json / tokenizer copy."""
+
+import glob
+import json
+import os
+import resource
+import signal
+import struct
+import subprocess
+import time
+
+import pytest
+from test_train import _env, _main_cmd, _rows
+
+from bert_jax import checkpoints as ckpt_lib
+from bert_jax import train
+
+
+def _run(workdir, data_dir, steps, fsize=None):
+  cmd = _main_cmd(workdir, data_dir, steps)
+  if fsize:  # writes past `fsize` bytes fail with EFBIG (SIGXFSZ ignored), then exec the trainer
+    limit = (
+      "import os, resource as r, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+      f"r.setrlimit(r.RLIMIT_FSIZE, ({fsize}, r.getrlimit(r.RLIMIT_FSIZE)[1])); "
+      "os.execv(sys.executable, [sys.executable] + sys.argv[1:])"
+    )
+    cmd = [cmd[0], "-c", limit, *cmd[1:]]
+  return subprocess.run(cmd, env=_env(), capture_output=True, text=True)
+
+
+def _run_until_killed(workdir, data_dir, steps):
+  """Starts a run and SIGKILLs it once its step-4 checkpoint is committed and step 5 logged
+  (the same command then resumes, so no config changes between runs); returns that step."""
+  proc = subprocess.Popen(
+    _main_cmd(workdir, data_dir, steps),
+    env=_env(),
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
+  log = workdir / "metrics.jsonl"
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    # orbax renames a save to its step number only once it is committed
+    lines = log.read_text().split("\n")[:-1] if log.exists() else []  # whole lines only
+    if (workdir / "checkpoints" / "4").is_dir() and any(
+      json.loads(ln)["step"] >= 5 for ln in lines
+    ):
+      break
+    time.sleep(0.05)
+  assert proc.poll() is None, "run finished before it could be killed"
+  proc.kill()
+  proc.wait()
+  return ckpt_lib.read_meta(str(workdir))[1]
+
+
+def _error_lines(text):
+  # TensorStore's reads or writes still in flight when a restore or save fails can print
+  # "RuntimeError: Event loop is closed" tracebacks at exit, around the one-line error.
+  return [ln for ln in text.splitlines() if ln.startswith("main: error:")]
+
+
+def _steps(workdir, split="train"):
+  return [r["step"] for r in _rows(workdir, split)]
+
+
+def _truncate_largest(step_dir):
+  """Cuts the biggest array file of a checkpoint's params to 1 KB (a torn copy or upload)."""
+  files = glob.glob(os.path.join(step_dir, "params", "**", "*"), recursive=True)
+  big = max((f for f in files if os.path.isfile(f)), key=os.path.getsize)
+  assert os.path.getsize(big) > 100_000
+  os.truncate(big, 1000)
+
+
+@pytest.mark.slow
+def test_corrupt_latest_checkpoint_falls_back(tiny_data_dir, tmp_path):
+  wd = tmp_path / "wd"
+  r = _run(wd, tiny_data_dir, 12)  # checkpoints at 8 and 12 (keep=2)
+  assert r.returncode == 0, r.stderr[-2000:]
+  first = _rows(wd)
+  _truncate_largest(wd / "checkpoints" / "12")
+  stale = wd / "checkpoints" / "10.orbax-checkpoint-tmp-1234"  # a save a kill cut short
+  stale.mkdir()
+  (stale / "junk").write_text("x")
+
+  r = _run(wd, tiny_data_dir, 12)
+  assert r.returncode == 0, r.stderr[-2000:]
+  warning = [ln for ln in r.stderr.splitlines() if "does not restore" in ln]
+  assert len(warning) == 1 and f"{wd}/checkpoints/12 does not restore" in warning[0]
+  assert "trying step 8" in warning[0]
+  assert "Resumed from" in r.stdout and "at step 8" in r.stdout
+  assert (wd / "checkpoints.unreadable" / "12" / "params").is_dir()  # kept for inspection
+  assert sorted(os.listdir(wd / "checkpoints")) == ["12", "8"]  # 12 saved anew; stale tmp gone
+  assert ckpt_lib.read_meta(str(wd))[1] == 12
+  # Steps 9-12 replayed from step 8 exactly as the first run trained them.
+  strip = lambda rows: [r for r in rows if r["split"] != "perf"]
+  assert strip(_rows(wd)) == strip(first) and _steps(wd) == list(range(1, 13))
+
+
+@pytest.mark.slow
+def test_no_checkpoint_restores_is_one_line(tiny_data_dir, tmp_path):
+  wd = tmp_path / "wd"
+  assert _run(wd, tiny_data_dir, 8).returncode == 0
+  for step in ("4", "8"):
+    _truncate_largest(wd / "checkpoints" / step)
+  r = _run(wd, tiny_data_dir, 8)
+  assert r.returncode == 1
+  assert _error_lines(r.stderr) == [
+    f"main: error: no checkpoint in {wd}/checkpoints restores (steps 8, 4; see the warnings "
+    "above): move the directory away to train from scratch"
+  ]
+  assert sorted(os.listdir(wd / "checkpoints")) == ["4", "8"]  # nothing moved or deleted
+  assert not (wd / "checkpoints.unreadable").exists()
+
+
+@pytest.mark.slow
+def test_torn_metrics_tail_is_repaired(tiny_data_dir, tmp_path):
+  wd, steps = tmp_path / "wd", 24
+  resume_step = _run_until_killed(wd, tiny_data_dir, steps)
+  with open(wd / "metrics.jsonl", "a") as f:
+    f.write('{"step": 9, "split": "train", "mlm_lo')  # killed mid-append
+
+  r = _run(wd, tiny_data_dir, steps)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert f"{wd}/metrics.jsonl: removed a torn last line" in r.stderr
+  assert f"at step {resume_step}" in r.stdout
+  with open(wd / "metrics.jsonl") as f:
+    rows = [json.loads(ln) for ln in f]  # every line parses
+  assert [r["step"] for r in rows if r["split"] == "train"] == list(range(1, steps + 1))
+  assert [r["step"] for r in rows if r["split"] == "eval"] == [steps]
+
+
+@pytest.mark.slow
+def test_disk_full_during_save_is_one_line_and_resumable(tiny_data_dir, tmp_path):
+  wd, steps = tmp_path / "wd", 24
+  resume_step = _run_until_killed(wd, tiny_data_dir, steps)
+  committed = sorted(os.listdir(wd / "checkpoints"))
+  # A checkpoint's arrays are MBs at vocab 30522; metrics, config and the compile cache fit.
+  r = _run(wd, tiny_data_dir, steps, fsize=1_000_000)
+  assert r.returncode == 1
+  assert f"at step {resume_step}" in r.stdout
+  assert _error_lines(r.stderr) == [
+    f"main: error: cannot write a checkpoint in {wd}/checkpoints: File too large (errno 27)"
+  ]
+  assert sorted(os.listdir(wd / "checkpoints")) == committed  # no partial save left behind
+  assert not list(wd.glob("*.tmp"))
+
+  r = _run(wd, tiny_data_dir, steps)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert f"at step {resume_step}" in r.stdout
+  assert ckpt_lib.read_meta(str(wd))[1] == steps
+  assert _steps(wd) == list(range(1, steps + 1))
+
+
+# ----------------------------------------------------------------------------- in-process
+
+
+def _tb_visible_steps(tb_dir):
+  """Steps per tag as TensorBoard shows them: a SessionLog.START at step S (purge_step) hides
+  every earlier-written event at step >= S."""
+  from tensorboardX.proto import event_pb2
+
+  events = []
+  for path in sorted(glob.glob(os.path.join(tb_dir, "events.*"))):
+    data = open(path, "rb").read()
+    i = 0
+    while i < len(data):  # TFRecord: length, crc, payload, crc
+      (n,) = struct.unpack("<Q", data[i : i + 8])
+      events.append(event_pb2.Event.FromString(data[i + 12 : i + 12 + n]))
+      i += 12 + n + 4
+  shown: dict[str, list[int]] = {}
+  for e in events:
+    if e.HasField("session_log") and e.session_log.status == event_pb2.SessionLog.START:
+      shown = {k: [s for s in v if s < e.step] for k, v in shown.items()}
+    for v in e.summary.value:
+      shown.setdefault(v.tag, []).append(e.step)
+  return shown
+
+
+def test_resume_drops_later_rows_and_tensorboard_events(tmp_path):
+  log = train.MetricLogger(str(tmp_path), 0)
+  for step in range(1, 7):  # a run killed after step 6, its last checkpoint at 4
+    log.write(step, "train", {"loss": float(step)})
+  log.close()
+  time.sleep(1.1)  # tensorboardX names event files by the second: a real restart takes longer
+  log = train.MetricLogger(str(tmp_path), 4)
+  for step in (5, 6, 7):
+    log.write(step, "train", {"loss": 10.0 + step})
+  log.close()
+  assert [(r["step"], r["loss"]) for r in _rows(tmp_path)] == [
+    (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 15.0), (6, 16.0), (7, 17.0)
+  ]  # fmt: skip
+  assert _tb_visible_steps(tmp_path / "tb") == {"train/loss": [1, 2, 3, 4, 5, 6, 7]}
+
+
+def test_torn_line_inside_the_log_is_an_error(tmp_path):
+  (tmp_path / "metrics.jsonl").write_text('{"step": 1, "spl\n{"step": 2, "split": "train"}\n')
+  with pytest.raises(ValueError, match=r"metrics.jsonl:1 is not a JSON row"):
+    train.repair_metrics_log(str(tmp_path / "metrics.jsonl"), 10)
+
+
+@pytest.fixture
+def file_size_limit():
+  """Sets this process's file-size limit (writes past it fail with EFBIG) and restores it."""
+  old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+  old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+  yield lambda n: resource.setrlimit(resource.RLIMIT_FSIZE, (n, old_limit[1]))
+  resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+  signal.signal(signal.SIGXFSZ, old_handler)
+
+
+def test_failed_metrics_append_leaves_no_partial_row(tmp_path, file_size_limit):
+  log = train.MetricLogger(str(tmp_path), 0)
+  log.write(1, "train", {"loss": 1.0})
+  before = (tmp_path / "metrics.jsonl").read_bytes()
+  file_size_limit(len(before) + 10)
+  with pytest.raises(OSError, match=f"^cannot write {tmp_path}/metrics.jsonl: File too large$"):
+    log.write(2, "train", {"loss": 2.0})
+  assert (tmp_path / "metrics.jsonl").read_bytes() == before
+  file_size_limit(resource.RLIM_INFINITY)
+  log.close()
+
+
+def test_atomic_writes_keep_the_old_file(tmp_path, file_size_limit):
+  path = tmp_path / "config.json"
+  ckpt_lib.write_atomic(str(path), "old")
+  src = tmp_path / "src"
+  src.mkdir()
+  (src / "vocab.txt").write_text("y" * 1000)
+  file_size_limit(100)
+  with pytest.raises(OSError, match=f"^cannot write {path}: File too large$"):
+    ckpt_lib.write_atomic(str(path), "x" * 1000)
+  assert path.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["config.json", "src"]
+
+  (tmp_path / "tokenizer.tmp").mkdir()  # left by a killed copy
+  with pytest.raises(OSError, match=f"^cannot copy {src} to {tmp_path}/tokenizer: "):
+    ckpt_lib.copytree_atomic(str(src), str(tmp_path / "tokenizer"))
+  assert sorted(os.listdir(tmp_path)) == ["config.json", "src"]
+  file_size_limit(resource.RLIM_INFINITY)
+  ckpt_lib.copytree_atomic(str(src), str(tmp_path / "tokenizer"))
+  assert (tmp_path / "tokenizer" / "vocab.txt").read_text() == "y" * 1000
