@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 from typing import Any
 
@@ -141,13 +142,25 @@ def _pid_alive(pid: int) -> bool:
 
 class WorkdirLock:
   """`<workdir>/bert_jax.lock`, held by process 0 for the whole run: a second trainer on the
-  same workdir stops with one line. A lock left by a dead process on this host (its pid is
-  gone) is taken over; a lock from another host cannot be checked and names itself so a user
-  who knows that run is dead can delete it."""
+  same workdir stops with one line. A lock left by a dead process is taken over: on this host
+  when its pid is gone; from another host (whose pids cannot be checked) when its holder has
+  not refreshed it for `STALE_S` (a live holder touches it every `HEARTBEAT_S`)."""
+
+  HEARTBEAT_S = 30.0
+  STALE_S = 600.0
 
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, LOCK_FILE)
     self.held = False
+    self._stop = threading.Event()
+    self._thread: threading.Thread | None = None
+
+  def _heartbeat(self) -> None:
+    while not self._stop.wait(self.HEARTBEAT_S):
+      try:
+        os.utime(self.path)
+      except OSError as e:  # the run goes on; a second trainer may take the lock in STALE_S
+        logging.warning("Cannot refresh the workdir lock %s: %s", self.path, e)
 
   def _try_create(self, owner: dict) -> bool:
     try:
@@ -177,6 +190,8 @@ class WorkdirLock:
     for _ in range(3):
       if self._try_create(owner):
         self.held = True
+        self._thread = threading.Thread(target=self._heartbeat, daemon=True, name="lock")
+        self._thread.start()
         return ""
       try:
         with open(self.path) as f:
@@ -194,6 +209,10 @@ class WorkdirLock:
           pass
         time.sleep(0.1)
         continue
+      try:
+        age = time.time() - os.path.getmtime(self.path)
+      except FileNotFoundError:
+        continue
       if other.get("host") == owner["host"] and isinstance(other.get("pid"), int):
         if _pid_alive(other["pid"]):
           return (
@@ -201,20 +220,25 @@ class WorkdirLock:
             f"this host, {self.path})"
           )
         logging.warning("Removing stale lock %s of dead pid %d", self.path, other["pid"])
-        try:
-          os.remove(self.path)
-        except FileNotFoundError:
-          pass
-      else:
+      elif age < self.STALE_S:
         return (
           f"{os.path.dirname(self.path)} is in use by a trainer on host {other.get('host')} "
-          f"(pid {other.get('pid')}); if that run is dead, delete {self.path}"
+          f"(pid {other.get('pid')}, lock refreshed {age:.0f} s ago; taken over after "
+          f"{self.STALE_S:.0f} s without refresh, or delete {self.path} if that run is dead)"
         )
+      else:
+        logging.warning("Removing stale lock %s, not refreshed for %.0f s", self.path, age)
+      try:
+        os.remove(self.path)
+      except FileNotFoundError:
+        pass
     return f"cannot take the lock {self.path}: it keeps changing (another trainer starting?)"
 
   def release(self) -> None:
     if self.held:
       self.held = False
+      self._stop.set()
+      self._thread.join()
       try:
         os.remove(self.path)
       except FileNotFoundError:

@@ -86,20 +86,25 @@ def test_stale_lock_of_a_dead_process_does_not_block(tiny_data_dir, tmp_path):
   assert not (wd / preemption.LOCK_FILE).exists()
 
 
-def test_lock_of_a_live_process_or_another_host_refuses(tmp_path):
+def test_lock_refuses_a_live_holder_and_takes_over_a_dead_ones(tmp_path):
   lock = preemption.WorkdirLock(str(tmp_path))
-  (tmp_path / preemption.LOCK_FILE).write_text(json.dumps({"host": "tpu-7", "pid": 12}))
-  with pytest.raises(OSError, match=r"in use by a trainer on host tpu-7 \(pid 12\); if that run"):
-    lock.acquire()
-  (tmp_path / preemption.LOCK_FILE).write_text(
-    json.dumps({"host": socket.gethostname(), "pid": os.getppid()})
-  )
+  path = tmp_path / preemption.LOCK_FILE
+  path.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid()}))
   with pytest.raises(OSError, match=f"in use by another trainer \\(pid {os.getppid()} on this"):
     lock.acquire()
-  os.remove(tmp_path / preemption.LOCK_FILE)
+  path.write_text(json.dumps({"host": "tpu-7", "pid": 12}))
+  with pytest.raises(OSError, match=r"in use by a trainer on host tpu-7 \(pid 12, lock refreshed"):
+    lock.acquire()
+  # Another host's lock that nobody refreshed for STALE_S is a dead run's: taken over.
+  old = time.time() - lock.STALE_S - 5
+  os.utime(path, (old, old))
+  lock.HEARTBEAT_S = 0.05
   with lock:
-    assert json.loads((tmp_path / preemption.LOCK_FILE).read_text())["pid"] == os.getpid()
-  assert not (tmp_path / preemption.LOCK_FILE).exists()
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    os.utime(path, (old, old))
+    time.sleep(0.5)
+    assert time.time() - path.stat().st_mtime < 5  # the holder keeps its lock fresh
+  assert not path.exists()
 
 
 def _two_process_cmds(workdir, data_dir, steps):
@@ -109,9 +114,11 @@ def _two_process_cmds(workdir, data_dir, steps):
   return [_main_cmd(workdir, data_dir, steps, [*extra, f"--process_id={i}"]) for i in range(2)]
 
 
-def _start(cmds):
+def _start(cmds, env=None):
   return [
-    subprocess.Popen(c, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    subprocess.Popen(
+      c, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     for c in cmds
   ]
 
@@ -121,25 +128,31 @@ def _finish(procs, timeout=400):
   return [p.returncode for p in procs], [err for _, err in outs]
 
 
+def _preempt_process_1(workdir, data_dir, steps, sig, env=None):
+  """Runs 2 processes, sends `sig` to process 1 only (the host that writes no metrics) and
+  checks that both stop at the same step, save it and exit with the preemption status."""
+  procs = _start(_two_process_cmds(workdir, data_dir, steps), env)
+  _wait_for_step(procs[0], workdir, 3)
+  procs[1].send_signal(sig)
+  rcs, errs = _finish(procs)
+  assert rcs == [preemption.EXIT_PREEMPTED] * 2, errs[0][-2000:] + errs[1][-2000:]
+  stops = [[ln for ln in e.splitlines() if "all processes save step" in ln] for e in errs]
+  assert all(len(s) == 1 for s in stops), errs
+  saved = ckpt_lib.read_meta(str(workdir))[1]
+  assert all(s[0].endswith(f"all processes save step {saved} and exit") for s in stops)
+  assert 3 <= saved < steps and saved == max(r["step"] for r in _rows(workdir))
+
+
 @pytest.mark.slow
 def test_sigterm_to_one_of_two_processes_saves_the_same_step_on_both(tiny_data_dir, tmp_path):
+  """JAX's preemption sync; the rerun ends bit-identical to an uninterrupted 2-process run."""
   steps = 60
   ref = tmp_path / "ref"
   rcs, errs = _finish(_start(_two_process_cmds(ref, tiny_data_dir, steps)))
   assert rcs == [0, 0], errs[0][-2000:] + errs[1][-2000:]
 
   wd = tmp_path / "wd"
-  procs = _start(_two_process_cmds(wd, tiny_data_dir, steps))
-  _wait_for_step(procs[0], wd, 3)
-  procs[1].send_signal(signal.SIGTERM)  # the host without the metrics: only it is preempted
-  rcs, errs = _finish(procs)
-  assert rcs == [preemption.EXIT_PREEMPTED] * 2, errs[0][-2000:] + errs[1][-2000:]
-  stops = [[ln for ln in e.splitlines() if "all processes save step" in ln] for e in errs]
-  assert all(len(s) == 1 for s in stops), errs
-  saved = ckpt_lib.read_meta(str(wd))[1]
-  assert all(s[0].endswith(f"all processes save step {saved} and exit") for s in stops)
-  assert 3 <= saved < steps and saved == max(r["step"] for r in _rows(wd))
-
+  _preempt_process_1(wd, tiny_data_dir, steps, signal.SIGTERM)
   rcs, errs = _finish(_start(_two_process_cmds(wd, tiny_data_dir, steps)))
   assert rcs == [0, 0], errs[0][-2000:] + errs[1][-2000:]
   step_a, pa = _params(wd)
@@ -148,3 +161,18 @@ def test_sigterm_to_one_of_two_processes_saves_the_same_step_on_both(tiny_data_d
   for a, b in zip(jax.tree.leaves(pa), jax.tree.leaves(pb), strict=True):
     np.testing.assert_array_equal(a, b)
   assert _rows(wd) == _rows(ref) and _rows(wd, "eval") == _rows(ref, "eval")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "sig, service",
+  [(signal.SIGHUP, "true"), (signal.SIGTERM, "false")],
+  ids=["SIGHUP-jax_sync", "SIGTERM-allgather"],
+)
+def test_other_signal_or_no_preemption_service_on_two_processes(
+  tiny_data_dir, tmp_path, sig, service
+):
+  """SIGHUP (and SIGINT) take JAX's SIGTERM path; with JAX's preemption service disabled the
+  processes agree through an allgather of a per-process flag."""
+  env = _env(JAX_ENABLE_PREEMPTION_SERVICE=service)
+  _preempt_process_1(tmp_path / "wd", tiny_data_dir, 60, sig, env)
