@@ -2,7 +2,13 @@ r"""Pretraining entry point: flags only.
 
   python -m bert_jax.main --config=configs/bert_base.py:base --workdir=/tmp/bert \
       --config.data.dir=/data/wiki_books_128
+
+Exit status: 0 when the run reached its last step; 75 (`preemption.EXIT_PREEMPTED`) when
+SIGTERM, SIGINT or SIGHUP stopped it after saving a checkpoint (rerun the same command to
+resume); 1 for an error a user can fix (one line on stderr), 2 for a bad flag or config.
 """
+
+import sys
 
 from absl import flags, logging
 from ml_collections import config_flags
@@ -45,7 +51,7 @@ def main(argv: list[str]) -> None:
       num_processes=_NUM_PROCESSES.value,
       process_id=_PROCESS_ID.value,
     )
-  from bert_jax import train
+  from bert_jax import preemption, train
 
   logging.info(
     "JAX %s: %d processes, %d devices (%s)",
@@ -55,10 +61,12 @@ def main(argv: list[str]) -> None:
     jax.devices()[0].device_kind,
   )
   try:
-    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   finally:
     if _DISTRIBUTED.value:
       jax.distributed.shutdown()
+  if result["preempted"]:
+    sys.exit(preemption.EXIT_PREEMPTED)
 
 
 def run() -> None:

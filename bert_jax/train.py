@@ -13,7 +13,6 @@ import dataclasses
 import json
 import math
 import os
-import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +36,7 @@ from bert_jax import (
   tokenizer_training,
 )
 from bert_jax import model as model_lib
+from bert_jax import preemption as preemption_lib
 from bert_jax import sharding as sh
 from bert_jax import tokenizer as tokenizer_lib
 
@@ -401,29 +401,6 @@ def _fmt_time(s: float) -> str:
 # ----------------------------------------------------------------------------- loop
 
 
-class _Preemption:
-  """SIGTERM (TPU preemption, SLURM) sets a flag; the loop saves and exits cleanly."""
-
-  def __init__(self):
-    self.requested = False
-    self._old = None
-
-  def __enter__(self):
-    try:
-      self._old = signal.signal(signal.SIGTERM, self._handle)
-    except ValueError:  # not the main thread
-      self._old = None
-    return self
-
-  def _handle(self, signum, frame):
-    logging.warning("SIGTERM received: saving a checkpoint and exiting")
-    self.requested = True
-
-  def __exit__(self, *exc):
-    if self._old is not None:
-      signal.signal(signal.SIGTERM, self._old)
-
-
 def evaluate(eval_step, params, config, data_dir, mesh, batch_sharding) -> dict[str, float]:
   ds = input_pipeline.make_dataset(
     data_dir,
@@ -466,8 +443,15 @@ def show_fill_mask(params, cfg, tokenizer, texts) -> None:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains `config` in `workdir`; returns the last train and eval metrics."""
+  """Trains `config` in `workdir`, holding its lock; returns the step reached, the last train
+  and eval metrics, and `preempted` (a signal stopped it after saving: rerun to resume)."""
   os.makedirs(workdir, exist_ok=True)
+  with preemption_lib.WorkdirLock(workdir):
+    return _train_and_evaluate(config, workdir)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  preemption_lib.clear_status(workdir)
   mesh = sh.make_mesh(config.mesh.shape)
   rules = sh.rules_from_config(config.mesh.rules)
   data_dir = ensure_data(config, workdir)
@@ -601,8 +585,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     window_start, window_steps = now, 0
 
   step = start_step
-  with _Preemption() as preempt:
-    while step < total_steps:
+  stop = False
+  with preemption_lib.Preemption() as preempt:
+    while step < total_steps and not stop:
       host_batch = next(train_iter)
       batch = input_pipeline.to_global(host_batch, mesh)
       state, metrics = p_train_step(state, batch, step_rng)
@@ -610,22 +595,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if prev is not None:
         consume(*prev)
       prev = (step, metrics)
+      stop = preempt.should_stop(step)  # the same step on every process
       eval_now = config.eval.every_steps and step % config.eval.every_steps == 0
       ckpt_now = step % config.ckpt.every_steps == 0 or step == total_steps
-      if eval_now or ckpt_now or preempt.requested or step == total_steps:
+      if eval_now or ckpt_now or stop or step == total_steps:
         consume(*prev)  # the checkpoint must hold this step's metric window
         prev = None
       if eval_now or step == total_steps:
         last_eval = evaluate(p_eval_step, state["params"], config, data_dir, mesh, batch_sh)
         logger.write(step, "eval", last_eval)
         console(f"eval @ {step}: " + " | ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
-      if ckpt_now or preempt.requested:
+      if ckpt_now or stop:
         ckpt.save(step, state, train_iter, {**meta_base, "pending_metrics": pending}, force=True)
-      if preempt.requested:
-        logging.warning("Saved step %d after SIGTERM; exiting", step)
-        break
   ckpt.close()
   logger.close()
+  preempted = stop and step < total_steps
+  preemption_lib.write_status(workdir, step, total_steps, preempted)
+  if preempted:
+    console(f"Preempted: saved step {step}; rerun the same command to resume")
   if step == total_steps and config.log.fill_mask:
     show_fill_mask(state["params"], cfg, tokenizer, list(config.log.fill_mask))
-  return {"step": step, "train": last_train, "eval": last_eval}
+  return {"step": step, "train": last_train, "eval": last_eval, "preempted": preempted}

@@ -13,9 +13,13 @@ set on top (the point wins), so every point is reproducible by hand as
 point's own `key=value[,key=value]` (e.g. `task=mlm`). Any `--config.x=y` flags are passed on
 to every point (checked against the config first).
 
-Points run locally one after another (`python -m bert_jax.main ...`). A point that finished
-has `sweep_done.json` in its workdir and is skipped (delete it to rerun); an interrupted point
-resumes from its checkpoints. Failures are reported at the end and make the exit status 1.
+Points run locally one after another (`python -m bert_jax.main ...`). A point is finished
+only when its run exited 0 and its own record (`run_status.json`) says it reached its last
+step; it then gets `sweep_done.json` in its workdir and is skipped (delete it to rerun). A
+point stopped any other way resumes from its checkpoints next time. A preempted point (exit
+75, or SIGTERM/SIGINT/SIGHUP to this script, which it passes on to the running point) stops
+the sweep with exit status 75: rerun the same command to resume. Failures are reported at the
+end and make the exit status 1.
 """
 
 from __future__ import annotations
@@ -25,12 +29,19 @@ import importlib.util
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
 from typing import Any
 
+from bert_jax import preemption
+
 DONE = "sweep_done.json"
+
+
+class Preempted(Exception):
+  """A point's run was preempted (it saved a checkpoint): the sweep stops, to be rerun."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,9 +186,12 @@ def run(
       continue
     print(f"run {point.name}: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
     start = time.time()
-    rc = subprocess.call(cmd, env=env)
-    if rc:
-      print(f"FAILED {point.name} (exit {rc})", flush=True)
+    rc, signalled = _call_passing_signals(cmd, env)
+    if rc == preemption.EXIT_PREEMPTED or signalled:
+      raise Preempted(f"{point.name} was preempted (exit {rc}): rerun the sweep to resume")
+    status = preemption.read_status(workdir) or {}
+    if rc or status.get("state") != "finished":
+      print(f"FAILED {point.name} (exit {rc}, run status {status.get('state')})", flush=True)
       failed.append(point.name)
       continue
     tmp = done + ".tmp"
@@ -185,6 +199,27 @@ def run(
       json.dump({"command": cmd, "seconds": round(time.time() - start, 1)}, f, indent=2)
     os.replace(tmp, done)
   return failed
+
+
+def _call_passing_signals(cmd: list[str], env: dict[str, str] | None) -> tuple[int, bool]:
+  """Runs `cmd`; SIGTERM/SIGINT/SIGHUP to this script are passed on to it (it saves and
+  exits 75) instead of killing it. Returns (exit status, whether this script got a signal)."""
+  proc = subprocess.Popen(cmd, env=env)
+  got: list[int] = []
+
+  def forward(signum: int, frame: Any) -> None:
+    del frame
+    got.append(signum)
+    if proc.poll() is None:
+      proc.send_signal(signum)  # a second copy (a terminal's process group) is harmless
+
+  old = {sig: signal.signal(sig, forward) for sig in preemption.SIGNALS}
+  try:
+    rc = proc.wait()
+  finally:
+    for sig, handler in old.items():
+      signal.signal(sig, handler)
+  return rc, bool(got)
 
 
 def _parse(argv: list[str]) -> dict[str, Any]:
@@ -217,6 +252,9 @@ def main(argv: list[str]) -> int:
   except (ValueError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
+  except Preempted as e:
+    print(f"preempted: {e}", file=sys.stderr)
+    return preemption.EXIT_PREEMPTED
   if failed:
     print(f"error: {len(failed)} point(s) failed: {', '.join(failed)}", file=sys.stderr)
     return 1

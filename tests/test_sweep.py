@@ -7,8 +7,10 @@ what it was asked to run.
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -59,39 +61,105 @@ def test_dry_run_prints_commands(capsys, tmp_path):
 
 
 FAKE_MAIN = """
-import json, os, sys
+import json, os, signal, sys, time
 args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
 os.makedirs(args["workdir"], exist_ok=True)
 with open(os.path.join(args["workdir"], "calls.jsonl"), "a") as f:
   f.write(json.dumps(args) + "\\n")
-sys.exit(1 if "task=mlm," in args["config"] + "," else 0)
+task = args["config"].rsplit("task=", 1)[1].split(",")[0]
+mode = json.loads(os.environ.get("FAKE_MODES", "{}")).get(task, "finish")
+
+def status(state, code):
+  with open(os.path.join(args["workdir"], "run_status.json"), "w") as f:
+    json.dump({"state": state, "step": 1, "total_steps": 2}, f)
+  sys.exit(code)
+
+if mode == "wait_for_signal":  # like the trainer: save on SIGTERM, exit 75
+  signal.signal(signal.SIGTERM, lambda *a: status("preempted", 75))
+  open(os.path.join(args["workdir"], "started"), "w").close()
+  time.sleep(60)
+if mode == "preempted":
+  status("preempted", 75)
+if mode == "finish":
+  status("finished", 0)
+sys.exit(0 if mode == "exit_0_unfinished" else 1)
 """
 
 
-def test_runs_points_skips_finished_and_reports_failures(tmp_path, capsys):
+def _fake(tmp_path, **modes):
   (tmp_path / "fake_main.py").write_text(FAKE_MAIN)
-  env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+  env = {**os.environ, "PYTHONPATH": str(tmp_path), "FAKE_MODES": json.dumps(modes)}
+  return dict(overrides=["--config.seed=3"], env=env, main_module="fake_main")
+
+
+def _calls(workdir):
+  return [json.loads(x) for x in (workdir / "calls.jsonl").read_text().splitlines()]
+
+
+def test_runs_points_skips_finished_and_reports_failures(tmp_path, capsys):
   root = tmp_path / "root"
-  kwargs = dict(overrides=["--config.seed=3"], env=env, main_module="fake_main")
+  kwargs = _fake(tmp_path, mlm="fail", ltr="exit_0_unfinished")
   failed = sweep.run(f"{TABLE5}:scale=cpu", str(root), **kwargs)
-  assert failed == ["task=mlm"]  # the fake main fails this one; the others still ran
-  calls = [json.loads(x) for x in (root / "task=ltr" / "calls.jsonl").read_text().splitlines()]
-  assert calls == [
+  # Exit 0 without the run's own record of reaching its last step is not finished either.
+  assert failed == ["task=mlm", "task=ltr"]
+  assert _calls(root / "task=mlm_nsp") == [
     {
-      "config": f"{TABLE5}:scale=cpu,task=ltr",
-      "workdir": str(root / "task=ltr"),
+      "config": f"{TABLE5}:scale=cpu,task=mlm_nsp",
+      "workdir": str(root / "task=mlm_nsp"),
       "config.seed": "3",
     }
   ]
-  assert (root / "task=ltr" / sweep.DONE).exists()
+  assert (root / "task=mlm_nsp" / sweep.DONE).exists()
   assert not (root / "task=mlm" / sweep.DONE).exists()
-  # Second pass: finished points are skipped, the failed one is retried.
+  assert not (root / "task=ltr" / sweep.DONE).exists()
+  # Second pass: finished points are skipped, the failed ones are retried.
   capsys.readouterr()
+  kwargs = _fake(tmp_path, mlm="fail")
   assert sweep.run(f"{TABLE5}:scale=cpu", str(root), **kwargs) == ["task=mlm"]
   out = capsys.readouterr().out
-  assert "skip task=mlm_nsp: finished" in out and "skip task=ltr: finished" in out
-  assert len((root / "task=ltr" / "calls.jsonl").read_text().splitlines()) == 1
-  assert len((root / "task=mlm" / "calls.jsonl").read_text().splitlines()) == 2
+  assert "skip task=mlm_nsp: finished" in out and "skip task=ltr: finished" not in out
+  assert len(_calls(root / "task=mlm_nsp")) == 1
+  assert len(_calls(root / "task=mlm")) == len(_calls(root / "task=ltr")) == 2
+  assert (root / "task=ltr" / sweep.DONE).exists()
+
+
+def test_preempted_point_is_never_done_and_stops_the_sweep(tmp_path, capsys):
+  root = tmp_path / "root"
+  with pytest.raises(sweep.Preempted, match=r"task=mlm was preempted \(exit 75\)"):
+    sweep.run(f"{TABLE5}:scale=cpu", str(root), **_fake(tmp_path, mlm="preempted"))
+  assert (root / "task=mlm_nsp" / sweep.DONE).exists()
+  assert not (root / "task=mlm" / sweep.DONE).exists()
+  assert not (root / "task=ltr").exists()  # the sweep stopped at the preempted point
+  # The rerun resumes the preempted point and goes on.
+  assert sweep.run(f"{TABLE5}:scale=cpu", str(root), **_fake(tmp_path)) == []
+  assert len(_calls(root / "task=mlm")) == 2 and len(_calls(root / "task=mlm_nsp")) == 1
+  assert all((root / n / sweep.DONE).exists() for n in ("task=mlm", "task=ltr"))
+
+
+def test_sigterm_to_the_sweep_reaches_the_point_and_exits_preempted(tmp_path):
+  """A real signal: the sweep passes SIGTERM on to the running point (which saves, exits 75),
+  marks nothing done and exits 75 itself."""
+  root = tmp_path / "root"
+  kwargs = _fake(tmp_path, mlm_nsp="wait_for_signal")
+  code = (
+    f"import sys; sys.path.insert(0, {os.path.join(REPO, 'launch')!r}); import sweep\n"
+    f"sys.argv = ['sweep.py']\n"
+    f"try:\n  sweep.run({TABLE5 + ':scale=cpu'!r}, {str(root)!r}, main_module='fake_main')\n"
+    f"except sweep.Preempted as e:\n  print(e); sys.exit(sweep.preemption.EXIT_PREEMPTED)\n"
+  )
+  proc = subprocess.Popen(
+    [sys.executable, "-c", code], env=kwargs["env"], stdout=subprocess.PIPE, text=True
+  )
+  deadline = time.time() + 60
+  while not (root / "task=mlm_nsp" / "started").exists() and time.time() < deadline:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=60)
+  assert proc.returncode == 75
+  assert "task=mlm_nsp was preempted (exit 75): rerun the sweep to resume" in out
+  status = json.loads((root / "task=mlm_nsp" / "run_status.json").read_text())
+  assert status["state"] == "preempted"
+  assert not (root / "task=mlm_nsp" / sweep.DONE).exists() and not (root / "task=mlm").exists()
 
 
 def test_errors(tmp_path):

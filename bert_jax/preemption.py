@@ -1,0 +1,252 @@
+"""Preemption and restarts: the signals that save and stop a run, its exit status, the workdir
+lock and the record of a finished run.
+
+SIGTERM (TPU/GCE preemption, SLURM, `kill`), SIGINT (Ctrl-C) and SIGHUP (an ssh drop) make the
+trainer finish its current step, save a checkpoint at that step and exit with `EXIT_PREEMPTED`
+(75, EX_TEMPFAIL: "preempted, rerun the same command to resume"). On several processes the
+signal may reach one host only; all processes must still save the same step, or one host would
+enter the checkpoint save while another runs the next step's collectives. JAX's distributed
+runtime provides that agreement (`multihost_utils.reached_preemption_sync_point`): its handler
+owns SIGTERM, propagates the notice to every process through the coordination service, and
+names one step, the same everywhere, at which all save. SIGINT and SIGHUP are turned into a
+SIGTERM to this process so they take the same path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from absl import logging
+
+# The exit status of a run stopped by SIGTERM/SIGINT/SIGHUP after saving its checkpoint: rerun
+# the same command to resume (sysexits.h EX_TEMPFAIL). 0 means the run reached its last step.
+EXIT_PREEMPTED = 75
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Written by process 0 when a run ends normally (reached its last step) or after a preemption
+# save; removed when a run starts, so it never describes an older run.
+STATUS_FILE = "run_status.json"
+LOCK_FILE = "bert_jax.lock"
+
+
+def _sync_manager() -> Any:
+  """JAX's preemption sync manager when this is a multi-process run that has one."""
+  from jax._src import distributed
+
+  if jax.process_count() == 1:
+    return None
+  return distributed.global_state.preemption_sync_manager
+
+
+class Preemption:
+  """Context manager: `should_stop(step)`, called once per step by every process, is True at
+  the same step on all processes once any of them got SIGTERM, SIGINT or SIGHUP."""
+
+  def __init__(self):
+    self.signal: int | None = None  # the signal this process received, if any
+    self._old: dict[int, Any] = {}
+    self._multi = jax.process_count() > 1
+    self._jax_owns_sigterm = _sync_manager() is not None
+
+  def __enter__(self) -> Preemption:
+    for sig in SIGNALS:
+      if sig == signal.SIGTERM and self._jax_owns_sigterm:
+        continue  # JAX's C++ handler, installed by jax.distributed.initialize, must stay
+      try:
+        self._old[sig] = signal.signal(sig, self._handle)
+      except ValueError:  # not the main thread: signals keep their default action
+        pass
+    return self
+
+  def _handle(self, signum: int, frame: Any) -> None:
+    del frame
+    first = self.signal is None
+    self.signal = signum
+    if first:
+      name = signal.Signals(signum).name
+      logging.warning("%s received: saving a checkpoint, then exiting", name)
+    if self._jax_owns_sigterm:
+      os.kill(os.getpid(), signal.SIGTERM)  # JAX's handler starts the cross-host agreement
+
+  def should_stop(self, step: int) -> bool:
+    """Whether to save `step` and stop; collective when there are several processes."""
+    from jax.experimental import multihost_utils
+
+    if self._jax_owns_sigterm:
+      stop = multihost_utils.reached_preemption_sync_point(step)
+    elif self._multi:  # the preemption service is disabled: agree through an allgather
+      stop = bool(np.any(multihost_utils.process_allgather(np.int32(self.signal is not None))))
+    else:
+      stop = self.signal is not None
+    if stop:
+      logging.warning("Preemption: all processes save step %d and exit", step)
+    return stop
+
+  def __exit__(self, *exc: Any) -> None:
+    for sig, old in self._old.items():
+      signal.signal(sig, old)
+
+
+# ----------------------------------------------------------------------------- run status
+
+
+def clear_status(workdir: str) -> None:
+  """Forgets the previous run's ending (process 0, at start)."""
+  if jax.process_index() == 0:
+    try:
+      os.remove(os.path.join(workdir, STATUS_FILE))
+    except FileNotFoundError:
+      pass
+
+
+def write_status(workdir: str, step: int, total_steps: int, preempted: bool) -> None:
+  """Records how the run ended; `launch/sweep.py` reads it to decide a point is finished."""
+  if jax.process_index() != 0:
+    return
+  state = "preempted" if preempted else ("finished" if step >= total_steps else "stopped")
+  path = os.path.join(workdir, STATUS_FILE)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump({"state": state, "step": int(step), "total_steps": int(total_steps)}, f)
+  os.replace(tmp, path)
+
+
+def read_status(workdir: str) -> dict | None:
+  """The last run's record in `workdir`, or None (still running, killed, or never run)."""
+  try:
+    with open(os.path.join(workdir, STATUS_FILE)) as f:
+      return json.load(f)
+  except (FileNotFoundError, json.JSONDecodeError):
+    return None
+
+
+# ----------------------------------------------------------------------------- lock
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # exists, another user's
+    return True
+  return True
+
+
+class WorkdirLock:
+  """`<workdir>/bert_jax.lock`, held by process 0 for the whole run: a second trainer on the
+  same workdir stops with one line. A lock left by a dead process is taken over: on this host
+  when its pid is gone; from another host (whose pids cannot be checked) when its holder has
+  not refreshed it for `STALE_S` (a live holder touches it every `HEARTBEAT_S`)."""
+
+  HEARTBEAT_S = 30.0
+  STALE_S = 600.0
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, LOCK_FILE)
+    self.held = False
+    self._stop = threading.Event()
+    self._thread: threading.Thread | None = None
+
+  def _heartbeat(self) -> None:
+    while not self._stop.wait(self.HEARTBEAT_S):
+      try:
+        os.utime(self.path)
+      except OSError as e:  # the run goes on; a second trainer may take the lock in STALE_S
+        logging.warning("Cannot refresh the workdir lock %s: %s", self.path, e)
+
+  def _try_create(self, owner: dict) -> bool:
+    try:
+      fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      return False
+    with os.fdopen(fd, "w") as f:
+      json.dump(owner, f)
+    return True
+
+  def acquire(self) -> None:
+    error = ""
+    if jax.process_index() == 0:
+      error = self._acquire_here()
+    if jax.process_count() > 1:
+      # Every process stops with the same line instead of waiting on process 0's collectives.
+      from jax.experimental import multihost_utils
+
+      code = np.frombuffer(error.encode().ljust(512)[:512], np.uint8)
+      code = multihost_utils.broadcast_one_to_all(code)
+      error = bytes(np.asarray(code)).decode(errors="replace").rstrip()
+    if error:
+      raise OSError(error)
+
+  def _acquire_here(self) -> str:
+    owner = {"host": socket.gethostname(), "pid": os.getpid()}
+    for _ in range(3):
+      if self._try_create(owner):
+        self.held = True
+        self._thread = threading.Thread(target=self._heartbeat, daemon=True, name="lock")
+        self._thread.start()
+        return ""
+      try:
+        with open(self.path) as f:
+          other = json.load(f)
+      except FileNotFoundError:
+        continue  # released meanwhile
+      except (OSError, json.JSONDecodeError):
+        other = {}
+      if not other:
+        # Being written right now, or left empty by a crash between create and write.
+        try:
+          if time.time() - os.path.getmtime(self.path) > 10:
+            os.remove(self.path)
+        except FileNotFoundError:
+          pass
+        time.sleep(0.1)
+        continue
+      try:
+        age = time.time() - os.path.getmtime(self.path)
+      except FileNotFoundError:
+        continue
+      if other.get("host") == owner["host"] and isinstance(other.get("pid"), int):
+        if _pid_alive(other["pid"]):
+          return (
+            f"{os.path.dirname(self.path)} is in use by another trainer (pid {other['pid']} on "
+            f"this host, {self.path})"
+          )
+        logging.warning("Removing stale lock %s of dead pid %d", self.path, other["pid"])
+      elif age < self.STALE_S:
+        return (
+          f"{os.path.dirname(self.path)} is in use by a trainer on host {other.get('host')} "
+          f"(pid {other.get('pid')}, lock refreshed {age:.0f} s ago; taken over after "
+          f"{self.STALE_S:.0f} s without refresh, or delete {self.path} if that run is dead)"
+        )
+      else:
+        logging.warning("Removing stale lock %s, not refreshed for %.0f s", self.path, age)
+      try:
+        os.remove(self.path)
+      except FileNotFoundError:
+        pass
+    return f"cannot take the lock {self.path}: it keeps changing (another trainer starting?)"
+
+  def release(self) -> None:
+    if self.held:
+      self.held = False
+      self._stop.set()
+      self._thread.join()
+      try:
+        os.remove(self.path)
+      except FileNotFoundError:
+        pass
+
+  def __enter__(self) -> WorkdirLock:
+    self.acquire()
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self.release()

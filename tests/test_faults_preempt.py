@@ -1,0 +1,178 @@
+"""Fault suite, preemption: real trainer subprocesses on real workdirs. SIGTERM, SIGINT and
+SIGHUP save the current step and exit with the preemption status; a signal to one of two
+processes makes both save the same step, and the rerun is bit-identical to an uninterrupted
+run; a second trainer on a workdir is refused; a dead trainer's lock does not block."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from test_train import _env, _free_port, _main_cmd, _params, _rows
+
+from bert_jax import checkpoints as ckpt_lib
+from bert_jax import preemption
+
+
+def _wait_for_step(proc, workdir, step, timeout=240):
+  """Blocks until process 0 of the run in `workdir` has logged `step`."""
+  deadline = time.time() + timeout
+  while time.time() < deadline and proc.poll() is None:
+    if (workdir / "metrics.jsonl").exists() and any(r["step"] >= step for r in _rows(workdir)):
+      return
+    time.sleep(0.05)
+  raise AssertionError(f"run ended or stalled before step {step}: {proc.poll()}")
+
+
+def _status(workdir):
+  with open(workdir / preemption.STATUS_FILE) as f:
+    return json.load(f)
+
+
+@pytest.mark.parametrize(
+  "sig", [signal.SIGINT, signal.SIGHUP, signal.SIGTERM], ids=lambda s: s.name
+)
+def test_signal_saves_the_current_step_and_exits_preempted(tiny_data_dir, tmp_path, sig):
+  wd = tmp_path / "wd"
+  proc = subprocess.Popen(
+    _main_cmd(wd, tiny_data_dir, 500),
+    env=_env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  _wait_for_step(proc, wd, 3)
+  if sig == signal.SIGTERM:
+    # A second trainer on the same workdir stops with one line and leaves the first alone.
+    r = subprocess.run(
+      _main_cmd(wd, tiny_data_dir, 500), env=_env(), capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+      f"main: error: {wd} is in use by another trainer (pid {proc.pid} on this host, "
+      f"{wd / preemption.LOCK_FILE})"
+    ]
+    assert proc.poll() is None
+  proc.send_signal(sig)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == preemption.EXIT_PREEMPTED, err[-2000:]
+  saved = ckpt_lib.read_meta(str(wd))[1]
+  assert 3 <= saved < 500
+  assert saved == max(r["step"] for r in _rows(wd))  # the signal's step, not a multiple of 4
+  assert f"Preempted: saved step {saved}; rerun the same command to resume" in out
+  assert _status(wd) == {"state": "preempted", "step": saved, "total_steps": 500}
+  assert not (wd / preemption.LOCK_FILE).exists()
+
+
+def test_stale_lock_of_a_dead_process_does_not_block(tiny_data_dir, tmp_path):
+  wd = tmp_path / "wd"
+  wd.mkdir()
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  (wd / preemption.LOCK_FILE).write_text(
+    json.dumps({"host": socket.gethostname(), "pid": dead.pid})
+  )
+  r = subprocess.run(
+    _main_cmd(wd, tiny_data_dir, 2), env=_env(), capture_output=True, text=True, timeout=240
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert _status(wd) == {"state": "finished", "step": 2, "total_steps": 2}
+  assert not (wd / preemption.LOCK_FILE).exists()
+
+
+def test_lock_refuses_a_live_holder_and_takes_over_a_dead_ones(tmp_path):
+  lock = preemption.WorkdirLock(str(tmp_path))
+  path = tmp_path / preemption.LOCK_FILE
+  path.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid()}))
+  with pytest.raises(OSError, match=f"in use by another trainer \\(pid {os.getppid()} on this"):
+    lock.acquire()
+  path.write_text(json.dumps({"host": "tpu-7", "pid": 12}))
+  with pytest.raises(OSError, match=r"in use by a trainer on host tpu-7 \(pid 12, lock refreshed"):
+    lock.acquire()
+  # Another host's lock that nobody refreshed for STALE_S is a dead run's: taken over.
+  old = time.time() - lock.STALE_S - 5
+  os.utime(path, (old, old))
+  lock.HEARTBEAT_S = 0.05
+  with lock:
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    os.utime(path, (old, old))
+    time.sleep(0.5)
+    assert time.time() - path.stat().st_mtime < 5  # the holder keeps its lock fresh
+  assert not path.exists()
+
+
+def _two_process_cmds(workdir, data_dir, steps):
+  port = _free_port()
+  extra = ["--num_cpu_devices=4", "--config.mesh.shape=(2,4,1)", "--distributed"]
+  extra += [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2"]
+  return [_main_cmd(workdir, data_dir, steps, [*extra, f"--process_id={i}"]) for i in range(2)]
+
+
+def _start(cmds, env=None):
+  return [
+    subprocess.Popen(
+      c, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    for c in cmds
+  ]
+
+
+def _finish(procs, timeout=400):
+  outs = [p.communicate(timeout=timeout) for p in procs]
+  return [p.returncode for p in procs], [err for _, err in outs]
+
+
+def _preempt_process_1(workdir, data_dir, steps, sig, env=None):
+  """Runs 2 processes, sends `sig` to process 1 only (the host that writes no metrics) and
+  checks that both stop at the same step, save it and exit with the preemption status."""
+  procs = _start(_two_process_cmds(workdir, data_dir, steps), env)
+  _wait_for_step(procs[0], workdir, 3)
+  procs[1].send_signal(sig)
+  rcs, errs = _finish(procs)
+  assert rcs == [preemption.EXIT_PREEMPTED] * 2, errs[0][-2000:] + errs[1][-2000:]
+  stops = [[ln for ln in e.splitlines() if "all processes save step" in ln] for e in errs]
+  assert all(len(s) == 1 for s in stops), errs
+  saved = ckpt_lib.read_meta(str(workdir))[1]
+  assert all(s[0].endswith(f"all processes save step {saved} and exit") for s in stops)
+  assert 3 <= saved < steps and saved == max(r["step"] for r in _rows(workdir))
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_of_two_processes_saves_the_same_step_on_both(tiny_data_dir, tmp_path):
+  """JAX's preemption sync; the rerun ends bit-identical to an uninterrupted 2-process run."""
+  steps = 60
+  ref = tmp_path / "ref"
+  rcs, errs = _finish(_start(_two_process_cmds(ref, tiny_data_dir, steps)))
+  assert rcs == [0, 0], errs[0][-2000:] + errs[1][-2000:]
+
+  wd = tmp_path / "wd"
+  _preempt_process_1(wd, tiny_data_dir, steps, signal.SIGTERM)
+  rcs, errs = _finish(_start(_two_process_cmds(wd, tiny_data_dir, steps)))
+  assert rcs == [0, 0], errs[0][-2000:] + errs[1][-2000:]
+  step_a, pa = _params(wd)
+  step_b, pb = _params(ref)
+  assert step_a == step_b == steps
+  for a, b in zip(jax.tree.leaves(pa), jax.tree.leaves(pb), strict=True):
+    np.testing.assert_array_equal(a, b)
+  assert _rows(wd) == _rows(ref) and _rows(wd, "eval") == _rows(ref, "eval")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "sig, service",
+  [(signal.SIGHUP, "true"), (signal.SIGTERM, "false")],
+  ids=["SIGHUP-jax_sync", "SIGTERM-allgather"],
+)
+def test_other_signal_or_no_preemption_service_on_two_processes(
+  tiny_data_dir, tmp_path, sig, service
+):
+  """SIGHUP (and SIGINT) take JAX's SIGTERM path; with JAX's preemption service disabled the
+  processes agree through an allgather of a per-process flag."""
+  env = _env(JAX_ENABLE_PREEMPTION_SERVICE=service)
+  _preempt_process_1(tmp_path / "wd", tiny_data_dir, 60, sig, env)
