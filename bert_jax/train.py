@@ -155,6 +155,8 @@ def validate(config: ml_collections.ConfigDict, mesh, metadata: dict) -> None:
     )
   if config.objective.nsp and not metadata["nsp"]:
     raise ValueError("config.objective.nsp=True but the data was built without NSP pairs")
+  if config.opt.nonfinite not in ("stop", "skip"):
+    raise ValueError(f"config.opt.nonfinite must be 'stop' or 'skip', not {config.opt.nonfinite!r}")
   if config.objective.ltr and config.masking.mode == "dynamic":
     logging.warning("masking.mode is ignored by the LTR objective")
 
@@ -200,9 +202,17 @@ def make_train_step(
       (grads, sums), _ = jax.lax.scan(body, init, (jnp.arange(grad_accum_steps), micro))
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
+    grad_norm = optax.tree.norm(grads)
+    # A non-finite gradient (possible with a finite loss) leaves params and optimizer state as
+    # they were, so no NaN ever reaches a checkpoint; the host stops or skips (opt.nonfinite).
+    finite = jnp.isfinite(grad_norm)
+    keep = lambda new, old: jnp.where(finite, new, old)
+    params = jax.tree.map(keep, params, state["params"])
+    opt_state = jax.tree.map(keep, opt_state, state["opt_state"])
     metrics = dict(sums)
     metrics["loss"] = objectives.total_loss(sums, totals, obj)
-    metrics["grad_norm"] = optax.tree.norm(grads)
+    metrics["grad_norm"] = grad_norm
+    metrics["nonfinite"] = 1.0 - finite.astype(jnp.float32)
     new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
     return new_state, metrics
 
@@ -519,18 +529,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     """Host side of a finished step: NaN check and window accumulation/logging."""
     nonlocal window_start, window_steps, pending, last_train
     m = jax.device_get(metrics)
-    if not math.isfinite(float(m["loss"])):
-      raise FloatingPointError(f"loss is {float(m['loss'])} at step {step}; stopping")
-    for k, v in m.items():
-      if k not in ("loss", "grad_norm"):
-        pending[k] = pending.get(k, 0.0) + float(v)
-    pending["grad_norm_sum"] = pending.get("grad_norm_sum", 0.0) + float(m["grad_norm"])
+    loss = float(m["loss"])
+    if m.pop("nonfinite") or not math.isfinite(loss):
+      if config.opt.nonfinite != "skip":
+        raise FloatingPointError(
+          f"non-finite gradient at step {step} (loss {loss}); stopped without applying it "
+          "(--config.opt.nonfinite=skip skips such steps)"
+        )
+      logging.warning("non-finite gradient at step %d (loss %s): update skipped", step, loss)
+      pending["skipped"] = pending.get("skipped", 0.0) + 1
+    else:
+      for k, v in m.items():
+        if k not in ("loss", "grad_norm"):
+          pending[k] = pending.get(k, 0.0) + float(v)
+      pending["grad_norm_sum"] = pending.get("grad_norm_sum", 0.0) + float(m["grad_norm"])
     pending["steps"] = pending.get("steps", 0.0) + 1
     window_steps += 1
     if step % config.log.every_steps and step != total_steps:
       return
     summary = objectives.summarize(pending)
-    summary["grad_norm"] = pending["grad_norm_sum"] / pending["steps"]
+    applied = pending["steps"] - pending.get("skipped", 0.0)
+    summary["grad_norm"] = pending.get("grad_norm_sum", math.nan) / max(applied, 1)
+    if config.opt.nonfinite == "skip":
+      summary["skipped_steps"] = pending.get("skipped", 0.0)
     summary["learning_rate"] = float(optim.learning_rate_schedule(config.opt)(step - 1))
     logger.write(step, "train", summary)
     now = time.perf_counter()
