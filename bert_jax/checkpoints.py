@@ -102,6 +102,10 @@ class Checkpointer:
     state = {"step": r.opt_state["step"], "params": r.params, "opt_state": r.opt_state["opt_state"]}
     return state, r.meta
 
+  def meta(self, step: int) -> dict:
+    """The JSON metadata of one step alone (cheap: no arrays are read)."""
+    return self.mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+
   def wait(self) -> None:
     self.mngr.wait_until_finished()
 

@@ -96,6 +96,11 @@ def base_config(size: str = "base") -> ml_collections.ConfigDict:
   # Weights (only) of any checkpoint bert_jax.load reads: another run (e.g. phase 1 at seq 128
   # for phase 2 at 512), a HuggingFace or Google BERT, a params dir. Heads missing: fresh.
   c.init_from = config_dict.placeholder(str)
+  # A resume refuses changes that would make it differ from the uninterrupted run (optimizer,
+  # schedule, batch, model, masking, seeds: each named with both values; see bert_jax/resume.py)
+  # unless listed here, comma-separated: fields ('opt.lr'), sections ('opt'), 'tokenizer' (the
+  # data's tokenizer fingerprint, also for init_from), 'dataset' (the data's options) or '*'.
+  c.resume_allow_changes = ""
 
   fields = {f.name: f.default for f in dataclasses.fields(model_lib.BertConfig)}
   fields.pop("causal")  # derived from objective.ltr

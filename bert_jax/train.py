@@ -35,6 +35,7 @@ from bert_jax import (
   objectives,
   optim,
   pretraining_data,
+  resume,
   tokenizer_training,
 )
 from bert_jax import model as model_lib
@@ -79,6 +80,7 @@ def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
     raise ValueError("set config.data.dir (a create_data output) or config.data.input (text)")
   data_dir = os.path.join(workdir, "data")
   if os.path.isfile(os.path.join(data_dir, "metadata.json")):
+    resume.check_built_data(input_pipeline.read_metadata(data_dir), build_options(config), data_dir)
     return data_dir
   n_vocab = config.data.train_vocab_size
   if n_vocab and config.data.vocab:
@@ -102,17 +104,7 @@ def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
       console(f"Trained a {n_vocab}-token WordPiece vocab on {config.data.input} into {vocab}")
     console(f"Building pretraining data from {config.data.input} into {data_dir}")
     summary = pretraining_data.build(
-      input=config.data.input,
-      output_dir=data_dir,
-      vocab=vocab,
-      max_seq_length=config.data.max_seq_length,
-      max_predictions_per_seq=config.masking.max_predictions,
-      short_seq_prob=config.data.short_seq_prob,
-      dupe_factor=config.data.dupe_factor,
-      nsp=bool(config.objective.nsp),
-      eval_fraction=config.data.eval_fraction,
-      seed=config.data.seed,
-      progress=False,
+      **build_options(config), output_dir=data_dir, vocab=vocab, progress=False
     )
     console(pretraining_data.format_summary(summary))
   if jax.process_count() > 1:
@@ -120,6 +112,20 @@ def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
 
     multihost_utils.sync_global_devices("bert_jax:data_built")
   return data_dir
+
+
+def build_options(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """What `ensure_data` builds `<workdir>/data` with, as metadata.json records it."""
+  return {
+    "input": config.data.input,
+    "max_seq_length": config.data.max_seq_length,
+    "max_predictions_per_seq": config.masking.max_predictions,
+    "short_seq_prob": config.data.short_seq_prob,
+    "dupe_factor": config.data.dupe_factor,
+    "nsp": bool(config.objective.nsp),
+    "eval_fraction": config.data.eval_fraction,
+    "seed": config.data.seed,
+  }
 
 
 def validate(config: ml_collections.ConfigDict, mesh, metadata: dict) -> None:
@@ -302,14 +308,25 @@ def train_dataset(config: ml_collections.ConfigDict, data_dir: str, worker_count
   )
 
 
-def restore_init_from(path: str, cfg, abstract_params, tokenizer=None) -> Any:
+def restore_init_from(
+  path: str, cfg, abstract_params, tokenizer=None, allow_changes: str = ""
+) -> Any:
   """Weights from any checkpoint `interop.load_checkpoint` reads (another run's workdir, e.g.
   phase 1 at seq 128 for phase 2 at 512, a HuggingFace or params dir), onto the training
   shardings, with a fresh optimizer. A checkpoint without MLM/NSP heads (BertModel) returns
   {"bert": ...} only: the caller keeps its freshly initialised heads. When the checkpoint
-  carries a tokenizer, its vocabulary must be the data's (`tokenizer`)."""
+  carries a tokenizer, its vocabulary must be the data's (`tokenizer`); a bert_jax checkpoint's
+  tokenizer fingerprint too, unless `allow_changes` lists 'tokenizer'."""
   ck = interop.load_checkpoint(path, target=abstract_params, like=cfg)
-  if tokenizer is not None and ck.tokenizer is not None:
+  if tokenizer is None or resume.allows("tokenizer", allow_changes):
+    return ck.params
+  stored_fp = ck.meta.get("tokenizer", {}).get("fingerprint")
+  if stored_fp and stored_fp != tokenizer.fingerprint:
+    raise ValueError(
+      f"init_from {path}: its tokenizer (fingerprint {stored_fp[:12]}) is not the data's "
+      f"({tokenizer.fingerprint[:12]}); allow it with --config.resume_allow_changes=tokenizer"
+    )
+  if ck.tokenizer is not None:
     vocab = lambda t: [t.id_to_token(i) for i in range(t.vocab_size)]
     if vocab(ck.tokenizer) != vocab(tokenizer):
       raise ValueError(f"init_from {path}: its tokenizer's vocabulary is not the data's")
@@ -471,8 +488,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   train_iter = iter(train_dataset(config, data_dir))
 
   pending: dict[str, float] = {}  # metric sums of the current, unfinished log window
+  config_json = ckpt_lib.to_json(config.to_dict())
+  changes: dict[str, tuple] = {}
   start_step = ckpt.latest_step()
   if start_step is not None:
+    # Compared before restoring: a changed model or optimizer would fail inside orbax.
+    stored, source = ckpt.meta(start_step), f"{ckpt.directory}/{start_step}"
+    for line in resume.check(stored, config_json, metadata, source, config.resume_allow_changes):
+      console(line)
+    changes = resume.compare(stored, config_json, metadata)
     state, meta = ckpt.restore(start_step, abstract_state, train_iter)
     ckpt_lib.check_same_architecture(meta, cfg, ckpt.directory)
     pending = meta.get("pending_metrics", {})
@@ -480,7 +504,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   else:
     start_step = 0
     if config.init_from:
-      params = restore_init_from(config.init_from, cfg, abstract_state["params"], tokenizer)
+      params = restore_init_from(
+        config.init_from, cfg, abstract_state["params"], tokenizer, config.resume_allow_changes
+      )
       if "predictions" not in params:
         params = {**state["params"], **params}
         console(f"{config.init_from} has no MLM/NSP heads (a BertModel): they start fresh")
@@ -488,14 +514,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       console(f"Initialised weights from {config.init_from}")
 
   meta_base = {
-    "config": ckpt_lib.to_json(config.to_dict()),
+    "config": config_json,
     "model": dataclasses.asdict(cfg),
     "tokenizer": metadata["tokenizer"],
+    "data": resume.data_signature(metadata),
     "data_dir": os.path.abspath(data_dir),
   }
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      json.dump(meta_base["config"], f, indent=2)
+    # config.json is the run's original config; what a resume changed goes to its own file.
+    if start_step:
+      if changes:
+        resume.record_changes(os.path.join(workdir, "config_changes.jsonl"), start_step, changes)
+    else:
+      with open(os.path.join(workdir, "config.json"), "w") as f:
+        json.dump(meta_base["config"], f, indent=2)
     tok_dir = os.path.join(workdir, "tokenizer")
     if not os.path.isdir(tok_dir):
       shutil.copytree(os.path.join(data_dir, "tokenizer"), tok_dir)
