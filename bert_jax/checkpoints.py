@@ -17,6 +17,7 @@ import grain
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from bert_jax import model as model_lib
 
@@ -96,9 +97,9 @@ class Checkpointer:
       ),
       "meta": ocp.args.JsonRestore(),
     }
-    if data_iter is not None:
-      items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
     r = self.mngr.restore(step, args=ocp.args.Composite(**items))
+    if data_iter is not None:
+      restore_data_iterator(os.path.join(self.directory, str(step), "data"), data_iter)
     state = {"step": r.opt_state["step"], "params": r.params, "opt_state": r.opt_state["opt_state"]}
     return state, r.meta
 
@@ -112,6 +113,33 @@ class Checkpointer:
   def close(self) -> None:
     self.mngr.wait_until_finished()
     self.mngr.close()
+
+
+def restore_data_iterator(directory: str, data_iter: Any) -> None:
+  """Sets `data_iter` to the state grain saved in `directory` (a step's `data` item).
+
+  grain saves one file per process and looks only for its own. The training iterator's state
+  counts global batches (input_pipeline), so every process saved the same state and any one of
+  them resumes a run with another process count (same global batch): 1 x 8 devices -> 2 x 4.
+  """
+  d = epath.Path(directory)
+  index, count = jax.process_index(), jax.process_count()
+  own = d / f"process_{index}-of-{count}.json"
+  if own.exists():
+    state = json.loads(own.read_text())
+  else:
+    files = sorted(d.glob("process_*-of-*.json"))
+    if not files:
+      raise ValueError(f"{d} holds no data-iterator state")
+    states = [json.loads(f.read_text()) for f in files]
+    if any(s != states[0] for s in states):
+      raise ValueError(
+        f"{d}: the data-iterator states saved by {len(files)} processes differ, so they cannot "
+        f"be mapped onto {count} processes; resume with the old process count"
+      )
+    state = states[0]
+  data_iter.set_state(state)
+  data_iter.start_prefetch()
 
 
 def read_meta(path: str, step: int | None = None) -> tuple[dict, int, str]:

@@ -10,7 +10,7 @@ import subprocess
 import jax
 import numpy as np
 import pytest
-from test_train import _env, _main_cmd, _rows
+from test_train import _env, _main_cmd, _params, _rows, _run_two_processes
 
 from bert_jax import checkpoints as ckpt_lib
 from bert_jax import config_lib, pretraining_data, train
@@ -187,3 +187,23 @@ def test_nonfinite_gradient_skip_counts_and_saves_no_nan(tiny_data_dir, tmp_path
   p6 = _params_at(wd, 6)
   for a, b in zip(jax.tree.leaves(p4), jax.tree.leaves(p6), strict=True):
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_process_count_1x8_to_2x4_resumes(trained4, tiny_data_dir, tmp_path):
+  """Saved by 1 process x 8 devices, resumed by 2 processes x 4: the same batches and losses
+  as resuming with 1 x 8."""
+  mesh = "--config.mesh.shape=(2,4,1)"
+  one = _copy(trained4, tmp_path, "one")
+  r = _run(one, tiny_data_dir, 8, "--num_cpu_devices=8", mesh)
+  assert r.returncode == 0, r.stderr[-2000:]
+  two = _copy(trained4, tmp_path, "two")
+  results = _run_two_processes(two, tiny_data_dir, 8, [mesh])
+  for code, _, err in results:
+    assert code == 0, err[-3000:]
+  assert "Resumed from" in results[0][1]
+  a, b = _rows(one), _rows(two)
+  assert [r["step"] for r in b] == list(range(1, 9))
+  np.testing.assert_allclose([r["mlm_loss"] for r in b], [r["mlm_loss"] for r in a], rtol=2e-5)
+  np.testing.assert_allclose([r["nsp_loss"] for r in b], [r["nsp_loss"] for r in a], rtol=2e-5)
+  assert _params(two)[0] == 8
