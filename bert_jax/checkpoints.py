@@ -24,6 +24,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 
 from bert_jax import model as model_lib
 
@@ -137,9 +138,9 @@ class Checkpointer:
       ),
       "meta": ocp.args.JsonRestore(),
     }
-    if data_iter is not None:
-      items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
     r = self.mngr.restore(step, args=ocp.args.Composite(**items))
+    if data_iter is not None:
+      restore_data_iterator(os.path.join(self.directory, str(step), "data"), data_iter)
     state = {"step": r.opt_state["step"], "params": r.params, "opt_state": r.opt_state["opt_state"]}
     return state, r.meta
 
@@ -162,7 +163,7 @@ class Checkpointer:
     for step in steps:
       error = None
       try:
-        meta = self._restore_meta(step)
+        meta = self.meta(step)
       except Exception as e:  # orbax/TensorStore raise many types for missing/corrupt files
         error = e
       if error is None and check is not None:
@@ -186,7 +187,8 @@ class Checkpointer:
       )
     return None
 
-  def _restore_meta(self, step: int) -> dict:
+  def meta(self, step: int) -> dict:
+    """The JSON metadata of one step alone (cheap: no arrays are read)."""
     meta = self.mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
       raise ValueError(f"meta is not a {FORMAT} record")
@@ -241,6 +243,33 @@ def _all_processes(ok: bool) -> bool:
   from jax.experimental import multihost_utils
 
   return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
+
+
+def restore_data_iterator(directory: str, data_iter: Any) -> None:
+  """Sets `data_iter` to the state grain saved in `directory` (a step's `data` item).
+
+  grain saves one file per process and looks only for its own. The training iterator's state
+  counts global batches (input_pipeline), so every process saved the same state and any one of
+  them resumes a run with another process count (same global batch): 1 x 8 devices -> 2 x 4.
+  """
+  d = epath.Path(directory)
+  index, count = jax.process_index(), jax.process_count()
+  own = d / f"process_{index}-of-{count}.json"
+  if own.exists():
+    state = json.loads(own.read_text())
+  else:
+    files = sorted(d.glob("process_*-of-*.json"))
+    if not files:
+      raise ValueError(f"{d} holds no data-iterator state")
+    states = [json.loads(f.read_text()) for f in files]
+    if any(s != states[0] for s in states):
+      raise ValueError(
+        f"{d}: the data-iterator states saved by {len(files)} processes differ, so they cannot "
+        f"be mapped onto {count} processes; resume with the old process count"
+      )
+    state = states[0]
+  data_iter.set_state(state)
+  data_iter.start_prefetch()
 
 
 def read_meta(path: str, step: int | None = None) -> tuple[dict, int, str]:

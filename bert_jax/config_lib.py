@@ -96,6 +96,11 @@ def base_config(size: str = "base") -> ml_collections.ConfigDict:
   # Weights (only) of any checkpoint bert_jax.load reads: another run (e.g. phase 1 at seq 128
   # for phase 2 at 512), a HuggingFace or Google BERT, a params dir. Heads missing: fresh.
   c.init_from = config_dict.placeholder(str)
+  # A resume refuses changes that would make it differ from the uninterrupted run (optimizer,
+  # schedule, batch, model, masking, seeds: each named with both values; see bert_jax/resume.py)
+  # unless listed here, comma-separated: fields ('opt.lr'), sections ('opt'), 'tokenizer' (the
+  # data's tokenizer fingerprint, also for init_from), 'dataset' (the data's options) or '*'.
+  c.resume_allow_changes = ""
 
   fields = {f.name: f.default for f in dataclasses.fields(model_lib.BertConfig)}
   fields.pop("causal")  # derived from objective.ltr
@@ -137,6 +142,10 @@ def base_config(size: str = "base") -> ml_collections.ConfigDict:
   c.opt.total_steps = 1_000_000
   c.opt.clip_norm = 1.0
   c.opt.grad_accum_steps = 1
+  # A step whose gradient is not finite (a finite loss can have one): 'stop' leaves the state
+  # unchanged and stops naming the step; 'skip' leaves params and optimizer state unchanged,
+  # counts it (train/skipped_steps) and goes on. Either way no NaN state is ever saved.
+  c.opt.nonfinite = "stop"
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (1, -1, 1)  # (data, fsdp, tensor); one -1 takes the remaining devices

@@ -33,6 +33,7 @@ from bert_jax import (
   objectives,
   optim,
   pretraining_data,
+  resume,
   tokenizer_training,
 )
 from bert_jax import model as model_lib
@@ -78,6 +79,7 @@ def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
     raise ValueError("set config.data.dir (a create_data output) or config.data.input (text)")
   data_dir = os.path.join(workdir, "data")
   if os.path.isfile(os.path.join(data_dir, "metadata.json")):
+    resume.check_built_data(input_pipeline.read_metadata(data_dir), build_options(config), data_dir)
     return data_dir
   n_vocab = config.data.train_vocab_size
   if n_vocab and config.data.vocab:
@@ -101,17 +103,7 @@ def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
       console(f"Trained a {n_vocab}-token WordPiece vocab on {config.data.input} into {vocab}")
     console(f"Building pretraining data from {config.data.input} into {data_dir}")
     summary = pretraining_data.build(
-      input=config.data.input,
-      output_dir=data_dir,
-      vocab=vocab,
-      max_seq_length=config.data.max_seq_length,
-      max_predictions_per_seq=config.masking.max_predictions,
-      short_seq_prob=config.data.short_seq_prob,
-      dupe_factor=config.data.dupe_factor,
-      nsp=bool(config.objective.nsp),
-      eval_fraction=config.data.eval_fraction,
-      seed=config.data.seed,
-      progress=False,
+      **build_options(config), output_dir=data_dir, vocab=vocab, progress=False
     )
     console(pretraining_data.format_summary(summary))
   if jax.process_count() > 1:
@@ -119,6 +111,20 @@ def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
 
     multihost_utils.sync_global_devices("bert_jax:data_built")
   return data_dir
+
+
+def build_options(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """What `ensure_data` builds `<workdir>/data` with, as metadata.json records it."""
+  return {
+    "input": config.data.input,
+    "max_seq_length": config.data.max_seq_length,
+    "max_predictions_per_seq": config.masking.max_predictions,
+    "short_seq_prob": config.data.short_seq_prob,
+    "dupe_factor": config.data.dupe_factor,
+    "nsp": bool(config.objective.nsp),
+    "eval_fraction": config.data.eval_fraction,
+    "seed": config.data.seed,
+  }
 
 
 def validate(config: ml_collections.ConfigDict, mesh, metadata: dict) -> None:
@@ -154,6 +160,8 @@ def validate(config: ml_collections.ConfigDict, mesh, metadata: dict) -> None:
     )
   if config.objective.nsp and not metadata["nsp"]:
     raise ValueError("config.objective.nsp=True but the data was built without NSP pairs")
+  if config.opt.nonfinite not in ("stop", "skip"):
+    raise ValueError(f"config.opt.nonfinite must be 'stop' or 'skip', not {config.opt.nonfinite!r}")
   if config.objective.ltr and config.masking.mode == "dynamic":
     logging.warning("masking.mode is ignored by the LTR objective")
 
@@ -199,9 +207,17 @@ def make_train_step(
       (grads, sums), _ = jax.lax.scan(body, init, (jnp.arange(grad_accum_steps), micro))
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
+    grad_norm = optax.tree.norm(grads)
+    # A non-finite gradient (possible with a finite loss) leaves params and optimizer state as
+    # they were, so no NaN ever reaches a checkpoint; the host stops or skips (opt.nonfinite).
+    finite = jnp.isfinite(grad_norm)
+    keep = lambda new, old: jnp.where(finite, new, old)
+    params = jax.tree.map(keep, params, state["params"])
+    opt_state = jax.tree.map(keep, opt_state, state["opt_state"])
     metrics = dict(sums)
     metrics["loss"] = objectives.total_loss(sums, totals, obj)
-    metrics["grad_norm"] = optax.tree.norm(grads)
+    metrics["grad_norm"] = grad_norm
+    metrics["nonfinite"] = 1.0 - finite.astype(jnp.float32)
     new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
     return new_state, metrics
 
@@ -291,14 +307,25 @@ def train_dataset(config: ml_collections.ConfigDict, data_dir: str, worker_count
   )
 
 
-def restore_init_from(path: str, cfg, abstract_params, tokenizer=None) -> Any:
+def restore_init_from(
+  path: str, cfg, abstract_params, tokenizer=None, allow_changes: str = ""
+) -> Any:
   """Weights from any checkpoint `interop.load_checkpoint` reads (another run's workdir, e.g.
   phase 1 at seq 128 for phase 2 at 512, a HuggingFace or params dir), onto the training
   shardings, with a fresh optimizer. A checkpoint without MLM/NSP heads (BertModel) returns
   {"bert": ...} only: the caller keeps its freshly initialised heads. When the checkpoint
-  carries a tokenizer, its vocabulary must be the data's (`tokenizer`)."""
+  carries a tokenizer, its vocabulary must be the data's (`tokenizer`); a bert_jax checkpoint's
+  tokenizer fingerprint too, unless `allow_changes` lists 'tokenizer'."""
   ck = interop.load_checkpoint(path, target=abstract_params, like=cfg)
-  if tokenizer is not None and ck.tokenizer is not None:
+  if tokenizer is None or resume.allows("tokenizer", allow_changes):
+    return ck.params
+  stored_fp = ck.meta.get("tokenizer", {}).get("fingerprint")
+  if stored_fp and stored_fp != tokenizer.fingerprint:
+    raise ValueError(
+      f"init_from {path}: its tokenizer (fingerprint {stored_fp[:12]}) is not the data's "
+      f"({tokenizer.fingerprint[:12]}); allow it with --config.resume_allow_changes=tokenizer"
+    )
+  if ck.tokenizer is not None:
     vocab = lambda t: [t.id_to_token(i) for i in range(t.vocab_size)]
     if vocab(ck.tokenizer) != vocab(tokenizer):
       raise ValueError(f"init_from {path}: its tokenizer's vocabulary is not the data's")
@@ -484,11 +511,20 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   train_iter = iter(train_dataset(config, data_dir))
 
   pending: dict[str, float] = {}  # metric sums of the current, unfinished log window
-  restored = ckpt.restore_latest(
-    abstract_state,
-    train_iter,
-    check=lambda m: ckpt_lib.check_same_architecture(m, cfg, ckpt.directory),
-  )
+  config_json = ckpt_lib.to_json(config.to_dict())
+  changes: dict[str, tuple] = {}
+
+  def check(stored: dict) -> None:
+    """Runs on a checkpoint's metadata before its weights are read: a changed model or
+    optimizer would otherwise fail inside orbax (and pass for a corrupt checkpoint)."""
+    nonlocal changes
+    source = f"{ckpt.directory}/{stored.get('step')}"
+    for line in resume.check(stored, config_json, metadata, source, config.resume_allow_changes):
+      console(line)
+    changes = resume.compare(stored, config_json, metadata)
+    ckpt_lib.check_same_architecture(stored, cfg, ckpt.directory)
+
+  restored = ckpt.restore_latest(abstract_state, train_iter, check=check)
   if restored is not None:
     start_step, state, meta = restored
     pending = meta.get("pending_metrics", {})
@@ -496,7 +532,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   else:
     start_step = 0
     if config.init_from:
-      params = restore_init_from(config.init_from, cfg, abstract_state["params"], tokenizer)
+      params = restore_init_from(
+        config.init_from, cfg, abstract_state["params"], tokenizer, config.resume_allow_changes
+      )
       if "predictions" not in params:
         params = {**state["params"], **params}
         console(f"{config.init_from} has no MLM/NSP heads (a BertModel): they start fresh")
@@ -504,15 +542,21 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       console(f"Initialised weights from {config.init_from}")
 
   meta_base = {
-    "config": ckpt_lib.to_json(config.to_dict()),
+    "config": config_json,
     "model": dataclasses.asdict(cfg),
     "tokenizer": metadata["tokenizer"],
+    "data": resume.data_signature(metadata),
     "data_dir": os.path.abspath(data_dir),
   }
   if jax.process_index() == 0:
-    ckpt_lib.write_atomic(
-      os.path.join(workdir, "config.json"), json.dumps(meta_base["config"], indent=2)
-    )
+    # config.json is the run's original config; what a resume changed goes to its own file.
+    if start_step:
+      if changes:
+        resume.record_changes(os.path.join(workdir, "config_changes.jsonl"), start_step, changes)
+    else:
+      ckpt_lib.write_atomic(
+        os.path.join(workdir, "config.json"), json.dumps(meta_base["config"], indent=2)
+      )
     tok_dir = os.path.join(workdir, "tokenizer")
     if not os.path.isdir(tok_dir):
       ckpt_lib.copytree_atomic(os.path.join(data_dir, "tokenizer"), tok_dir)
@@ -546,18 +590,29 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     """Host side of a finished step: NaN check and window accumulation/logging."""
     nonlocal window_start, window_steps, pending, last_train
     m = jax.device_get(metrics)
-    if not math.isfinite(float(m["loss"])):
-      raise FloatingPointError(f"loss is {float(m['loss'])} at step {step}; stopping")
-    for k, v in m.items():
-      if k not in ("loss", "grad_norm"):
-        pending[k] = pending.get(k, 0.0) + float(v)
-    pending["grad_norm_sum"] = pending.get("grad_norm_sum", 0.0) + float(m["grad_norm"])
+    loss = float(m["loss"])
+    if m.pop("nonfinite") or not math.isfinite(loss):
+      if config.opt.nonfinite != "skip":
+        raise FloatingPointError(
+          f"non-finite gradient at step {step} (loss {loss}); stopped without applying it "
+          "(--config.opt.nonfinite=skip skips such steps)"
+        )
+      logging.warning("non-finite gradient at step %d (loss %s): update skipped", step, loss)
+      pending["skipped"] = pending.get("skipped", 0.0) + 1
+    else:
+      for k, v in m.items():
+        if k not in ("loss", "grad_norm"):
+          pending[k] = pending.get(k, 0.0) + float(v)
+      pending["grad_norm_sum"] = pending.get("grad_norm_sum", 0.0) + float(m["grad_norm"])
     pending["steps"] = pending.get("steps", 0.0) + 1
     window_steps += 1
     if step % config.log.every_steps and step != total_steps:
       return
     summary = objectives.summarize(pending)
-    summary["grad_norm"] = pending["grad_norm_sum"] / pending["steps"]
+    applied = pending["steps"] - pending.get("skipped", 0.0)
+    summary["grad_norm"] = pending.get("grad_norm_sum", math.nan) / max(applied, 1)
+    if config.opt.nonfinite == "skip":
+      summary["skipped_steps"] = pending.get("skipped", 0.0)
     summary["learning_rate"] = float(optim.learning_rate_schedule(config.opt)(step - 1))
     logger.write(step, "train", summary)
     now = time.perf_counter()

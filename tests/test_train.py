@@ -314,6 +314,27 @@ def _free_port():
     return s.getsockname()[1]
 
 
+def _run_two_processes(workdir, data_dir, steps, extra=(), timeout=400):
+  """`_main_cmd` as 2 jax.distributed processes x 4 CPU devices over localhost; returns
+  [(returncode, stdout, stderr)] of both."""
+  port = _free_port()
+  dist = ["--distributed", f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2"]
+  procs = [
+    subprocess.Popen(
+      _main_cmd(
+        workdir, data_dir, steps, ["--num_cpu_devices=4", *extra, *dist, f"--process_id={i}"]
+      ),
+      env=_env(),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
+  outs = [p.communicate(timeout=timeout) for p in procs]
+  return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
+
+
 @pytest.mark.slow
 def test_two_processes_match_one(tiny_data_dir, tmp_path):
   """jax.distributed over localhost, 2 processes x 4 CPU devices == 1 process x 8 devices."""
@@ -326,32 +347,10 @@ def test_two_processes_match_one(tiny_data_dir, tmp_path):
     capture_output=True,
   )
   two = tmp_path / "two"
-  port = _free_port()
-  procs = [
-    subprocess.Popen(
-      _main_cmd(
-        two,
-        tiny_data_dir,
-        steps,
-        [
-          "--num_cpu_devices=4",
-          "--config.mesh.shape=(2,4,1)",
-          "--distributed",
-          f"--coordinator_address=127.0.0.1:{port}",
-          "--num_processes=2",
-          f"--process_id={i}",
-        ],
-      ),
-      env=_env(),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-    )
-    for i in range(2)
-  ]
-  outs = [p.communicate(timeout=400) for p in procs]
-  for p, (_, err) in zip(procs, outs, strict=True):
-    assert p.returncode == 0, err[-3000:]
+  for code, _, err in _run_two_processes(
+    two, tiny_data_dir, steps, ["--config.mesh.shape=(2,4,1)"]
+  ):
+    assert code == 0, err[-3000:]
   a, b = _rows(one), _rows(two)
   assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, steps + 1))
   np.testing.assert_allclose([r["mlm_loss"] for r in b], [r["mlm_loss"] for r in a], rtol=2e-5)

@@ -1,0 +1,165 @@
+"""What a resume may change: the checkpoint's config, tokenizer and data against this run's.
+
+A resumed run is exact when it computes what the uninterrupted run would have. Changes that
+keep it so (logging, eval and checkpoint cadence, the mesh, kernels computing the same math,
+total_steps) are reported in one line. Changes that break it (optimizer, schedule, batch,
+model, masking, seeds, another tokenizer or other data) are refused with one line naming each
+field and both values, unless `config.resume_allow_changes` lists them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+# Config keys (or whole sections) whose change keeps a resume exact, or only changes how the
+# rest of the run is carried out. opt.total_steps: extending a run is the usual reason to
+# change it; the schedule is recomputed for the new total from the restored step on.
+# data.dir/input/vocab/train_vocab_size and the build options name where the data comes from
+# and how it was built: what matters is the data itself, compared as `dataset.*`
+# (`data_signature`) and `tokenizer` (its fingerprint).
+KEEPS_EXACT = (
+  "log",
+  "eval",
+  "ckpt",
+  "mesh",
+  "init_from",
+  "resume_allow_changes",
+  "opt.total_steps",
+  "data.dir",
+  "data.input",
+  "data.vocab",
+  "data.train_vocab_size",
+  "data.max_seq_length",
+  "data.dupe_factor",
+  "data.short_seq_prob",
+  "data.eval_fraction",
+  "model.remat_policy",
+  # Speed switches of earlier versions, replaced by model.kernels: a run started before
+  # still resumes (model.kernels itself changes the dropout masks, so it is refused).
+  "model.attention_impl",
+  "model.dropout_rng",
+  "model.matmul_vjp",
+  "model.fuse_qkv",
+)
+
+# Data options (metadata.json of a create_data output) that define the examples a run sees.
+DATA_FIELDS = (
+  "max_seq_length",
+  "nsp",
+  "packing",
+  "dupe_factor",
+  "seed",
+  "short_seq_prob",
+  "eval_fraction",
+  "max_predictions_per_seq",
+  "masked_lm_prob",
+  "masking",
+)
+
+
+def data_signature(metadata: dict[str, Any]) -> dict[str, Any]:
+  """The data options and split sizes of a create_data output (not its paths, so moved data
+  compares equal)."""
+  sig = {k: metadata.get(k) for k in DATA_FIELDS}
+  for split, s in metadata.get("splits", {}).items():
+    sig[f"splits.{split}.num_sequences"] = s.get("num_sequences")
+    sig[f"splits.{split}.num_tokens"] = s.get("num_tokens")
+  return sig
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  """{"opt": {"lr": 1}} -> {"opt.lr": 1}; lists stay values."""
+  out: dict[str, Any] = {}
+  for k, v in d.items():
+    key = f"{prefix}{k}"
+    if isinstance(v, dict) and v:
+      out.update(flatten(v, key + "."))
+    else:
+      out[key] = v
+  return out
+
+
+def _matches(key: str, names: Iterable[str]) -> bool:
+  return any(n == "*" or key == n or key.startswith(n + ".") for n in names)
+
+
+def parse_allowed(value: str) -> tuple[str, ...]:
+  """'opt.lr, data.batch_size' -> ('opt.lr', 'data.batch_size')."""
+  return tuple(n.strip() for n in (value or "").split(",") if n.strip())
+
+
+def allows(key: str, allowed: str) -> bool:
+  """Whether `config.resume_allow_changes` (`allowed`) covers the field `key`."""
+  return _matches(key, parse_allowed(allowed))
+
+
+def _changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict[str, tuple]:
+  # Keys the checkpoint lacks are knobs of a newer version: not a change the user made.
+  return {prefix + k: (old[k], new.get(k)) for k in old if old[k] != new.get(k)}
+
+
+def compare(
+  stored_meta: dict[str, Any], config: dict[str, Any], metadata: dict[str, Any]
+) -> dict[str, tuple]:
+  """{field: (checkpoint value, this run's value)} for every difference: config keys (dotted),
+  'tokenizer' (fingerprints) and 'dataset.<option>' of the data's metadata.json."""
+  diffs = _changes(flatten(stored_meta.get("config", {})), flatten(config))
+  stored_fp = stored_meta.get("tokenizer", {}).get("fingerprint")
+  if stored_fp and stored_fp != metadata["tokenizer"]["fingerprint"]:
+    diffs["tokenizer"] = (stored_fp[:12], metadata["tokenizer"]["fingerprint"][:12])
+  if "data" in stored_meta:  # checkpoints from before this check lack it
+    diffs.update(_changes(stored_meta["data"], data_signature(metadata), "dataset."))
+  return diffs
+
+
+def _fmt(diffs: dict[str, tuple]) -> str:
+  return "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in diffs.items())
+
+
+def check(
+  stored_meta: dict[str, Any],
+  config: dict[str, Any],
+  metadata: dict[str, Any],
+  source: str,
+  allowed: str = "",
+) -> list[str]:
+  """Raises ValueError (one line) for changes that break exactness and are not allowed;
+  returns the one-line reports of the others (empty when nothing changed)."""
+  diffs = compare(stored_meta, config, metadata)
+  harmless = {k: v for k, v in diffs.items() if _matches(k, KEEPS_EXACT)}
+  permitted = {k: v for k, v in diffs.items() if k not in harmless and allows(k, allowed)}
+  refused = {k: v for k, v in diffs.items() if k not in harmless and k not in permitted}
+  if refused:
+    raise ValueError(
+      f"resuming {source} would not be exact: {_fmt(refused)} (checkpoint -> now); restore the "
+      f"old values, use a new workdir, or allow it with "
+      f"--config.resume_allow_changes={','.join(refused)}"
+    )
+  lines = []
+  if harmless:
+    lines.append(f"Resume changes that keep it exact: {_fmt(harmless)}")
+  if permitted:
+    lines.append(f"Resume changes allowed by config.resume_allow_changes: {_fmt(permitted)}")
+  return lines
+
+
+def check_built_data(metadata: dict[str, Any], wanted: dict[str, Any], data_dir: str) -> None:
+  """One-line error when an auto-built data directory was built with other options than the
+  config asks for now (it would otherwise be reused silently)."""
+  have = {**data_signature(metadata), "input": metadata.get("source", {}).get("input")}
+  diffs = {k: (have.get(k), v) for k, v in wanted.items() if have.get(k) != v}
+  if diffs:
+    raise ValueError(
+      f"{data_dir} was built with other options: {_fmt(diffs)} (built -> config); delete it to "
+      "rebuild, or set config.data.dir to the data you want"
+    )
+
+
+def record_changes(path: str, step: int, diffs: dict[str, tuple]) -> None:
+  """Appends {"step", "changes": {field: [checkpoint, now]}} to `path` (config_changes.jsonl):
+  config.json keeps the run's original config."""
+  row = {"step": int(step), "changes": {k: list(v) for k, v in diffs.items()}}
+  with open(path, "a") as f:
+    f.write(json.dumps(row) + "\n")
