@@ -6,8 +6,8 @@
 
 Same recipe as bert_base (ARG `phase=1|2`). Layers are scanned (compile time independent of
 depth) and rematerialised at the dots-without-batch-dims policy. Hardware: the paper's 16
-Cloud TPUs (64 chips) for 4 days. Target: above BERT-Base's pretraining accuracy (bert_jax has not run
-it end to end: no TPU has been available).
+Cloud TPUs (64 chips) for 4 days. Target: above BERT-Base's pretraining accuracy (bert_jax
+has not run it end to end: no TPU has been available).
 """
 
 from bert_jax import config_lib
