@@ -4,9 +4,10 @@
   python -m bert_jax.main --config=configs/local.py --workdir=/tmp/bert_local  # from a checkout
 
 Hardware: 2 CPU cores, float32. Time: 3 min 4 s from a fresh clone to the last line, set-up
-included (2-core Zen 4, 2026-11-24). Reaches held-out MLM accuracy 22.6% (17.6% at [MASK],
-perplexity 127) after 10k steps, the same every run; always predicting the most frequent
-target gets 9.5%, and a count-based neighbour reference 28.8% (scripts/ngram_reference.py).
+included (2-core AMD EPYC with AVX512-BF16, 2026-11-24). Reaches held-out MLM accuracy 22.6%
+(17.6% at [MASK], perplexity 127) after 10k steps, the same every run; always predicting the
+most frequent target gets 9.5%, and a count-based neighbour reference 28.8%
+(scripts/ngram_reference.py).
 
 On first use it trains a 4,096-token WordPiece vocab on bert_jax/data/sample_public_domain.txt
 (400 KB, 15 documents; NOTICE) and packs it into sequences of up to 64 tokens, then trains
