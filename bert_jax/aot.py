@@ -156,8 +156,8 @@ def compile_train_step(
   import jax.numpy as jnp
 
   from bert_jax import model as model_lib
-  from bert_jax import objectives, optim, train
   from bert_jax import sharding as sh
+  from bert_jax import train
 
   devices, topo = topology_devices(topology)
   mesh = sh.make_mesh(mesh_shape or config.mesh.shape, devices)
@@ -171,10 +171,7 @@ def compile_train_step(
   }
   train.validate(config, mesh, metadata)
 
-  cfg = train.bert_config(config)
-  model = model_lib.BertForPreTraining(model_lib.resolve_kernels(cfg, devices[0].platform))
-  tx = optim.make_optimizer(config.opt)
-  obj = objectives.Objective.from_config(config)
+  cfg, model, tx, obj = train.model_and_optimizer(config, devices[0].platform)
   tables = _masking_tables(config)
 
   state_sh, abstract_state = train.abstract_state(

@@ -65,6 +65,16 @@ def bert_config(config: ml_collections.ConfigDict) -> model_lib.BertConfig:
   return model_lib.BertConfig(**config.model.to_dict(), causal=bool(config.objective.ltr))
 
 
+def model_and_optimizer(
+  config: ml_collections.ConfigDict, platform: str
+) -> tuple[model_lib.BertConfig, nn.Module, optax.GradientTransformation, objectives.Objective]:
+  """(BertConfig as configured, the model with its kernels resolved for `platform`, the
+  optimizer, the objective): what the trainer, aot and the benchmark compile."""
+  cfg = bert_config(config)
+  model = model_lib.BertForPreTraining(model_lib.resolve_kernels(cfg, platform))
+  return cfg, model, optim.make_optimizer(config.opt), objectives.Objective.from_config(config)
+
+
 def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   """The dataset directory: `config.data.dir`, or build `config.data.input` into
   `<workdir>/data` on first use (the bundled default does this)."""
@@ -488,12 +498,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   if tokenizer.fingerprint != metadata["tokenizer"]["fingerprint"]:
     raise ValueError(f"{data_dir}/tokenizer does not match the fingerprint in metadata.json")
 
-  cfg = bert_config(config)
-  model = model_lib.BertForPreTraining(
-    model_lib.resolve_kernels(cfg, mesh.devices.flat[0].platform)
-  )
-  tx = optim.make_optimizer(config.opt)
-  obj = objectives.Objective.from_config(config)
+  cfg, model, tx, obj = model_and_optimizer(config, mesh.devices.flat[0].platform)
   tables = masking.tables_from_tokenizer(tokenizer)
   seq_len = metadata["max_seq_length"]
 

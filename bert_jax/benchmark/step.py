@@ -24,7 +24,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import config_lib, masking, objectives, optim, train
+from bert_jax import config_lib, masking, train
 from bert_jax import input_pipeline as pipeline
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
@@ -109,10 +109,8 @@ def build_step(config: ml_collections.ConfigDict, tables: Any = None) -> Step:
   mesh = sh.make_mesh(tuple(config.mesh.shape), devices=jax.devices()[:1])
   rules = sh.rules_from_config(config.mesh.rules)
   # The kernels the trainer would run on this device ('auto' -> 'cpu' on the CPU backend).
-  cfg = model_lib.resolve_kernels(train.bert_config(config), mesh.devices.flat[0].platform)
-  model = model_lib.BertForPreTraining(cfg)
-  tx = optim.make_optimizer(config.opt)
-  obj = objectives.Objective.from_config(config)
+  _, model, tx, obj = train.model_and_optimizer(config, mesh.devices.flat[0].platform)
+  cfg = model.cfg
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
   state, state_sh, _ = train.create_state(config, model, tx, mesh, rules, init_rng)
   host_batch = synthetic_batch(config.data.batch_size, config.data.max_seq_length, cfg.vocab_size)
