@@ -12,11 +12,24 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from bert_jax import model as model_lib
 from bert_jax import train
-from bert_jax.benchmark import data, host, lockstep, memory, peers, step, suite, tables
+from bert_jax.benchmark import (
+  batches,
+  data,
+  host,
+  lockstep,
+  memory,
+  peer_worker,
+  peers,
+  sizes,
+  step,
+  suite,
+  tables,
+)
 
 PACKAGE = pathlib.Path(step.__file__).parent
 
@@ -282,8 +295,10 @@ def test_peer_side_files_run_without_bert_jax():
   for name in ("host.py", "protocol.py"):
     always, _ = _module_imports(PACKAGE / name)
     assert always <= stdlib, (name, always - stdlib)
+  always, _ = _module_imports(PACKAGE / "batches.py")
+  assert always - stdlib == {"numpy"}
   always, in_package = _module_imports(PACKAGE / "peer_worker.py")
-  assert always - stdlib == {"numpy", "host", "protocol"}
+  assert always - stdlib == {"numpy", "host", "protocol", "batches"}
   assert in_package == {"bert_jax"}
   assert peers.peer_argv("PY", {"a": 1}) == ["PY", str(PACKAGE / "peer_worker.py"), '{"a": 1}']
 
@@ -401,3 +416,102 @@ def test_lockstep_without_peers_is_a_one_line_error():
     "benchmark: error: --lockstep needs --peers (with an importable peer) and --isolate"
   )
   assert proc.stdout == ""  # nothing measured, not even the host record
+
+
+# ----------------------------------------------------------------------------- fine-tuning
+
+
+def test_minilm_size_and_finetune_flops():
+  cfg = sizes.config_for_size("minilm")
+  assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads) == (6, 384, 12)
+  assert (cfg.intermediate_size, cfg.vocab_size) == (1536, 30522)  # all-MiniLM-L6-v2's shape
+  assert sizes.config_for_size("base") == model_lib.config_for_size("base")
+  with pytest.raises(ValueError, match=r"^--sizes: unknown size 'huge'; choose from tiny, "):
+    sizes.size_fields("huge")
+  assert step.bench_config("minilm", 128, 2, "float32", {}).model.hidden_size == 384
+  # tiny (2 layers, d 128, f 512) at seq 32, by hand: a layer 6 (4 d^2 + 2 d f) + 12 d L
+  # = 6 (65,536 + 131,072) + 49,152 = 1,228,800; pooler + 2-way classifier once per sequence
+  # 6 (d^2 + 2 d) / L = 3,120; no MLM head.
+  tiny = sizes.config_for_size("tiny")
+  assert sizes.finetune_flops_per_token(tiny, 32) == 2 * 1_228_800 + 3_120
+  assert sizes.finetune_flops_per_token(tiny, 32, 3) == 2 * 1_228_800 + 3_120 + 6 * 128 / 32
+
+
+def test_pair_batch_is_the_batch_of_both_sides():
+  b = batches.pair_batch(3, 8, 30522, seed=5)
+  assert b["input_ids"].shape == (3, 8) and b["input_ids"].dtype == np.int32
+  assert (b["input_ids"][:, [0, 3, 7]] == [101, 102, 102]).all()
+  assert (b["segment_ids"] == [0, 0, 0, 0, 1, 1, 1, 1]).all() and b["input_mask"].all()
+  assert set(b["label"]) <= {0, 1} and b["label"].shape == (3,)
+  again = batches.pair_batch(3, 8, 30522, seed=5)
+  assert all((b[k] == again[k]).all() for k in b)
+  # The pretraining step times the same arrays (its NSP label is the pair's label), and the
+  # peer worker builds its fine-tuning batch with this very function.
+  pre = step.synthetic_batch(3, 8, 30522, seed=5)
+  assert (pre["input_ids"] == b["input_ids"]).all() and (
+    pre["next_sentence_label"] == b["label"]
+  ).all()
+  assert peer_worker.batches.pair_batch is batches.pair_batch
+
+
+def test_finetune_peers_are_pytorch_only(monkeypatch):
+  for bf16 in (False, True):
+    monkeypatch.setattr(host, "cpu_has_bf16", lambda bf16=bf16: bf16)
+    expected = ["torch:float32", "torch_compile:float32"]
+    expected += ["torch:bfloat16", "torch_compile:bfloat16"] if bf16 else []
+    assert peers.default_peers("finetune") == expected
+    assert "hf_flax:float32" in peers.default_peers()
+  spec = peers.peer_spec("torch", "float32", "minilm", 128, 32, task="finetune")
+  assert spec["task"] == "finetune" and spec["num_labels"] == 2
+  assert (spec["layers"], spec["hidden"], spec["heads"], spec["intermediate"]) == (6, 384, 12, 1536)
+
+
+def _ft_rec(impl, dtype, examples_per_s, p=0, seq=128):
+  return dict(
+    kind="train_step", task="finetune", impl=impl, size="minilm", seq=seq, batch=32,
+    dtype=dtype, variant={}, tokens_per_s=examples_per_s * seq,
+    examples_per_s=examples_per_s, step_ms_min=1, step_ms_median=1, step_ms_max=1,
+    compile_s=1, peak_rss_gb=1, gflops=1, load_avg=0, **{"pass": p},
+  )  # fmt: skip
+
+
+def test_finetune_tables_count_examples_per_second():
+  records = [
+    _ft_rec("bert_jax", "float32", 60),
+    _ft_rec("torch", "float32", 20),
+    _ft_rec("torch_compile", "float32", 30),
+  ]
+  # A pretraining record of the same size and seq is summarised apart.
+  records.append({**_ft_rec("bert_jax", "float32", 1000), "task": "pretrain"})
+  summaries = tables.summarize(records)
+  ft = next(s for s in summaries if s["task"] == "finetune")
+  assert ft["ratio_vs_fastest_peer_median"] == 2.0 and ft["ours_best_examples_per_s_median"] == 60
+  assert ft["passes"][0]["fastest_peer"] == "torch_compile:float32"
+  assert next(s for s in summaries if s["task"] == "pretrain")["ours_best_median"] == 128_000
+  table = tables.format_table(records[:3], [ft])
+  assert "| examples/s |" in table.splitlines()[0]
+  assert "| minilm | 128 | torch | float32 | - | 0 | 20 |" in table
+  assert "| minilm | 128 | 60 | 2.00 / 2.00 | - |" in table
+  lock = {
+    "kind": "lockstep", "task": "finetune", "size": "minilm", "seq": 128, "pass": 0,
+    "peer": "torch:float32", "rounds": 3, "ours_examples_per_s": 61.0,
+    "peer_examples_per_s": 20.4, "ratio_min": 2.9, "ratio_median": 3.0, "ratio_max": 3.1,
+  }  # fmt: skip
+  assert "| minilm | 128 | 0 | torch:float32 | 3 | 61 | 20 | 2.90 / 3.00 / 3.10 |" in (
+    tables.format_lockstep([lock])
+  )
+
+
+def test_torch_finetune_peer_times_a_fresh_classifier():
+  python = _peer_python()
+  if python is None:
+    pytest.skip("no interpreter with torch and transformers (set BERT_JAX_PEER_PYTHON)")
+  rec = peers.measure_peer(
+    python, "torch", "float32", "tiny", 32, 2, steps=2, warmup=1, task="finetune"
+  )
+  assert rec["task"] == "finetune" and rec["impl"] == "torch" and len(rec["step_s"]) == 2
+  assert rec["versions"]["attn_implementation"] == "sdpa"
+  # A fresh 2-way classifier (weights ~ N(0, 0.02)): loss ~ ln 2.
+  assert abs(rec["losses"][0] - math.log(2)) < 0.1
+  assert rec["flops_per_token"] == sizes.finetune_flops_per_token(sizes.config_for_size("tiny"), 32)
+  assert math.isclose(rec["examples_per_s"], 2 / (rec["step_ms_median"] / 1e3), rel_tol=1e-9)

@@ -1,12 +1,16 @@
-"""Times one HuggingFace BertForPreTraining train step (Flax or PyTorch): the benchmark's peer.
+"""Times one HuggingFace BertForPreTraining train step (Flax or PyTorch), or with
+`spec['task'] == 'finetune'` one PyTorch BertForSequenceClassification step: the benchmark's peer.
 
   PEER_PYTHON path/to/bert_jax/benchmark/peer_worker.py '<json spec from peers.peer_spec>'
 
 Runs by path in an interpreter that has torch/transformers (and jax/flax/optax for `hf_flax`)
 but not necessarily bert_jax: it imports only those, numpy, the standard library and its two
-standard-library siblings `host.py` and `protocol.py`. Its step: forward (MLM logits at every
-position, as HF computes them), MLM loss on 15% of the positions + NSP loss, backward, AdamW
-(no decay for biases and LayerNorm), dropout `spec['dropout']`. Prints its record as
+siblings `host.py`, `protocol.py` and `batches.py`. Its pretraining step: forward (MLM logits at
+every position, as HF computes them), MLM loss on 15% of the positions + NSP loss, backward,
+AdamW (no decay for biases and LayerNorm), dropout `spec['dropout']`. Its fine-tuning step, on
+`batches.pair_batch` (the arrays ours times): SDPA attention, cross-entropy over
+`spec['num_labels']` classes, backward, global-norm clipping at 1.0, AdamW as above with the
+warmup + linear decay schedule stepped, as the fine-tuning recipe runs. Prints its record as
 `protocol.RESULT_MARK <json>`; with `spec['serve']` it steps on request first (`protocol.serve`).
 """
 
@@ -22,18 +26,20 @@ from typing import Any
 import numpy as np
 
 if __package__:
-  from bert_jax.benchmark import host, protocol
+  from bert_jax.benchmark import batches, host, protocol
 else:  # run by path: the siblings come from this file's directory, sys.path[0]
+  import batches
   import host
   import protocol
 
   del sys.path[0]  # no other file here may shadow a module that torch or jax imports
 
 
-def _hf_config(spec: dict[str, Any]) -> Any:
+def _hf_config(spec: dict[str, Any], **extra: Any) -> Any:
   import transformers
 
   return transformers.BertConfig(
+    **extra,
     vocab_size=spec["vocab"],
     hidden_size=spec["hidden"],
     num_hidden_layers=spec["layers"],
@@ -121,16 +127,56 @@ def flax_step(spec: dict[str, Any], info: dict[str, str]) -> tuple[Callable[[], 
   return run, compile_s
 
 
-def torch_step(spec: dict[str, Any], info: dict[str, str]) -> Callable[[], float]:
-  """HF's PyTorch BertForPreTraining, eager or torch.compile'd, fp32 or bf16 autocast;
-  returns one step -> loss."""
+def _torch_pretraining(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+  """BertForPreTraining and its forward's arguments (labels included)."""
   import torch
   import transformers
+
+  model = transformers.BertForPreTraining(_hf_config(spec))
+  arrays = _batch(spec)
+  arrays["labels"] = np.where(arrays.pop("w") > 0, arrays["labels"], -100)  # HF's "ignore"
+  b = {k: torch.from_numpy(v).long() for k, v in arrays.items()}
+  inputs = {
+    "input_ids": b["ids"],
+    "attention_mask": b["mask"],
+    "token_type_ids": b["seg"],
+    "labels": b["labels"],
+    "next_sentence_label": b["nsp"],
+  }
+  return model, inputs
+
+
+def _torch_finetuning(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+  """BertForSequenceClassification (SDPA attention) and its forward's arguments on the batch
+  ours times."""
+  import torch
+  import transformers
+
+  config = _hf_config(spec, num_labels=spec["num_labels"], attn_implementation="sdpa")
+  model = transformers.BertForSequenceClassification(config)
+  arrays = batches.pair_batch(spec["batch"], spec["seq"], spec["vocab"])
+  b = {k: torch.from_numpy(v).long() for k, v in arrays.items()}
+  inputs = {
+    "input_ids": b["input_ids"],
+    "attention_mask": b["input_mask"],
+    "token_type_ids": b["segment_ids"],
+    "labels": b["label"],
+  }
+  return model, inputs
+
+
+def torch_step(spec: dict[str, Any], info: dict[str, str]) -> Callable[[], float]:
+  """HF's PyTorch BertForPreTraining (or BertForSequenceClassification), eager or
+  torch.compile'd, fp32 or bf16 autocast; returns one step -> loss."""
+  import torch
 
   torch.set_num_threads(os.cpu_count() or 1)
   torch.manual_seed(0)
   info["torch"] = torch.__version__
-  model = transformers.BertForPreTraining(_hf_config(spec)).float().train()
+  finetune = spec.get("task") == "finetune"
+  model, inputs = (_torch_finetuning if finetune else _torch_pretraining)(spec)
+  model = model.float().train()
+  info["attn_implementation"] = str(model.config._attn_implementation)
   params = list(model.named_parameters())
   no_decay = [p for n, p in params if n.endswith("bias") or "LayerNorm" in n]
   decay = [p for n, p in params if not (n.endswith("bias") or "LayerNorm" in n)]
@@ -139,24 +185,25 @@ def torch_step(spec: dict[str, Any], info: dict[str, str]) -> Callable[[], float
     lr=1e-4,
     eps=1e-6,
   )
-  arrays = _batch(spec)
-  arrays["labels"] = np.where(arrays.pop("w") > 0, arrays["labels"], -100)  # HF's "ignore"
-  b = {k: torch.from_numpy(v).long() for k, v in arrays.items()}
+  # Fine-tuning's schedule (10% warmup, then linear decay) stepped after each update, as the
+  # recipe runs it (the pretraining step keeps a constant lr).
+  total, warmup = 1_000_000, 100_000
+  sched = finetune and torch.optim.lr_scheduler.LambdaLR(
+    opt, lambda k: k / warmup if k < warmup else (total - k) / (total - warmup)
+  )
   fwd = torch.compile(model) if spec["framework"] == "torch_compile" else model
   amp = spec["dtype"] == "bfloat16"
 
   def run() -> float:
     opt.zero_grad(set_to_none=True)
     with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=amp):
-      out = fwd(
-        input_ids=b["ids"],
-        attention_mask=b["mask"],
-        token_type_ids=b["seg"],
-        labels=b["labels"],
-        next_sentence_label=b["nsp"],
-      )
+      out = fwd(**inputs)
     out.loss.backward()
+    if finetune:
+      torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
+    if sched:
+      sched.step()
     return float(out.loss.detach())
 
   return run

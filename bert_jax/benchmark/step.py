@@ -29,7 +29,7 @@ from bert_jax import input_pipeline as pipeline
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax import tokenizer as tokenizer_lib
-from bert_jax.benchmark import host, memory, protocol, tables
+from bert_jax.benchmark import batches, host, memory, protocol, sizes, tables
 
 # The two kernel settings of the model (`--variants=kernels=xla` times the stock XLA path).
 # Without a variant the benchmark times the trainer's default ('auto': the CPU kernels on the
@@ -49,17 +49,11 @@ def max_predictions(seq: int) -> int:
 def synthetic_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
   """A full-length NSP-style host batch ([CLS] A [SEP] B [SEP], no padding), as the input
   pipeline yields it (masking happens on device, inside the step)."""
-  rng = np.random.default_rng(seed)
-  ids = rng.integers(1000, vocab, (batch, seq)).astype(np.int32)
-  half = seq // 2
-  ids[:, 0], ids[:, half - 1], ids[:, -1] = 101, 102, 102
-  seg = np.zeros((batch, seq), np.int32)
-  seg[:, half:] = 1
+  arrays = batches.pair_batch(batch, seq, vocab, seed)
+  nsp = arrays.pop("label")
   return {
-    "input_ids": ids,
-    "segment_ids": seg,
-    "input_mask": np.ones((batch, seq), np.int32),
-    "next_sentence_label": rng.integers(0, 2, batch).astype(np.int32),
+    **arrays,
+    "next_sentence_label": nsp,
     "example_id": np.arange(batch, dtype=np.int32),
     "epoch": np.zeros(batch, np.int32),
   }
@@ -68,8 +62,10 @@ def synthetic_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str
 def bench_config(
   size: str, seq: int, batch: int, dtype: str, overrides: dict[str, Any]
 ) -> ml_collections.ConfigDict:
-  """The trainer's config for a named size on one device, with model-field overrides."""
-  c = config_lib.base_config(size)
+  """The trainer's config for a benchmark size (`sizes.SIZES`) on one device, with model-field
+  overrides."""
+  c = config_lib.base_config()
+  c.model.update(sizes.size_fields(size))  # only the model fields depend on the size
   c.data.batch_size = batch
   c.data.max_seq_length = seq
   c.masking.max_predictions = max_predictions(seq)
@@ -155,6 +151,7 @@ def measure_ours(
   record adds XLA's buffer accounting (`memory.memory_record`)."""
   variant = dict(variant or {})
   step = build_step(bench_config(size, seq, batch, dtype, variant))
+  flops = model_lib.train_flops_per_token(step.cfg, seq, max_predictions(seq))
   t0 = time.perf_counter()
   _, warm_losses = run_steps(step, max(1, warmup))
   warmup_s = time.perf_counter() - t0
@@ -179,10 +176,10 @@ def measure_ours(
     n_run = steps
   faults = (host.minor_faults() - faults) / max(1, n_run)
   peaks = {d: max(g, host.matmul_peak_gflops(d)) for d, g in peaks.items()}
-  flops = model_lib.train_flops_per_token(step.cfg, seq, max_predictions(seq))
   med = statistics.median(times)
   rec = {
     "kind": "train_step",
+    "task": "pretrain",
     "impl": "bert_jax",
     "size": size,
     "seq": seq,
@@ -193,6 +190,7 @@ def measure_ours(
     **tables.summarize_times(times),
     "step_s": times,
     "tokens_per_s": batch * seq / med,
+    "examples_per_s": batch / med,
     "flops_per_token": flops,
     "gflops": flops * batch * seq / med / 1e9,
     "compile_s": step.lower_s + step.compile_s,

@@ -6,7 +6,15 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-SIZES_ORDER = {s: i for i, s in enumerate(("tiny", "mini", "small", "medium", "base", "large"))}
+SIZES_ORDER = {
+  s: i for i, s in enumerate(("tiny", "mini", "minilm", "small", "medium", "base", "large"))
+}
+
+
+def _finetune(records: Sequence[dict[str, Any]]) -> bool:
+  """Whether the train steps are fine-tuning ones (a run times one task): their tables count
+  examples/s instead of tokens/s (the same ratios: one batch shape per row)."""
+  return any(r.get("task") == "finetune" for r in records if r.get("kind") == "train_step")
 
 
 def summarize_times(times: Sequence[float]) -> dict[str, float]:
@@ -33,6 +41,7 @@ def _pass_entry(rows: Sequence[dict[str, Any]], p: int) -> dict[str, Any] | None
     return None
   best = max(ours, key=lambda r: r["tokens_per_s"])
   entry = {"pass": p, "ours_best": best["tokens_per_s"], "ours_best_dtype": best["dtype"]}
+  entry["ours_best_examples_per_s"] = best["tokens_per_s"] / best["seq"]
   for r in ours:
     entry[f"ours_{r['dtype']}"] = r["tokens_per_s"]
     if "mfu_fp32_peak" in r:
@@ -53,22 +62,28 @@ def _pass_entry(rows: Sequence[dict[str, Any]], p: int) -> dict[str, Any] | None
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-  """Per (size, seq): best of our dtypes vs the fastest peer, per pass and over passes."""
+  """Per (task, size, seq): best of our dtypes vs the fastest peer, per pass and over passes."""
   steps = [r for r in records if r.get("kind") == "train_step"]
   keys = sorted(
-    {(r["size"], r["seq"]) for r in steps}, key=lambda k: (k[1], SIZES_ORDER.get(k[0], 99))
+    {(r.get("task", "pretrain"), r["size"], r["seq"]) for r in steps},
+    key=lambda k: (k[0], k[2], SIZES_ORDER.get(k[1], 99)),
   )
   out = []
-  for size, seq in keys:
-    rows = [r for r in steps if r["size"] == size and r["seq"] == seq]
+  for task, size, seq in keys:
+    rows = [
+      r
+      for r in steps
+      if r["size"] == size and r["seq"] == seq and r.get("task", "pretrain") == task
+    ]
     per_pass = [e for p in sorted({r["pass"] for r in rows}) if (e := _pass_entry(rows, p))]
     if not per_pass:
       continue
-    summary = {"kind": "summary", "size": size, "seq": seq, "passes": per_pass}
+    summary = {"kind": "summary", "task": task, "size": size, "seq": seq, "passes": per_pass}
     for key in (
       "ratio_vs_fastest_peer",
       "ratio_vs_hf_flax_fp32",
       "ours_best",
+      "ours_best_examples_per_s",
       "mfu_float32_vs_fp32_peak",
     ):
       vals = [e[key] for e in per_pass if key in e]
@@ -80,9 +95,12 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def format_table(records: Sequence[dict[str, Any]], summaries: Sequence[dict[str, Any]]) -> str:
-  """Every train-step record, then the summaries."""
+  """Every train-step record, then the summaries (fine-tuning steps: examples/s)."""
+  finetune = _finetune(records)
+  unit = "examples/s" if finetune else "tokens/s"
+  best_key = "ours_best_examples_per_s_median" if finetune else "ours_best_median"
   lines = [
-    "| size | seq | impl | dtype | variant | pass | tokens/s | step ms (min/med/max) | "
+    f"| size | seq | impl | dtype | variant | pass | {unit} | step ms (min/med/max) | "
     "compile s | peak RSS GB | GFLOP/s | MFU vs fp32 peak | load |",
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
@@ -93,14 +111,15 @@ def format_table(records: Sequence[dict[str, Any]], summaries: Sequence[dict[str
     mfu = f"{r['mfu_fp32_peak']:.2f}" if "mfu_fp32_peak" in r else ""
     lines.append(
       f"| {r['size']} | {r['seq']} | {r['impl']} | {r['dtype']} | {var} | {r['pass']} | "
-      f"{r['tokens_per_s']:.0f} | {r['step_ms_min']:.0f} / {r['step_ms_median']:.0f} / "
+      f"{r['tokens_per_s'] / (r['seq'] if finetune else 1):.0f} | "
+      f"{r['step_ms_min']:.0f} / {r['step_ms_median']:.0f} / "
       f"{r['step_ms_max']:.0f} | {r['compile_s']:.1f} | {r['peak_rss_gb']:.2f} | "
       f"{r['gflops']:.0f} | {mfu} | {r['load_avg']:.1f} |"
     )
   if summaries:
     lines += [
       "",
-      "| size | seq | ours best tok/s (med) | vs fastest peer (min / med) | "
+      f"| size | seq | ours best {unit} (med) | vs fastest peer (min / med) | "
       "vs HF Flax fp32 (min / med) | MFU fp32 (med) |",
       "|---|---|---|---|---|---|",
     ]
@@ -111,7 +130,7 @@ def format_table(records: Sequence[dict[str, Any]], summaries: Sequence[dict[str
 
       mfu = s.get("mfu_float32_vs_fp32_peak_median")
       lines.append(
-        f"| {s['size']} | {s['seq']} | {s['ours_best_median']:.0f} | "
+        f"| {s['size']} | {s['seq']} | {s[best_key]:.0f} | "
         f"{pair('ratio_vs_fastest_peer')} | {pair('ratio_vs_hf_flax_fp32')} | "
         f"{'' if mfu is None else f'{mfu:.2f}'} |"
       )
@@ -119,17 +138,19 @@ def format_table(records: Sequence[dict[str, Any]], summaries: Sequence[dict[str
 
 
 def format_lockstep(records: Sequence[dict[str, Any]]) -> str:
-  """The lockstep ratios: ours tokens/s over the peer's, per round."""
+  """The lockstep ratios: ours tokens/s (fine-tuning: examples/s) over the peer's, per round."""
+  rows = [r for r in records if r.get("kind") == "lockstep"]
+  unit = "ex" if any(r.get("task") == "finetune" for r in rows) else "tok"
   lines = [
-    "| size | seq | pass | peer | rounds | ours tok/s (med) | peer tok/s (med) | "
+    f"| size | seq | pass | peer | rounds | ours {unit}/s (med) | peer {unit}/s (med) | "
     "ours / peer per round (min / med / max) |",
     "|---|---|---|---|---|---|---|---|",
   ]
-  for r in records:
-    if r.get("kind") == "lockstep":
-      lines.append(
-        f"| {r['size']} | {r['seq']} | {r['pass']} | {r['peer']} | {r['rounds']} | "
-        f"{r['ours_tokens_per_s']:.0f} | {r['peer_tokens_per_s']:.0f} | "
-        f"{r['ratio_min']:.2f} / {r['ratio_median']:.2f} / {r['ratio_max']:.2f} |"
-      )
+  key = "examples_per_s" if unit == "ex" else "tokens_per_s"
+  for r in rows:
+    lines.append(
+      f"| {r['size']} | {r['seq']} | {r['pass']} | {r['peer']} | {r['rounds']} | "
+      f"{r['ours_' + key]:.0f} | {r['peer_' + key]:.0f} | "
+      f"{r['ratio_min']:.2f} / {r['ratio_median']:.2f} / {r['ratio_max']:.2f} |"
+    )
   return "\n".join(lines)

@@ -1,0 +1,37 @@
+"""The benchmark's model sizes (`bert_jax.model.SIZES` plus the shape of a released checkpoint
+the fine-tuning benchmark times, MiniLM-L6-H384: all-MiniLM-L6-v2's encoder) and the FLOPs of
+a fine-tuning step."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from bert_jax import model as model_lib
+
+# (num_layers, hidden_size, num_heads); intermediate = 4 * hidden, BERT's 30,522 vocab.
+EXTRA_SIZES = {"minilm": (6, 384, 12)}
+SIZES = {**model_lib.SIZES, **EXTRA_SIZES}
+
+
+def size_fields(name: str) -> dict[str, int]:
+  """BertConfig fields for a benchmark size."""
+  if name not in SIZES:
+    raise ValueError(f"--sizes: unknown size {name!r}; choose from {', '.join(SIZES)}")
+  n, d, h = SIZES[name]
+  return dict(num_layers=n, hidden_size=d, num_heads=h, intermediate_size=4 * d)
+
+
+def config_for_size(name: str, **overrides: Any) -> model_lib.BertConfig:
+  """A benchmark size's BertConfig."""
+  return model_lib.BertConfig(**{**size_fields(name), **overrides})
+
+
+def finetune_flops_per_token(cfg: model_lib.BertConfig, seq: int, num_labels: int = 2) -> float:
+  """Model FLOPs per token of a sequence-classification train step: the encoder at every
+  position (no pruned last layer: nothing is masked) and the pooler + classifier once per
+  sequence; no MLM head."""
+  full = dataclasses.replace(cfg, prune_last_layer=False)
+  nsp_head = 6 * 2 * cfg.hidden_size / seq  # the NSP classifier train_flops_per_token counts
+  classifier = 6 * num_labels * cfg.hidden_size / seq
+  return model_lib.train_flops_per_token(full, seq, 0) - nsp_head + classifier
