@@ -15,7 +15,7 @@ Runs in an interpreter with torch, transformers and seqeval (not bert_jax):
 
 The recipe (bert_jax's): AdamW (betas 0.9/0.999, eps 1e-6, weight decay 0.01 on every parameter
 but biases and LayerNorm weights), lr warmed up linearly over the first 10% of the steps
-(int(0.1 * total)) then decayed linearly to 0 at the last step, global-norm clipping at 1.0,
+(round(0.1 * total)) then decayed linearly to 0 at the last step, global-norm clipping at 1.0,
 the checkpoint's dropout (0.1), every epoch a fresh shuffle seeded by (seed, epoch) with the
 last partial batch kept, a fresh head ~ N(0, 0.02) with zero bias. Dev is scored after every
 epoch; the test score is the one at the best dev epoch (the first one on a tie).
@@ -58,7 +58,7 @@ PRESETS = {
   "wnut16_ner": dict(kind="tagging", tokens_field="tokens", tags_field="tags"),
   "brown_pos": dict(kind="tagging", tokens_field="tokens", tags_field="tags"),
 }
-MAIN_METRIC = {"classification": "accuracy", "tagging": "entity_f1"}
+
 IGNORE = -100  # transformers' "no label" index
 
 
@@ -235,8 +235,8 @@ def evaluate(
   pad_id: int,
   batch_size: int,
 ) -> dict[str, float]:
-  """Every row scored (the last batch is simply smaller): accuracy, or entity P/R/F1
-  (seqeval, default mode) + token accuracy over first sub-tokens."""
+  """Every row scored (the last batch is simply smaller): accuracy, or token accuracy over
+  first sub-tokens + (BIO tags) entity P/R/F1 (seqeval, default mode)."""
   model.eval()
   preds, golds = [], []
   with torch.no_grad():
@@ -261,13 +261,30 @@ def evaluate(
     flat = [
       (p == g) for ps, gs in zip(preds, golds, strict=True) for p, g in zip(ps, gs, strict=True)
     ]
-    return {
-      "entity_f1": float(sq.f1_score(golds, preds)),
-      "entity_precision": float(sq.precision_score(golds, preds)),
-      "entity_recall": float(sq.recall_score(golds, preds)),
-      "token_accuracy": float(np.mean(flat)) if flat else 0.0,
-    }
+    out = {"token_accuracy": float(np.mean(flat)) if flat else 0.0}
+    if is_bio(labels):
+      out = {
+        "entity_f1": float(sq.f1_score(golds, preds)),
+        "entity_precision": float(sq.precision_score(golds, preds)),
+        "entity_recall": float(sq.recall_score(golds, preds)),
+        **out,
+      }
+    return out
   return {"accuracy": float(np.mean(np.asarray(preds) == np.asarray(golds)))}
+
+
+def is_bio(labels: Sequence[str]) -> bool:
+  """BIO-like tags (every tag O or X-TYPE, X in B/I/E/S), as bert_jax.tasks.metrics says:
+  entity F1 is scored only for those (not for POS tags)."""
+  tags = [t for t in labels if t != "O"]
+  return bool(tags) and all(len(t) > 2 and t[0] in "BIES" and t[1] == "-" for t in tags)
+
+
+def main_metric(kind: str, labels: Sequence[str]) -> str:
+  """The dev-selection metric, bert_jax's default for the kind."""
+  if kind == "tagging":
+    return "entity_f1" if is_bio(labels) else "token_accuracy"
+  return "accuracy"
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:
@@ -308,6 +325,11 @@ def make_model(args: argparse.Namespace, labels: Sequence[str]) -> torch.nn.Modu
   return model.float().train()
 
 
+def warmup_steps(args: argparse.Namespace, total_steps: int) -> int:
+  """round(warmup_fraction x total), as bert_jax.finetune.optimizer_config."""
+  return int(round(args.warmup_fraction * total_steps))
+
+
 def make_optimizer(
   model: torch.nn.Module, args: argparse.Namespace, total_steps: int
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
@@ -322,7 +344,7 @@ def make_optimizer(
     betas=(0.9, 0.999),
     eps=1e-6,
   )
-  warmup = int(args.warmup_fraction * total_steps)
+  warmup = warmup_steps(args, total_steps)
 
   def schedule(k: int) -> float:
     if k < warmup:
@@ -347,7 +369,7 @@ def train_seed(
   steps_per_epoch = math.ceil(len(train) / args.batch_size)
   total = steps_per_epoch * args.epochs
   opt, sched = make_optimizer(model, args, total)
-  main = MAIN_METRIC[args.kind]
+  main = main_metric(args.kind, labels)
   best: dict[str, Any] = {"seed": seed, "best_epoch": -1}
   history = []
   step = 0
@@ -392,7 +414,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument(
     "--data_dir", default="", help=f"has {{train,dev,test}}.jsonl.gz ({TASKS_DIR}/TASK)"
   )
-  p.add_argument("--lr", type=float, default=5e-5)
+  p.add_argument("--lr", type=float, default=3e-5)
   p.add_argument("--batch_size", type=int, default=32)
   p.add_argument("--eval_batch_size", type=int, default=64)
   p.add_argument("--epochs", type=int, default=3)
@@ -448,7 +470,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   for s, exs in examples.items():
     data[s], truncated[s] = encode(exs, args.kind, tok, args.max_seq_length, labels)
   seeds = [train_seed(k, args, data, labels, tok.pad_token_id) for k in range(args.seeds)]
-  main_metric = MAIN_METRIC[args.kind]
+  metric = main_metric(args.kind, labels)
   recipe = {
     "lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs,
     "max_seq_length": args.max_seq_length, "seeds": args.seeds,
@@ -458,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     "task": args.task or os.path.basename(os.path.normpath(args.data_dir)),
     "kind": args.kind,
     "init": args.init,
-    "main_metric": main_metric,
+    "main_metric": metric,
     "labels": labels,
     "recipe": recipe,
     "data": {**{s: len(v) for s, v in data.items()}, "truncated": truncated},
@@ -471,8 +493,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       "eps": 1e-6,
       "dropout": "the checkpoint's hidden/attention dropout",
       "head_init": "normal(0, 0.02), bias 0",
-      "warmup_steps": int(
-        args.warmup_fraction * math.ceil(len(data["train"]) / args.batch_size) * args.epochs
+      "warmup_steps": warmup_steps(
+        args, math.ceil(len(data["train"]) / args.batch_size) * args.epochs
       ),
     },
     "versions": {
@@ -484,8 +506,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
   }
   with open(args.output, "w") as f:
     json.dump(result, f, indent=1)
-  t = result["test"][main_metric]
-  print(f"{result['task']}: test {main_metric} {t['mean']:.4f} ± {t['std']:.4f} "
+  t = result["test"][metric]
+  print(f"{result['task']}: test {metric} {t['mean']:.4f} ± {t['std']:.4f} "
         f"(n={t['n']}) in {result['wall_s']:.0f} s -> {args.output}", file=sys.stderr)  # fmt: skip
   return result
 
