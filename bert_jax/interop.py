@@ -938,7 +938,7 @@ def check_architecture(cfg: BertConfig, want: BertConfig, source: str) -> None:
     raise ValueError(f"checkpoint {source} is another architecture: {'; '.join(diffs)}")
 
 
-def _place(params: Params, target: Any) -> Any:
+def place(params: Params, target: Any) -> Any:
   """Host arrays -> jax Arrays with the target's dtypes and shardings (any mesh, any host)."""
   import jax
 
@@ -1010,11 +1010,11 @@ def load_checkpoint(
   if target is not None and not placed:
     params = to_layout(params, scan_layers)
     if is_pretraining(target) and not is_pretraining(params):
-      params = {"bert": _place(params, target["bert"])}
+      params = {"bert": place(params, target["bert"])}
     else:
       if not is_pretraining(target) and is_pretraining(params):
         params = params["bert"]
-      params = _place(params, target)
+      params = place(params, target)
   elif scan_layers is not None:
     params = to_layout(params, scan_layers)
   return Checkpoint(cfg, params, tok, fmt, str(p), step, meta)
