@@ -335,7 +335,7 @@ def test_glue_presets_labels_metrics_and_files():
     "cola": ("classification", binary, ("mcc",), "mcc", "dev.tsv"),
     "sst2": ("classification", binary, ("accuracy",), "accuracy", "dev.tsv"),
     "mrpc": ("classification", binary, ("f1", "accuracy"), "f1", "dev.tsv"),
-    "stsb": ("regression", (), ("pearson", "spearman"), "pearson", "dev.tsv"),
+    "stsb": ("regression", (), ("pearson", "spearman"), "spearman", "dev.tsv"),
     "qqp": ("classification", binary, ("f1", "accuracy"), "f1", "dev.tsv"),
     "mnli": (
       "classification",

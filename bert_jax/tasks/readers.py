@@ -74,6 +74,7 @@ def _glue(
   test: str = "test.tsv",
   tfds_dev: str = "validation",
   tfds_test: str = "test",
+  main_metric: str = "",
   **extra: Any,
 ) -> dict[str, Any]:
   return dict(
@@ -84,7 +85,7 @@ def _glue(
     labels=labels,
     kind=kind,
     metrics=metrics,
-    main_metric=metrics[0],
+    main_metric=main_metric or metrics[0],
     tfds_text=tfds_text,
     tfds_splits={"train": "train", "dev": tfds_dev, "test": tfds_test},
     **extra,
@@ -129,6 +130,7 @@ GLUE: dict[str, dict[str, Any]] = {
     (),
     ("sentence1", "sentence2"),
     metrics=("pearson", "spearman"),
+    main_metric="spearman",  # the BERT paper's STS-B column
     kind="regression",
   ),
   "qqp": _glue(
