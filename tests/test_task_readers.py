@@ -429,6 +429,22 @@ def test_tfds_glue_local_array_record(tmp_path):
   assert sst2 == [TextExample(("good",), "1", f"{tmp_path}/glue/sst2/2.0.0[train]:0")]
 
 
+def test_tfds_tfrecord_dataset_is_a_one_line_error(tmp_path):
+  _prepare_tfds_glue(
+    tmp_path, "rte", ["entailment", "not_entailment"], {"train": [{"sentence1": "a", "label": 0}]}
+  )
+  # What `tfds build` writes by default: tfrecord, which needs TensorFlow to read.
+  info_path = tmp_path / "glue" / "rte" / "2.0.0" / "dataset_info.json"
+  info = json.loads(info_path.read_text())
+  info_path.write_text(json.dumps({**info, "fileFormat": "tfrecord"}))
+  task = make_task(name="rte", format="tfds", tfds_data_dir=str(tmp_path))
+  with pytest.raises(ValueError) as e:
+    readers.read_split(task, "train")
+  message = str(e.value)
+  assert message.startswith(f"{info_path.parent}: cannot be read without TensorFlow (")
+  assert "--file_format=array_record" in message and "\n" not in message
+
+
 def test_tfds_missing_dataset_never_downloads(tmp_path):
   task = make_task(name="rte", format="tfds", tfds_data_dir=str(tmp_path))
   with pytest.raises(FileNotFoundError) as e:

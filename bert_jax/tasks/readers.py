@@ -597,10 +597,11 @@ def _read_tfds(task: Any, split: str, limit: int) -> tuple[str, list[Example]]:
     )
   try:
     source = builder.as_data_source(split=split_name)
-  except Exception as e:  # noqa: BLE001 - TFDS raises various types for the wrong file format
+  except Exception as e:  # noqa: BLE001 - TFDS raises several types for a wrong file format
+    first_line = (str(e).splitlines() or [type(e).__name__])[0]
     raise ValueError(
-      f"{version_dir}: cannot be read without TensorFlow ({type(e).__name__}: {e}); prepare it "
-      "with --file_format=array_record"
+      f"{version_dir}: cannot be read without TensorFlow ({first_line}); prepare it with "
+      f"`tfds build glue/{config} --file_format=array_record`"
     ) from None
   label_feature = builder.info.features["label"]
   names = list(getattr(label_feature, "names", ()) or ())
