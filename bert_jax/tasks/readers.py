@@ -546,8 +546,6 @@ def _read_glue(task: Any, split: str, limit: int) -> tuple[str, list[Example]]:
   path = _get(task, split, "") or os.path.join(
     os.fspath(_get(task, "glue_dir", "")), preset["dir"], preset["files"][split]
   )
-  if not os.path.exists(path) and os.path.exists(path + ".gz"):
-    path += ".gz"
   fieldnames = preset["fieldnames"] if split in preset.get("headerless", ()) else None
   rows = _table_rows(path, "tsv", fieldnames)
   kind = preset["kind"]
