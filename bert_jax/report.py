@@ -462,7 +462,95 @@ def finetune_markdown(
     for r in ft_runs
     if r.others
   ]
-  return f"{title})\n\n{md}" + ("\n" + "".join(notes) if notes else "")
+  md = f"{title})\n\n{md}" + ("\n" + "".join(notes) if notes else "")
+  lines = claims(paper, *finetune_points(runs, ft_runs, split)) if paper else []
+  if lines:
+    md += (
+      f"\n\n### The paper's claims at this scale ({split})\n\nreproduced: the difference "
+      "in the claimed direction exceeds the larger seed std of the two; not reproduced: it "
+      "exceeds it in the other direction; inconclusive: within the seed spread (or one seed)."
+      "\n\n" + "\n".join(f"- {ln}" for ln in lines)
+    )
+  return md
+
+
+# ---------------------------------------------------------------------------------------------
+# The paper's claims, judged against the seed spread.
+
+
+def verdict(better: dict[str, float], worse: dict[str, float]) -> str:
+  """Whether `better` beats `worse` by more than the seed spread (the larger of the stds)."""
+  diff = better["mean"] - worse["mean"]
+  spread = max(better["std"], worse["std"])
+  n = f"n = {better['n']}/{worse['n']}"
+  if min(better["n"], worse["n"]) < 2:
+    return f"inconclusive: difference {diff:+.1f}, one seed ({n}): no spread to judge it by"
+  word = "reproduced" if diff > spread else "not reproduced" if diff < -spread else "inconclusive"
+  return f"{word}: difference {diff:+.1f}, seed spread {spread:.1f} ({n})"
+
+
+def _objective(p: Point) -> str | None:
+  """Table 5's row of a point, from its pretraining config."""
+  mlm, nsp, ltr = (p.config.get(f"objective.{k}") for k in ("mlm", "nsp", "ltr"))
+  if ltr and not mlm:
+    return "ltr"
+  if mlm and not ltr:
+    return "mlm_nsp" if nsp else "mlm"
+  return None
+
+
+def claims(paper: str, columns: list[Column], points: list[Point]) -> list[str]:
+  """One line per (claim, task): the paper's claim and its verdict on our numbers."""
+  lines = []
+  if paper == "table5":
+    role = {_objective(p): p for p in points if _objective(p)}
+    for better, worse, text in (
+      ("mlm", "ltr", "No NSP (MLM) beats LTR & No NSP (the bidirectional LM matters)"),
+      ("mlm_nsp", "mlm", "BERT-Base (MLM + NSP) beats No NSP (NSP helps)"),
+    ):
+      if better not in role or worse not in role:
+        continue
+      a, b = role[better], role[worse]
+      for c in columns:
+        if c.task in a.cells and c.task in b.cells:
+          where = f"{c.header} ({a.name} vs {b.name})"
+          lines.append(f"{text}, {where}: {verdict(a.cells[c.task], b.cells[c.task])}")
+  elif paper == "table6":
+    with_size = [(n, p) for p in points if (n := param_count(p.config)) is not None]
+    sized = [p for _, p in sorted(with_size, key=lambda t: t[0])]
+    if len(sized) < 2:
+      return lines
+    ppl = [p.pretrain.last("eval").get("mlm_perplexity") if p.pretrain else None for p in sized]
+    if all(v is not None for v in ppl):
+      falls = all(b < a for a, b in zip(ppl, ppl[1:], strict=False))
+      values = (" > " if falls else ", ").join(f"{v:.2f}" for v in ppl)
+      lines.append(
+        "held-out MLM perplexity falls monotonically with size: "
+        + ("reproduced" if falls else "not reproduced")
+        + f" ({values}, smallest model first; one pretraining run per size: no seed spread)"
+      )
+    for c in columns:
+      have = [p for p in sized if c.task in p.cells]
+      if len(have) < 2:
+        continue
+      cells = [p.cells[c.task] for p in have]
+      # Monotone within the spread: no step down beyond its pair's spread, and the largest
+      # model beats the smallest by more than theirs.
+      head = verdict(cells[-1], cells[0])
+      dips = [
+        f"{have[i].name} -> {have[i + 1].name}"
+        for i in range(len(cells) - 1)
+        if cells[i + 1]["mean"] < cells[i]["mean"] - max(cells[i]["std"], cells[i + 1]["std"])
+      ]
+      if dips and head.startswith("reproduced"):
+        head = "inconclusive" + head[len("reproduced") :]
+      means = ", ".join(f"{x['mean']:.1f}" for x in cells)
+      extra = f"; drops beyond the spread at {', '.join(dips)}" if dips else ""
+      lines.append(
+        f"bigger is better on {c.header} (largest vs smallest; means by size {means}{extra}): "
+        + head
+      )
+  return lines
 
 
 # ---------------------------------------------------------------------------------------------

@@ -301,6 +301,12 @@ def test_size_sweep_sorted_by_size_with_table6(tmp_path):
   assert rows[1].startswith("| row=big | 4 | 64 | 256 | 30.00 | 20.0 | 81.0 ± 1.4 (2) |")
   assert rows[2] == "| paper: L=3 H=768 A=12 | 3 | 768 | – | 5.84 | – | 88.4 | 77.9 | 79.8 | – |"
   assert len(rows) == 2 + 6
+  assert md.splitlines()[-2:] == [
+    "- held-out MLM perplexity falls monotonically with size: reproduced (60.00 > 30.00, "
+    "smallest model first; one pretraining run per size: no seed spread)",
+    "- bigger is better on rotten_tomatoes (SST-2) accuracy (largest vs smallest; means by size "
+    "70.0, 81.0): reproduced: difference +11.0, seed spread 1.4 (n = 2/2)",
+  ]
   assert report.param_count(report.flatten(_size_config(1, 32))) == (
     (100 + 512 + 2) * 32 + 2 * 32 + 4 * (32 * 32 + 32) + 4 * 32 + 2 * (32 * 128) + 128 + 32
     + 32 * 32 + 32
@@ -367,3 +373,34 @@ def test_cli_paper_flag(finetune_root):
   )  # fmt: skip
   assert r.returncode == 0, r.stderr
   assert "| paper: L=24 H=1024 A=16 |" in r.stdout and "## Fine-tuning (dev;" in r.stdout
+
+
+def test_table5_claims_against_the_seed_spread(finetune_root):
+  _write_run(finetune_root, "task=mlm", _config(True, False, False), [
+    {"step": 30, "split": "eval", "mlm_perplexity": 400.0, "mlm_accuracy": 0.13},
+  ])  # fmt: skip
+  ft = os.path.join(finetune_root, "task=mlm", "finetune")
+  _write_results(os.path.join(ft, "rotten_tomatoes"), "rotten_tomatoes", "classification",
+                 "accuracy", [0.80, 0.81, 0.82])  # fmt: skip
+  _write_results(os.path.join(ft, "vitaminc"), "vitaminc", "classification", "accuracy",
+                 [0.60, 0.62])  # fmt: skip
+  md, _ = report.report(finetune_root, paper="table5")
+  lines = md.split("### The paper's claims at this scale (test)")[1].strip().splitlines()[2:]
+  mlm_ltr = "- No NSP (MLM) beats LTR & No NSP (the bidirectional LM matters), "
+  nsp = "- BERT-Base (MLM + NSP) beats No NSP (NSP helps), "
+  assert lines == [
+    # The LTR point has one vitaminc seed: nothing to judge the difference by.
+    mlm_ltr + "vitaminc (MNLI-m) accuracy (task=mlm vs task=ltr): inconclusive: difference "
+    "+11.0, one seed (n = 2/1): no spread to judge it by",
+    # 81.0 ± 1.0 vs 72.0 ± 2.0: +9.0 > 2.0.
+    mlm_ltr + "rotten_tomatoes (SST-2) accuracy (task=mlm vs task=ltr): reproduced: difference "
+    "+9.0, seed spread 2.0 (n = 3/3)",
+    # 60.0 ± 1.0 vs 61.0 ± 1.4: within the spread.
+    nsp + "vitaminc (MNLI-m) accuracy (task=mlm_nsp vs task=mlm): inconclusive: difference "
+    "-1.0, seed spread 1.4 (n = 3/2)",
+    nsp + "rotten_tomatoes (SST-2) accuracy (task=mlm_nsp vs task=mlm): reproduced: difference "
+    "+3.1, seed spread 1.0 (n = 5/3)",
+  ]
+  assert report.verdict({"mean": 50.0, "std": 1.0, "n": 3}, {"mean": 53.0, "std": 2.0, "n": 3}) == (
+    "not reproduced: difference -3.0, seed spread 2.0 (n = 3/3)"
+  )
