@@ -405,7 +405,7 @@ def finetune_table(
   ours = {PAPER_COLUMNS.get(c.task) for c in columns}
   # Paper columns none of our tasks stands for still get a column, so no number is lost.
   extra = [k for k in _PAPER_ORDER if k not in ours and any(k in v for _, _, v in paper_rows)]
-  header = ["point", *fields, "MLM ppl", "MLM acc", *(c.header for c in columns)]
+  header = ["point", *fields, "MLM ppl", "MLM acc %", *(c.header for c in columns)]
   header += [f"{k} (paper only)" for k in extra] + ["average"]
   rows = []
   for p in points:

@@ -224,7 +224,7 @@ def test_finetune_table_cells(finetune_root):
   header, rows = report.finetune_table(runs, ft)
   # Tasks in the paper's column order: MNLI-m, SST-2, SQuAD.
   assert header == [
-    "point", "objective.mlm", "objective.nsp", "objective.ltr", "MLM ppl", "MLM acc",
+    "point", "objective.mlm", "objective.nsp", "objective.ltr", "MLM ppl", "MLM acc %",
     "vitaminc (MNLI-m) accuracy", "rotten_tomatoes (SST-2) accuracy", "squadshifts (SQuAD) f1",
     "average",
   ]  # fmt: skip
@@ -234,7 +234,7 @@ def test_finetune_table_cells(finetune_root):
   assert bert["vitaminc (MNLI-m) accuracy"] == "60.0 ± 1.0 (3)"
   assert bert["squadshifts (SQuAD) f1"] == "42.0 ± 2.0 (3)"
   assert bert["average"] == "62.0"  # (60.0 + 84.1 + 42.0) / 3
-  assert bert["MLM ppl"] == "445.90" and bert["MLM acc"] == "12.5"
+  assert bert["MLM ppl"] == "445.90" and bert["MLM acc %"] == "12.5"
   assert bert["objective.nsp"] is True
   ltr = by["task=ltr"]
   assert ltr["rotten_tomatoes (SST-2) accuracy"] == "72.0 ± 2.0 (3)"
@@ -333,7 +333,7 @@ def test_plain_finetune_workdir_and_grid(tmp_path):
   _write_results(str(tmp_path / "ner"), "wnut16_ner", "tagging", "entity_f1", [0.25, 0.35],
                  init="/m/base")  # fmt: skip
   header, rows = report.finetune_table([], report.find_finetune_runs(str(tmp_path)))
-  assert header == ["point", "MLM ppl", "MLM acc", "rotten_tomatoes (SST-2) accuracy",
+  assert header == ["point", "MLM ppl", "MLM acc %", "rotten_tomatoes (SST-2) accuracy",
                     "wnut16_ner entity_f1", "average"]  # fmt: skip
   assert [r[0] for r in rows] == ["/m/base", "/m/mini"]
   assert rows[0][4] == "30.0 ± 7.1 (2)" and rows[0][3] is None
