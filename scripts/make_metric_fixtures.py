@@ -1,28 +1,30 @@
 """Writes tests/fixtures/metrics/*.json: reference values of the fine-tuning metrics.
 
   /work/venv-ref/bin/pip install seqeval    # brings scikit-learn; scipy is already there
-  /work/venv-ref/bin/python scripts/make_metric_fixtures.py [--out=tests/fixtures/metrics]
+  /work/venv-ref/bin/python scripts/make_metric_fixtures.py [--out=tests/fixtures/metrics] \
+      [--tasks=../shared/data/tasks]
 
 entity_f1.json: tag sequences (hand-made tricky cases and seeded random BIO/IOB1 sequences)
 with seqeval's default precision/recall/F1 and entity lists. classification.json and
 correlation.json: seeded random labels/scores with sklearn's accuracy, F1 and MCC and
-scipy's Pearson and Spearman (ties averaged). tests/test_task_metrics.py compares
-bert_jax.tasks.metrics against these without needing seqeval, sklearn or scipy.
+scipy's Pearson and Spearman (ties averaged). wnut16_test.json (when --tasks has
+wnut16_ner): seqeval's scores of `perturb(gold)` against the real test split's gold tags,
+only the numbers (the test rebuilds the predictions with `perturb` and skips without the
+data). tests/test_task_metrics.py compares bert_jax.tasks.metrics against these without
+needing seqeval, sklearn or scipy (imported only when this script runs).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import hashlib
 import json
 import os
 import random
 import warnings
 
 import numpy as np
-import scipy.stats
-import seqeval.metrics
-import sklearn.metrics
-from seqeval.metrics.sequence_labeling import get_entities
 
 # (name, gold, pred): each a list of tag sequences.
 CASES = [
@@ -60,7 +62,39 @@ def _random_tags(rng: random.Random, n: int, types: list[str]) -> list[str]:
   return out
 
 
+def perturb(gold: list[list[str]]) -> list[list[str]]:
+  """A deterministic "prediction" from gold tags with every kind of BIO error: entities
+  dropped, B- turned into I- (IOB1-style starts), entities split, false positives."""
+  out, i = [], 0
+  for seq in gold:
+    pred = []
+    for tag in seq:
+      if i % 7 == 3:
+        tag = "O"
+      elif tag.startswith("B-") and i % 3 == 0:
+        tag = "I-" + tag[2:]
+      elif tag.startswith("I-") and i % 4 == 1:
+        tag = "B-" + tag[2:]
+      elif tag == "O" and i % 50 == 7:
+        tag = "B-person"
+      pred.append(tag)
+      i += 1
+    out.append(pred)
+  return out
+
+
+def read_tags(path: str) -> list[list[str]]:
+  with gzip.open(path, "rt") as f:
+    return [json.loads(line)["tags"] for line in f if line.strip()]
+
+
+def tags_digest(tags: list[list[str]]) -> str:
+  return hashlib.sha256(json.dumps(tags).encode()).hexdigest()[:16]
+
+
 def _prf(gold: list[list[str]], pred: list[list[str]]) -> dict[str, float]:
+  import seqeval.metrics
+
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # seqeval warns on zero division (the value is 0.0)
     return {
@@ -71,6 +105,8 @@ def _prf(gold: list[list[str]], pred: list[list[str]]) -> dict[str, float]:
 
 
 def entity_cases() -> dict:
+  from seqeval.metrics.sequence_labeling import get_entities
+
   rng = random.Random(0)
   cases = list(CASES)
   for k in range(12):
@@ -98,6 +134,8 @@ def _version(pkg: str) -> str:
 
 
 def classification_cases() -> dict:
+  import sklearn.metrics
+
   rng = np.random.default_rng(0)
   out = []
   for k, (n, classes) in enumerate([(50, 2), (101, 2), (77, 3), (60, 5), (8, 2)]):
@@ -113,6 +151,9 @@ def classification_cases() -> dict:
 
 
 def correlation_cases() -> dict:
+  import scipy
+  import scipy.stats
+
   rng = np.random.default_rng(1)
   out = []
   for k, n in enumerate([5, 40, 200]):
@@ -132,8 +173,16 @@ def correlation_cases() -> dict:
 def main() -> None:
   ap = argparse.ArgumentParser()
   ap.add_argument("--out", default=os.path.join("tests", "fixtures", "metrics"))
+  ap.add_argument("--tasks", default=os.path.join("..", "shared", "data", "tasks"))
   args = ap.parse_args()
   os.makedirs(args.out, exist_ok=True)
+  wnut = os.path.join(args.tasks, "wnut16_ner", "test.jsonl.gz")
+  if os.path.isfile(wnut):
+    gold = read_tags(wnut)
+    data = {"sentences": len(gold), "sha256_16": tags_digest(gold), **_prf(gold, perturb(gold))}
+    with open(os.path.join(args.out, "wnut16_test.json"), "w") as f:
+      f.write(json.dumps(data) + "\n")
+    print(f"wrote {args.out}/wnut16_test.json: {data}")
   for name, data in (
     ("entity_f1", entity_cases()),
     ("classification", classification_cases()),

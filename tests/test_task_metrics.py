@@ -1,6 +1,7 @@
 """bert_jax.tasks.metrics: hand-checked values, and parity with seqeval / sklearn / scipy through
 the fixtures of scripts/make_metric_fixtures.py (no reference package needed at test time)."""
 
+import importlib.util
 import json
 import os
 
@@ -10,6 +11,7 @@ import pytest
 from bert_jax.tasks import metrics
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "metrics")
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "make_metric_fixtures.py")
 
 
 def _cases(name):
@@ -67,6 +69,36 @@ def test_entity_f1_equals_seqeval(case):
     assert r[key] == pytest.approx(case[key], abs=1e-12), key
   flat = [t for seq in case["gold"] for t in [*seq, "O"]]
   assert [list(e) for e in metrics.get_entities(flat)] == case["gold_entities"]
+
+
+def _fixture_script():
+  # Imports only the stdlib and numpy at module level: the reference packages stay optional.
+  spec = importlib.util.spec_from_file_location("make_metric_fixtures", SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.shared_data
+def test_entity_f1_equals_seqeval_on_wnut16_test(shared_data):
+  script = _fixture_script()
+  gold = script.read_tags(str(shared_data / "tasks" / "wnut16_ner" / "test.jsonl.gz"))
+  with open(os.path.join(FIXTURES, "wnut16_test.json")) as f:
+    want = json.load(f)
+  assert len(gold) == want["sentences"] and script.tags_digest(gold) == want["sha256_16"]
+  r = metrics.entity_f1(gold, script.perturb(gold))
+  for key in ("precision", "recall", "f1"):
+    assert r[key] == pytest.approx(want[key], abs=1e-12), key
+  assert metrics.entity_f1(gold, gold)["f1"] == 1.0
+  assert metrics.is_bio({t for seq in gold for t in seq})
+
+
+@pytest.mark.shared_data
+def test_brown_pos_tags_are_not_bio(shared_data):
+  tags = _fixture_script().read_tags(str(shared_data / "tasks" / "brown_pos" / "dev.jsonl.gz"))
+  labels = {t for seq in tags for t in seq}
+  assert len(labels) > 20 and not metrics.is_bio(labels)
+  assert metrics.default_metrics("tagging", sorted(labels)) == ("token_accuracy",)
 
 
 def test_classification_fixtures_equal_sklearn():
