@@ -403,6 +403,7 @@ def test_v2_threshold_matches_reference():
   # by hand: diffs sorted n3 4.0, n4 3.0, a3 2.5, n1 1.5, a4 1.0, a2 0.5, n2 -1.0, a1 -3.0;
   # null for the top 4 (+4 no-answer, a3 loses 0) beats also nulling a4 (-2/3): 1.25 threshold
   assert threshold == 1.25
+  assert type(threshold) is float and type(best["f1"]) is float  # JSON-ready
   assert best["exact_match"] == pytest.approx(100.0 * 4 / 8)  # n3 n4 n1 null, a1 right
   applied = squad.apply_null_threshold(pred, diffs, threshold)
   assert squad.squad_v2_score(gold, applied) == pytest.approx(best)

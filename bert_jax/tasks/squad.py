@@ -544,7 +544,7 @@ def squad_v2_best_threshold(
   else:
     threshold = float((d[k - 1] + d[k]) / 2)
   n = len(qids)
-  return threshold, {"exact_match": 100.0 * gain[k, 0] / n, "f1": 100.0 * gain[k, 1] / n}
+  return threshold, {"exact_match": float(100 * gain[k, 0] / n), "f1": float(100 * gain[k, 1] / n)}
 
 
 def write_predictions(path: str | os.PathLike, predictions: dict[str, str]) -> None:
