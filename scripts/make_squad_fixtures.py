@@ -1,9 +1,12 @@
-"""Writes tests/fixtures/squad/metric_cases.json: SQuAD EM/F1 expected from independent code.
+"""Writes tests/fixtures/squad/: a tiny SQuAD file and what independent code makes of it.
 
-v1.1 numbers come from torchmetrics' `squad` (the official evaluate-v1.1 algorithm), v2.0 numbers
-and the best no-answer F1 from transformers' `squad_metrics` (the official evaluate-v2.0
-algorithm), the answer-text alignment from its `get_final_text` (run_squad's). Neither package
-is needed by the tests, only by this script:
+tiny_v1.json: synthetic SQuAD v1.1 data (some offsets wrong on purpose, for re-anchoring).
+hf_windows.json: transformers' `squad_convert_examples_to_features` (run_squad's windows) on
+the examples of tiny_v1.json whose offsets are right.
+metric_cases.json: v1.1 EM/F1 from torchmetrics' `squad` (the official evaluate-v1.1
+algorithm); v2.0 EM/F1 and the best no-answer F1 from transformers' `squad_metrics` (the
+official evaluate-v2.0 algorithm); the answer-text alignment from its `get_final_text`
+(run_squad's). The tests need none of these packages, only this script does:
 
   /work/venv-ref/bin/pip install torchmetrics   # next to torch + transformers
   /work/venv-ref/bin/python scripts/make_squad_fixtures.py
@@ -16,6 +19,105 @@ from torchmetrics.functional.text import squad as tm_squad
 from transformers.data.metrics import squad_metrics as hf
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "squad")
+
+
+def _qa(qid, question, answers, is_impossible=None):
+  qa = {
+    "id": qid,
+    "question": question,
+    "answers": [{"text": t, "answer_start": s} for t, s in answers],
+  }
+  if is_impossible is not None:
+    qa["is_impossible"] = is_impossible
+  return qa
+
+
+CONTEXT_A = (
+  "The Eiffel Tower (1889) stands in Paris, France. It was designed by Gustave Eiffel's "
+  "company. Paris is the capital and the largest city of France."
+)
+# Each word is one bert-base-uncased token (the window test counts on it).
+NUMBERS = (
+  "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+  "sixteen seventeen eighteen nineteen twenty"
+).split()
+CONTEXT_B = (
+  "Marie Skłodowska-Curie was a physicist and chemist who conducted pioneering research on "
+  "radioactivity. She was the first woman to win a Nobel Prize, the first person to win a Nobel "
+  "Prize twice, and the only person to win a Nobel Prize in two scientific fields. Her husband, "
+  "Pierre Curie, was a co-winner of her first Nobel Prize. She was, in 1906, the first woman to "
+  "become a professor at the University of Paris."
+)
+
+
+# Accents, a word with no tokens (U+200B alone), a question over max_query_length=8.
+CONTEXT_C = (
+  "Zoë Saldaña (born 1978) is an American actress \u200b who starred in Avatar, the "
+  "highest-grossing film of all time."
+)
+LONG_QUESTION = "Which American actress, born in 1978, starred in the highest-grossing film?"
+
+
+def tiny_squad():
+  """A SQuAD v1.1 file whose offsets test re-anchoring, for tests/test_squad.py."""
+  a = CONTEXT_A
+  paris2 = a.index("Paris", a.index("Paris") + 1)
+  b, c = CONTEXT_B, CONTEXT_C
+  return {
+    "version": "1.1",
+    "data": [
+      {
+        "title": "A",
+        "paragraphs": [
+          {
+            "context": a,
+            "qas": [
+              _qa("ok", "When was the tower built?", [("1889", a.index("1889"))]),
+              # off by 3 characters: re-anchored (the text occurs once)
+              _qa(
+                "off", "Who designed it?", [("Gustave Eiffel's company", a.index("Gustave") + 3)]
+              ),
+              # not in the context at all: dropped
+              _qa("absent", "Where else?", [("London", 5)]),
+              # "Paris" twice within REANCHOR_WINDOW of the wrong offset: ambiguous, dropped
+              _qa("ambiguous", "Which city?", [("Paris", 60)]),
+              # near only the second "Paris": re-anchored to it
+              _qa("near", "Capital?", [("Paris", paris2 + 40)]),
+              # the first answer is unusable, the second becomes the training target
+              _qa("second", "Country?", [("Germany", 0), ("France", a.index("France"))]),
+            ],
+          }
+        ],
+      },
+      {
+        "title": "B",
+        "paragraphs": [
+          {
+            "context": " ".join(NUMBERS),
+            "qas": [_qa("num", "what is it", [("fifteen", " ".join(NUMBERS).index("fifteen"))])],
+          },
+          {
+            "context": b,
+            "qas": [
+              _qa("curie", "Who?", [(" Pierre Curie", b.index("Pierre") - 1)]),
+              _qa("year", "When professor?", [("1906", b.index("1906"))]),
+              _qa("fields", "How many fields?", [("two scientific fields", b.index("two sc"))]),
+              _qa("first", "Who was she?", [("physicist and chemist", b.index("physicist"))]),
+            ],
+          },
+          {
+            "context": c,
+            "qas": [
+              _qa("born", "When was she born?", [("1978", c.index("1978"))]),
+              _qa("film", "Which film?", [("Avatar", c.index("Avatar"))]),
+              _qa("who", LONG_QUESTION, [("Zoë Saldaña", 0)]),
+            ],
+          },
+        ],
+      },
+    ],
+  }
+
 
 # (qid, references, prediction or None = unanswered). No case where both sides normalise to
 # nothing: there torchmetrics scores F1 1 and evaluate-v1.1 scores 0 (checked by hand instead).
@@ -103,6 +205,62 @@ def final_text_expected():
   return [[p, o, hf.get_final_text(p, o, do_lower_case=True)] for p, o in FINAL_TEXT_CASES]
 
 
+# seq 32, stride 8, query 8: several windows per context, the long question truncated.
+WINDOWS = {"max_seq_length": 32, "doc_stride": 8, "max_query_length": 8}
+
+
+def hf_windows(doc):
+  from transformers import BertTokenizer
+  from transformers.data.processors.squad import SquadExample, squad_convert_examples_to_features
+
+  vocab = os.path.join(os.path.dirname(__file__), "..", "bert_jax", "data")
+  tok = BertTokenizer(
+    os.path.join(vocab, "bert-base-uncased-vocab.txt"), do_lower_case=True, model_max_length=512
+  )
+  examples = []
+  for article in doc["data"]:
+    for paragraph in article["paragraphs"]:
+      context = paragraph["context"]
+      for qa in paragraph["qas"]:
+        text, start = qa["answers"][0]["text"], qa["answers"][0]["answer_start"]
+        if context[start : start + len(text)] == text == text.strip():
+          examples.append(SquadExample(qa["id"], qa["question"], context, text, start, "", []))
+  features = squad_convert_examples_to_features(
+    examples,
+    tok,
+    WINDOWS["max_seq_length"],
+    WINDOWS["doc_stride"],
+    WINDOWS["max_query_length"],
+    is_training=True,
+    return_dataset=False,
+    threads=1,
+    tqdm_enabled=False,
+  )
+  rows = []
+  for f in features:
+    n = sum(f.attention_mask)
+    rows.append(
+      {
+        "qid": examples[f.example_index].qas_id,
+        "input_ids": f.input_ids[:n],
+        "segment_ids": f.token_type_ids[:n],
+        "max_context": sorted(int(i) for i, v in f.token_is_max_context.items() if v),
+        "token_to_word": sorted([int(i), int(w)] for i, w in f.token_to_orig_map.items()),
+        "start_position": int(f.start_position),
+        "end_position": int(f.end_position),
+      }
+    )
+  return {**WINDOWS, "rows": rows}
+
+
+def _write(name, obj, indent=1):
+  path = os.path.join(OUT, name)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(obj, f, ensure_ascii=False, indent=indent)
+    f.write("\n")
+  print(path)
+
+
 def main():
   per_question, total = v1_expected()
   doc = {
@@ -119,11 +277,10 @@ def main():
     "final_text": final_text_expected(),
   }
   os.makedirs(OUT, exist_ok=True)
-  path = os.path.join(OUT, "metric_cases.json")
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(doc, f, ensure_ascii=False, indent=1)
-    f.write("\n")
-  print(path)
+  tiny = tiny_squad()
+  _write("tiny_v1.json", tiny)
+  _write("hf_windows.json", hf_windows(tiny), indent=None)
+  _write("metric_cases.json", doc)
 
 
 if __name__ == "__main__":

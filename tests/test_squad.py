@@ -31,91 +31,28 @@ def _qa(qid, question, answers, is_impossible=None):
   return qa
 
 
-CONTEXT_A = (
-  "The Eiffel Tower (1889) stands in Paris, France. It was designed by Gustave Eiffel's "
-  "company. Paris is the capital and the largest city of France."
-)
-# Each word is one bert-base-uncased token; long enough for several windows at seq 32.
-NUMBERS = (
-  "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-  "sixteen seventeen eighteen nineteen twenty"
-).split()
-CONTEXT_B = (
-  "Marie Skłodowska-Curie was a physicist and chemist who conducted pioneering research on "
-  "radioactivity. She was the first woman to win a Nobel Prize, the first person to win a Nobel "
-  "Prize twice, and the only person to win a Nobel Prize in two scientific fields. Her husband, "
-  "Pierre Curie, was a co-winner of her first Nobel Prize. She was, in 1906, the first woman to "
-  "become a professor at the University of Paris."
-)
-
-
-def _squad_json():
-  a = CONTEXT_A
-  paris2 = a.index("Paris", a.index("Paris") + 1)
-  b = CONTEXT_B
-  return {
-    "version": "1.1",
-    "data": [
-      {
-        "title": "A",
-        "paragraphs": [
-          {
-            "context": a,
-            "qas": [
-              _qa("ok", "When was the tower built?", [("1889", a.index("1889"))]),
-              # off by 3 characters: re-anchored (the text occurs once)
-              _qa(
-                "off", "Who designed it?", [("Gustave Eiffel's company", a.index("Gustave") + 3)]
-              ),
-              # not in the context at all: dropped
-              _qa("absent", "Where else?", [("London", 5)]),
-              # "Paris" twice within REANCHOR_WINDOW of the wrong offset: ambiguous, dropped
-              _qa("ambiguous", "Which city?", [("Paris", 60)]),
-              # near only the second "Paris": re-anchored to it
-              _qa("near", "Capital?", [("Paris", paris2 + 40)]),
-              # the first answer is unusable, the second becomes the training target
-              _qa("second", "Country?", [("Germany", 0), ("France", a.index("France"))]),
-            ],
-          }
-        ],
-      },
-      {
-        "title": "B",
-        "paragraphs": [
-          {
-            "context": " ".join(NUMBERS),
-            "qas": [_qa("num", "what is it", [("fifteen", " ".join(NUMBERS).index("fifteen"))])],
-          },
-          {
-            "context": b,
-            "qas": [
-              _qa("curie", "Who?", [(" Pierre Curie", b.index("Pierre") - 1)]),
-              _qa("year", "When professor?", [("1906", b.index("1906"))]),
-              _qa("fields", "How many fields?", [("two scientific fields", b.index("two sc"))]),
-              _qa("first", "Who was she?", [("physicist and chemist", b.index("physicist"))]),
-            ],
-          },
-        ],
-      },
-    ],
-  }
+# Written by scripts/make_squad_fixtures.py (offsets wrong on purpose are commented there).
+TINY = json.loads((FIXTURES / "tiny_v1.json").read_text(encoding="utf-8"))
+CONTEXT_A = TINY["data"][0]["paragraphs"][0]["context"]
+NUMBERS = TINY["data"][1]["paragraphs"][0]["context"].split()
+CONTEXT_B = TINY["data"][1]["paragraphs"][1]["context"]
 
 
 @pytest.fixture
 def squad_file(tmp_path):
   path = tmp_path / "tiny.json.gz"
   with gzip.open(path, "wt", encoding="utf-8") as f:
-    json.dump(_squad_json(), f)
+    json.dump(TINY, f)
   return str(path)
 
 
 def test_read_squad_reanchors_and_counts(squad_file):
   examples, stats = squad.read_squad(squad_file)
   by_id = {e.qid: e for e in examples}
-  assert len(examples) == 11
+  assert len(examples) == 14
   assert {k: stats[k] for k in ("checked", "ok", "reanchored", "dropped", "untrainable")} == {
-    "checked": 12,
-    "ok": 7,
+    "checked": 15,
+    "ok": 10,
     "reanchored": 2,
     "dropped": 3,
     "untrainable": 2,
@@ -141,9 +78,9 @@ def test_read_squad_reanchors_and_counts(squad_file):
   enc, metas = squad.encode_squad(examples, _tok(), 32, 8, 8, training=True)
   used = {int(r["example_index"]) for r in enc.rows}
   assert {examples[i].qid for i in used} == set(by_id) - {"absent", "ambiguous"}
-  assert enc.n_examples == 9
-  examples = squad.read_squad([squad_file, squad_file], max_examples=13)[0]
-  assert len(examples) == 13 and examples[12].qid == "off"
+  assert enc.n_examples == 12
+  examples = squad.read_squad([squad_file, squad_file], max_examples=16)[0]
+  assert len(examples) == 16 and examples[15].qid == "off"
 
 
 def _tok():
@@ -208,9 +145,12 @@ def test_max_context_by_hand():
   assert squad.max_context_window([(0, 4), (2, 4), (4, 3)], 7).tolist() == [0, 0, 0, 1, 1, 2, 2]
   # a tie (token 2: 1.04 in both) goes to the first window
   assert squad.max_context_window([(0, 4), (1, 4)], 5).tolist() == [0, 0, 0, 1, 1]
-  # equal min(left, right) = 0 for token 3: the longer window wins by 0.01 * length
+  # equal min(left, right) = 0 for token 3 in both: the first wins
   assert squad.window_starts(6, 4, 3) == [(0, 4), (3, 3)]
   assert squad.max_context_window([(0, 4), (3, 3)], 6).tolist() == [0, 0, 0, 0, 1, 1]
+  # token 0 has min(left, right) = 0 in both: the longer window wins by 0.01 * length
+  # (doc_stride windows never put a longer window after a shorter one; the rule is general)
+  assert squad.max_context_window([(0, 2), (0, 4)], 4).tolist() == [1, 1, 1, 1]
   assert squad.window_starts(3, 4, 2) == [(0, 3)]
 
 
@@ -260,6 +200,31 @@ def test_windows_of_a_long_context(tok):
     squad.encode_squad([ex], tok, max_seq_length=8, max_query_length=5, training=False)
 
 
+def test_windows_equal_run_squad_reference(tok):
+  """Rows, max-context flags, word maps and positions equal transformers' run_squad port."""
+  ref = json.loads((FIXTURES / "hf_windows.json").read_text(encoding="utf-8"))
+  examples, _ = squad.read_squad(str(FIXTURES / "tiny_v1.json"))
+  by_id = {e.qid: e for e in examples}
+  qids = list(dict.fromkeys(r["qid"] for r in ref["rows"]))
+  assert len(qids) == 8 and len(ref["rows"]) == 39
+  sizes = {k: ref[k] for k in ("max_seq_length", "doc_stride", "max_query_length")}
+  enc, metas = squad.encode_squad([by_id[q] for q in qids], tok, **sizes, training=True)
+  assert enc.n_truncated == 1  # the long question
+  got = [
+    {
+      "qid": qids[m.example_index],
+      "input_ids": r["input_ids"].tolist(),
+      "segment_ids": r["segment_ids"].tolist(),
+      "max_context": np.flatnonzero(m.token_is_max_context).tolist(),
+      "token_to_word": [[i, int(w)] for i, w in enumerate(m.token_to_word) if w >= 0],
+      "start_position": int(r["start_positions"]),
+      "end_position": int(r["end_positions"]),
+    }
+    for r, m in zip(enc.rows, metas, strict=True)
+  ]
+  assert got == ref["rows"]
+
+
 def _oracle_logits(enc, metas):
   """One-hot start/end logits at the gold answer's doc tokens, in every window holding them."""
   gold = {}
@@ -292,9 +257,10 @@ def test_gold_positions_decode_to_the_answer(squad_file, tok):
   pred, diffs = squad.decode(examples, metas, starts, ends, tokenizer=tok)
   assert diffs == {}
   trained = [e for i, e in enumerate(examples) if i in gold]
-  assert len(trained) == 9
+  assert len(trained) == 12
   for e in trained:
-    assert pred[e.qid] == e.answers[0], e.qid  # "(1889)" -> "1889", "Eiffel's" kept, etc.
+    # "(1889)" -> "1889", "Avatar," -> "Avatar", "Zoë Saldaña" keeps its accents
+    assert pred[e.qid] == e.answers[0], e.qid
   # without the tokenizer the answer is the whole doc words
   pred_words, _ = squad.decode(examples, metas, starts, ends)
   assert pred_words["ok"] == "(1889)" and pred_words["second"] == "France."
