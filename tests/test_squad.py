@@ -423,7 +423,8 @@ def test_squadshifts(shared_data, tok):
   enc, metas = squad.encode_squad(examples, tok, 384, 128, 64, training=True)
   seconds = time.perf_counter() - t
   assert enc.n_examples == 7936 and len(enc.rows) == len(metas) > 7936
-  assert seconds < 15, seconds
+  # ~1.2 s on an idle 2-core machine; the bound leaves room for a loaded one
+  assert seconds < 30, seconds
   assert max(len(r["input_ids"]) for r in enc.rows) == 384
   gold, starts, ends = _oracle_logits(enc, metas)
   pred, _ = squad.decode(examples, metas, starts, ends, tokenizer=tok)
