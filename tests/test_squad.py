@@ -20,17 +20,6 @@ def tok():
   return tokenizer_lib.load_tokenizer(tokenizer_lib.default_vocab_path())
 
 
-def _qa(qid, question, answers, is_impossible=None):
-  qa = {
-    "id": qid,
-    "question": question,
-    "answers": [{"text": t, "answer_start": s} for t, s in answers],
-  }
-  if is_impossible is not None:
-    qa["is_impossible"] = is_impossible
-  return qa
-
-
 # Written by scripts/make_squad_fixtures.py (offsets wrong on purpose are commented there).
 TINY = json.loads((FIXTURES / "tiny_v1.json").read_text(encoding="utf-8"))
 CONTEXT_A = TINY["data"][0]["paragraphs"][0]["context"]
@@ -96,8 +85,19 @@ def test_read_squad_v2_and_errors(tmp_path):
           {
             "context": "Cats sleep a lot.",
             "qas": [
-              _qa("yes", "What do cats do?", [("sleep", 5)], is_impossible=False),
-              {**_qa("no", "What do dogs do?", [], is_impossible=True), "plausible_answers": []},
+              {
+                "id": "yes",
+                "question": "What do cats do?",
+                "answers": [{"text": "sleep", "answer_start": 5}],
+                "is_impossible": False,
+              },
+              {
+                "id": "no",
+                "question": "What do dogs do?",
+                "answers": [],
+                "plausible_answers": [{"text": "sleep", "answer_start": 5}],
+                "is_impossible": True,
+              },
             ],
           }
         ]
@@ -118,7 +118,11 @@ def test_read_squad_v2_and_errors(tmp_path):
   assert [(int(r["start_positions"]), int(r["end_positions"])) for r in impossible] == [(0, 0)]
 
   # an unlabelled question (no answers, not is_impossible): kept, never trained on
-  doc["data"][0]["paragraphs"][0]["qas"][1] = _qa("unlabelled", "Why?", [])
+  doc["data"][0]["paragraphs"][0]["qas"][1] = {
+    "id": "unlabelled",
+    "question": "Why?",
+    "answers": [],
+  }
   path.write_text(json.dumps(doc))
   examples, stats = squad.read_squad(str(path))
   assert examples[1].answers == () and not examples[1].is_impossible
