@@ -257,6 +257,13 @@ def test_transformers_loads_export_with_equal_logits(kind, causal, tmp_path):
     assert got.shape == want.shape, key
     assert np.ptp(want) > 0.05, key  # logits that vary: not trivially equal
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0, err_msg=key)
+  # A directory transformers itself wrote imports as encoder + head + task.
+  model.save_pretrained(tmp_path / "resaved")
+  back = interop.load_checkpoint(tmp_path / "resaved", scan_layers=False)
+  assert (back.task["kind"], back.task["labels"]) == (kind, TASKS[kind]["labels"])
+  assert back.config.causal == causal
+  _equal(back.head, params["head"])
+  _equal(_without_pooler(back.params), _without_pooler(params["bert"]))
 
 
 # --- one-line errors ------------------------------------------------------------------------------
