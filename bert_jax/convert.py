@@ -3,12 +3,17 @@
     python -m bert_jax.convert --src=WORKDIR [--step=N] --dst=HF_DIR   # export, with tokenizer
     python -m bert_jax.convert --src=HF_OR_TF_DIR --dst=PARAMS_DIR      # import
     python -m bert_jax.convert --src=PARAMS_DIR --dst=HF_DIR            # export
+    python -m bert_jax.convert --src=RUN/seed_0/best --dst=HF_DIR       # a fine-tuned model
 
 --src is anything `bert_jax.interop.load_checkpoint` reads (a workdir, one orbax step, a
 HuggingFace dir, a Google TF checkpoint, a bert_jax params dir), detected from its files.
 --dst_format=auto exports bert_jax's own formats to HuggingFace and imports the others into a
 params dir. The tokenizer found with the weights goes along (HuggingFace's own files for hf:
 WordPiece, or a unigram SentencePiece model; --tokenizer=false leaves it out).
+A fine-tuned model (a params dir with task.json, as fine-tuning keeps its best dev point)
+exports to BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering
+or BertForMultipleChoice with its labels as id2label/label2id; an HF directory of one of those
+imports as a params dir with its head and task.json.
 """
 
 from __future__ import annotations

@@ -10,6 +10,12 @@
   hf        config.json + model.safetensors, pytorch_model.bin (read with
             torch.load(weights_only=True)), or a sharded `*.index.json`; BertModel or
             BertForPreTraining weights, with or without the "bert." prefix.
+Fine-tuned models: a params dir whose params are {"bert": <BertModel tree>, "head": {...}} plus
+task.json ({"kind", "labels", "task", "max_seq_length"}), and HF's
+BertForSequenceClassification (classification; regression with problem_type "regression"),
+BertForTokenClassification (tagging), BertForQuestionAnswering (span_qa) and
+BertForMultipleChoice, labels as id2label. The loader returns the encoder as `params` and the
+head and task beside it; export and import keep both (HF kernels are [N, D], ours [D, N]).
 A tokenizer found beside the weights comes along (bert_jax's tokenizer/ directory; HuggingFace's
 / Google's vocab.txt with tokenizer_config.json's do_lower_case; an exported spm.model); its
 vocab size must equal the weights'.
@@ -354,6 +360,191 @@ def config_to_hf(cfg: BertConfig, pretraining: bool = True) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Fine-tuned models: params {"bert": <BertModel tree>, "head": {...}} and a task.json.
+# ---------------------------------------------------------------------------------------------
+
+TASK_FILE = "task.json"
+TASK_KINDS = ("classification", "regression", "tagging", "span_qa", "multiple_choice")
+_TASK_HF = {  # kind: (HF architecture, the head's Dense name, in ours and in HF)
+  "classification": ("BertForSequenceClassification", "classifier"),
+  "regression": ("BertForSequenceClassification", "classifier"),
+  "tagging": ("BertForTokenClassification", "classifier"),
+  "span_qa": ("BertForQuestionAnswering", "qa_outputs"),
+  "multiple_choice": ("BertForMultipleChoice", "classifier"),
+}
+# HF builds these on BertModel(add_pooling_layer=False): their files hold no pooler, and
+# from_pretrained reports one as an unexpected key.
+_NO_POOLER = ("tagging", "span_qa")
+_LABELLED = ("classification", "tagging")  # kinds whose outputs are named by task["labels"]
+
+
+def has_head(params: Any) -> bool:
+  """A fine-tuned tree: {"bert": <BertModel params>, "head": {...}}."""
+  return isinstance(params, Mapping) and "head" in params
+
+
+def check_task(task: Any, source: str) -> dict[str, Any]:
+  """A task.json dict checked (a known kind; labels: distinct strings, at least 2 for
+  classification and 1 for tagging, none for the other kinds); other keys are kept."""
+  if not isinstance(task, Mapping):
+    raise ValueError(f"{source}: a task must be a JSON object, not {type(task).__name__}")
+  kind = task.get("kind")
+  if kind not in TASK_KINDS:
+    raise ValueError(f"{source}: unknown task kind {kind!r} (one of {', '.join(TASK_KINDS)})")
+  labels = task.get("labels", [])
+  if not isinstance(labels, list | tuple) or not all(isinstance(x, str) for x in labels):
+    raise ValueError(f"{source}: 'labels' must be a list of strings, not {labels!r}")
+  if len(set(labels)) != len(labels):
+    dup = next(x for x in labels if labels.count(x) > 1)
+    raise ValueError(f"{source}: label {dup!r} appears twice in 'labels'")
+  least = {"classification": 2, "tagging": 1}.get(kind, 0)
+  if kind in _LABELLED and len(labels) < least:
+    raise ValueError(f"{source}: a {kind} task needs at least {least} labels, got {len(labels)}")
+  if kind not in _LABELLED and labels:
+    raise ValueError(f"{source}: a {kind} task has no labels, got {len(labels)}")
+  return {**task, "labels": list(labels)}
+
+
+def num_outputs(task: Mapping[str, Any]) -> int:
+  """The head's output size: one per label; 1 for regression and multiple choice (a score per
+  choice); 2 for span QA (start, end)."""
+  kind = task["kind"]
+  return len(task["labels"]) if kind in _LABELLED else {"span_qa": 2}.get(kind, 1)
+
+
+def check_head(
+  head: Any, task: Mapping[str, Any], hidden_size: int, source: str, exact: bool = False
+) -> None:
+  """The head's output Dense has kernel [D, N] and bias [N], N = num_outputs(task).
+
+  exact: the head is that Dense alone (what HF's classes hold); otherwise other head layers
+  (e.g. a BiLSTM under it) may sit beside it, and only N is checked when they do."""
+  kind = task["kind"]
+  arch, name = _TASK_HF[kind]
+  layer = head.get(name) if isinstance(head, Mapping) else None
+  if not isinstance(layer, Mapping) or set(layer) != {"kernel", "bias"}:
+    got = sorted(flatten(head)) if isinstance(head, Mapping) else type(head).__name__
+    raise ValueError(f"{source}: a {kind} head needs head/{name}/{{kernel,bias}}, got {got}")
+  others = sorted(k for k in head if k != name)
+  if exact and others:
+    raise ValueError(f"{source}: HF {arch} has no place for head/{others[0]} (head/{name} only)")
+  n = num_outputs(task)
+  kernel, bias = tuple(np.shape(layer["kernel"])), tuple(np.shape(layer["bias"]))
+  d = kernel[0] if others and kernel else hidden_size
+  if kernel != (d, n) or bias != (n,):
+    what = f"{n} labels" if kind in _LABELLED else f"{n} output(s)"
+    raise ValueError(
+      f"{source}: head/{name} has kernel {kernel} and bias {bias}, but a {kind} task with "
+      f"{what} needs ({d}, {n}) and ({n},)"
+    )
+
+
+def read_task(directory: PathLike) -> dict[str, Any] | None:
+  """The checked task.json of a params dir, or None when it has none."""
+  path = pathlib.Path(directory) / TASK_FILE
+  return check_task(_read_json(path), str(path)) if path.is_file() else None
+
+
+def task_to_hf_config(task: Mapping[str, Any]) -> dict[str, Any]:
+  """The config.json keys that make transformers build the task's head class."""
+  kind = task["kind"]
+  out: dict[str, Any] = {"architectures": [_TASK_HF[kind][0]]}
+  if task.get("task"):
+    out["finetuning_task"] = task["task"]
+  if kind in _LABELLED or kind == "regression":
+    labels = task["labels"] if kind in _LABELLED else ["LABEL_0"]  # HF's name for output 0
+    out["id2label"] = {str(i): label for i, label in enumerate(labels)}
+    out["label2id"] = {label: i for i, label in enumerate(labels)}
+    out["num_labels"] = len(labels)
+  if kind == "regression":
+    out["problem_type"] = "regression"
+  # span QA keeps HF's default of 2 labels (its qa_outputs size); BertForMultipleChoice's
+  # classifier has 1 output whatever num_labels says.
+  return out
+
+
+def task_from_hf_config(hf: Mapping[str, Any], source: str) -> dict[str, Any] | None:
+  """The task of an HF fine-tuned BERT (its architectures name one of the four head classes);
+  None for BertModel / BertForPreTraining configs."""
+  archs = hf.get("architectures") or []
+  arch = next((a for a in archs if a in {a for a, _ in _TASK_HF.values()}), None)
+  if arch is None:
+    return None
+  id2label = hf.get("id2label") or {"0": "LABEL_0", "1": "LABEL_1"}  # HF's default
+  try:
+    labels = [str(id2label[str(i)]) for i in range(len(id2label))]
+  except KeyError:
+    raise ValueError(f"{source}: id2label keys must be 0..{len(id2label) - 1}") from None
+  problem = hf.get("problem_type")
+  if problem not in (None, "regression", "single_label_classification"):
+    raise ValueError(f"{source}: problem_type {problem!r} is not supported")
+  if arch == "BertForSequenceClassification":
+    # HF's own rule: one label and no problem_type is regression.
+    regression = problem == "regression" or (problem is None and len(labels) == 1)
+    kind = "regression" if regression else "classification"
+  elif arch == "BertForTokenClassification":
+    kind = "tagging"
+  elif arch == "BertForQuestionAnswering":
+    kind = "span_qa"
+    if len(labels) != 2:
+      raise ValueError(f"{source}: {arch} with {len(labels)} labels (a span head has 2)")
+  else:
+    kind = "multiple_choice"
+  task = {
+    "kind": kind,
+    "labels": labels if kind in _LABELLED else [],
+    "task": hf.get("finetuning_task"),
+    "max_seq_length": None,  # HF keeps no record of it
+  }
+  return check_task(task, source)
+
+
+def _head_to_hf(head: Params, task: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  name = _TASK_HF[task["kind"]][1]
+  kernel, bias = np.asarray(head[name]["kernel"]), np.asarray(head[name]["bias"])
+  return {
+    f"{name}.weight": np.ascontiguousarray(kernel.T).astype(np.float32),
+    f"{name}.bias": np.ascontiguousarray(bias).astype(np.float32),
+  }
+
+
+def _fresh_pooler(cfg: BertConfig) -> dict[str, np.ndarray]:
+  """A pooler for an HF token-level model, which has none: HF's init (normal with
+  initializer_range, zero bias), seeded so a load is reproducible. Tagging and span QA never
+  read it; it is there so the encoder is a whole BertModel."""
+  d = cfg.hidden_size
+  rng = np.random.default_rng(0)
+  weight = (cfg.initializer_range * rng.standard_normal((d, d))).astype(np.float32)
+  return {"bert.pooler.dense.weight": weight, "bert.pooler.dense.bias": np.zeros(d, np.float32)}
+
+
+def _hf_finetuned_to_params(
+  sd: Mapping[str, np.ndarray], cfg: BertConfig, task: Mapping[str, Any], source: str
+) -> Params:
+  """An HF fine-tuned state dict -> {"bert": <BertModel tree>, "head": {...}}."""
+  arch, name = _TASK_HF[task["kind"]]
+  sd = dict(sd)
+  head_sd = {}
+  for suffix in ("weight", "bias"):
+    key = f"{name}.{suffix}"
+    if key not in sd:
+      raise ValueError(f"{source}: missing tensor {key!r} (an HF {arch})")
+    head_sd[suffix] = np.asarray(sd.pop(key), np.float32)
+  n = num_outputs(task)
+  if head_sd["weight"].shape != (n, cfg.hidden_size) or head_sd["bias"].shape != (n,):
+    what = f"{n} labels (id2label)" if task["kind"] in _LABELLED else f"{n} output(s)"
+    raise ValueError(
+      f"{source}: tensors {name}.weight {tuple(head_sd['weight'].shape)} and {name}.bias "
+      f"{tuple(head_sd['bias'].shape)}, but {what} need ({n}, {cfg.hidden_size}) and ({n},)"
+    )
+  if task["kind"] in _NO_POOLER and not any(k.endswith("pooler.dense.weight") for k in sd):
+    sd.update(_fresh_pooler(cfg))
+  bert = hf_state_dict_to_params(sd, cfg, pretraining=False, source=source)
+  head = {name: {"kernel": np.ascontiguousarray(head_sd["weight"].T), "bias": head_sd["bias"]}}
+  return {"bert": bert, "head": head}
+
+
+# ---------------------------------------------------------------------------------------------
 # HF state dicts <-> params.
 # ---------------------------------------------------------------------------------------------
 
@@ -426,12 +617,29 @@ def hf_state_dict_to_params(
   return to_layout(params, cfg.scan_layers)
 
 
-def params_to_hf_state_dict(params: Any, cfg: BertConfig) -> dict[str, np.ndarray]:
+def params_to_hf_state_dict(
+  params: Any, cfg: BertConfig, task: Mapping[str, Any] | None = None
+) -> dict[str, np.ndarray]:
   """Our params (either layout, boxed or not) -> the float32 tensors `save_pretrained` writes.
 
-  Keys carry the "bert." prefix for a BertForPreTraining tree and none for a BertModel tree.
+  Keys carry the "bert." prefix for a BertForPreTraining tree and none for a BertModel tree. A
+  fine-tuned tree ({"bert", "head"}) needs its `task`: the kind picks the HF class, whose keys
+  are "bert.*" (no pooler for tagging and span QA) and classifier.* or qa_outputs.*.
   """
-  params = unstack_layers(_unbox_to_numpy(params))
+  params = _unbox_to_numpy(params)
+  if has_head(params):
+    if task is None:
+      raise ValueError("params have a 'head' but no task was given (its kind picks the HF class)")
+    task = check_task(task, "task")
+    check_head(params["head"], task, cfg.hidden_size, "params", exact=True)
+    body = params_to_hf_state_dict(params["bert"], cfg)
+    sd = {f"bert.{k}": v for k, v in body.items()}
+    if task["kind"] in _NO_POOLER:
+      sd = {k: v for k, v in sd.items() if not k.startswith("bert.pooler.")}
+    return {**sd, **_head_to_hf(params["head"], task)}
+  if task is not None:
+    raise ValueError(f"a {task.get('kind')} task was given but the params have no 'head'")
+  params = unstack_layers(params)
   pretraining = is_pretraining(params)
   _check_tree(params, cfg, pretraining, "params")
   flat = flatten(params)
@@ -521,13 +729,23 @@ def read_hf_state_dict(directory: PathLike) -> tuple[dict[str, np.ndarray], path
 def load_hf(
   directory: PathLike, pretraining: bool | None = None, **overrides: Any
 ) -> tuple[BertConfig, Params]:
-  """(cfg, params) from an HF BERT directory; overrides set e.g. scan_layers=True."""
+  """(cfg, params) from an HF BERT directory; overrides set e.g. scan_layers=True.
+
+  A fine-tuned model (config.json's architectures: BertForSequenceClassification,
+  BertForTokenClassification, BertForQuestionAnswering, BertForMultipleChoice) gives
+  {"bert", "head"} unless `pretraining=False` asks for the BertModel tree alone; its task:
+  `task_from_hf_config`."""
   d = pathlib.Path(directory)
   if not d.is_dir():
     raise FileNotFoundError(f"{d}: no such directory")
   cfg_path = d / HF_CONFIG
-  cfg = config_from_hf(_read_json(cfg_path), str(cfg_path), **overrides)
+  hf = _read_json(cfg_path)
+  cfg = config_from_hf(hf, str(cfg_path), **overrides)
+  task = task_from_hf_config(hf, str(cfg_path))
   sd, path = read_hf_state_dict(d)
+  if task is not None and pretraining is not True:
+    params = _hf_finetuned_to_params(sd, cfg, task, str(path))
+    return cfg, (params if pretraining is None else params["bert"])
   return cfg, hf_state_dict_to_params(sd, cfg, pretraining, str(path))
 
 
@@ -618,13 +836,19 @@ def save_hf(
   params: Any,
   overwrite: bool = False,
   tokenizer: tokenizer_lib.Tokenizer | None = None,
+  task: Mapping[str, Any] | None = None,
 ) -> None:
   """config.json + model.safetensors that transformers' from_pretrained loads cleanly, and the
-  tokenizer (if given) in HuggingFace's files."""
+  tokenizer (if given) in HuggingFace's files. Fine-tuned params ({"bert", "head"}) with their
+  `task` write BertForSequenceClassification (classification, regression),
+  BertForTokenClassification, BertForQuestionAnswering or BertForMultipleChoice, labels as
+  id2label/label2id."""
   from safetensors.numpy import save_file
 
-  sd = params_to_hf_state_dict(params, cfg)  # validates before anything is written
+  sd = params_to_hf_state_dict(params, cfg, task)  # validates before anything is written
   hf_cfg = config_to_hf(cfg, pretraining=any(k.startswith("cls.") for k in sd))
+  if task is not None:
+    hf_cfg.update(task_to_hf_config(check_task(task, "task")))
   tok_files = {} if tokenizer is None else hf_tokenizer_files(tokenizer, cfg)
   with _AtomicDir(directory, overwrite) as tmp:
     (tmp / HF_CONFIG).write_text(json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n")
@@ -639,22 +863,45 @@ def save_params_dir(
   params: Any,
   overwrite: bool = False,
   tokenizer: tokenizer_lib.Tokenizer | None = None,
+  task: Mapping[str, Any] | None = None,
 ) -> None:
   """bert_jax's standalone format: bert_config.json + params.safetensors (dtypes kept), and
-  the tokenizer (if given) in tokenizer/."""
+  the tokenizer (if given) in tokenizer/. A fine-tuned tree ({"bert", "head"}) needs its
+  `task` (written as task.json); keys are then "bert/..." and "head/..."."""
   from safetensors.numpy import save_file
 
   params = _unbox_to_numpy(params)
-  pretraining = is_pretraining(params)
-  _check_tree(unstack_layers(params), cfg, pretraining, "params")
+  task = None if task is None else check_task(task, "task")
+  _check_params_dir_tree(params, cfg, task, "params", "task (the task= argument)")
   cfg = dataclasses.replace(cfg, scan_layers=is_scanned(params))  # the stored layout
   flat = {k: np.ascontiguousarray(v) for k, v in flatten(params).items()}
   with _AtomicDir(directory, overwrite) as tmp:
     text = json.dumps(dataclasses.asdict(cfg), indent=2, sort_keys=True) + "\n"
     (tmp / PARAMS_CONFIG).write_text(text)
     save_file(flat, str(tmp / PARAMS_FILE), metadata={"format": "bert_jax"})
+    if task is not None:
+      (tmp / TASK_FILE).write_text(json.dumps(task, indent=2) + "\n")
     if tokenizer is not None:
       tokenizer.save(tmp / TOKENIZER_DIR)
+
+
+def _check_params_dir_tree(
+  params: Params, cfg: BertConfig, task: dict[str, Any] | None, source: str, task_path: str
+) -> None:
+  """A pretraining or BertModel tree without a task, or {"bert", "head"} with one."""
+  if not has_head(params):
+    if task is not None:
+      raise ValueError(f"{task_path}: a {task['kind']} task, but {source} has no head")
+    _check_tree(unstack_layers(params), cfg, is_pretraining(params), source)
+    return
+  if task is None:
+    raise ValueError(f"{task_path}: missing; {source} has a 'head', which needs its task")
+  if set(params) != {"bert", "head"}:
+    raise ValueError(
+      f"{source}: a fine-tuned tree has 'bert' and 'head' only, got {sorted(params)}"
+    )
+  _check_tree(unstack_layers(params["bert"]), cfg, False, source)
+  check_head(params["head"], task, cfg.hidden_size, source)
 
 
 def load_params_dir(
@@ -662,7 +909,8 @@ def load_params_dir(
 ) -> tuple[BertConfig, Params]:
   """(cfg, params) from save_params_dir's format; scan_layers picks the returned layout.
 
-  Fields this BertConfig no longer has (written by other versions) are ignored."""
+  A fine-tuned dir gives {"bert", "head"} (its task: `read_task`). Fields this BertConfig no
+  longer has (written by other versions) are ignored."""
   d = pathlib.Path(directory)
   cfg_path = d / PARAMS_CONFIG
   fields = _read_json(cfg_path)
@@ -672,9 +920,9 @@ def load_params_dir(
     raise ValueError(f"{cfg_path}: {e}") from None
   weights = d / PARAMS_FILE
   params = unflatten(_read_safetensors(weights))
+  task = read_task(d)
   try:
-    pretraining = is_pretraining(params)
-    _check_tree(unstack_layers(params), cfg, pretraining, str(weights))
+    _check_params_dir_tree(params, cfg, task, str(weights), str(d / TASK_FILE))
   except (KeyError, IndexError, StopIteration) as e:
     raise ValueError(f"{weights}: malformed parameter tree ({e!r})") from None
   if scan_layers is not None:
@@ -857,7 +1105,11 @@ _HF_WEIGHT_FILES = (
 
 @dataclasses.dataclass
 class Checkpoint:
-  """What `load_checkpoint` found: `params` holds the MLM/NSP heads iff `has_heads`."""
+  """What `load_checkpoint` found: `params` holds the MLM/NSP heads iff `has_heads`.
+
+  A fine-tuned model (a params dir with task.json, or an HF BertFor{SequenceClassification,
+  TokenClassification,QuestionAnswering,MultipleChoice}) has its encoder in `params` (the
+  BertModel tree), its head params in `head` and its task.json dict in `task`."""
 
   config: BertConfig
   params: Any
@@ -866,6 +1118,8 @@ class Checkpoint:
   path: str
   step: int | None = None
   meta: dict = dataclasses.field(default_factory=dict)
+  head: dict | None = None
+  task: dict | None = None
 
   @property
   def has_heads(self) -> bool:
@@ -938,7 +1192,7 @@ def check_architecture(cfg: BertConfig, want: BertConfig, source: str) -> None:
     raise ValueError(f"checkpoint {source} is another architecture: {'; '.join(diffs)}")
 
 
-def _place(params: Params, target: Any) -> Any:
+def place(params: Params, target: Any) -> Any:
   """Host arrays -> jax Arrays with the target's dtypes and shardings (any mesh, any host)."""
   import jax
 
@@ -965,8 +1219,13 @@ def load_checkpoint(
   stored one). target: abstract params (ShapeDtypeStructs with shardings) of the caller's
   model: params come back as jax Arrays in its layout, dtypes and shardings (a
   BertForPreTraining target given a BertModel checkpoint gets {"bert": ...}, without heads; a
-  BertModel target drops the heads). like: a BertConfig the checkpoint's shapes must match
-  (checked before any weights are read). Without a target, params are host numpy arrays.
+  BertModel target drops the heads; a fine-tuning target {"bert", "head"} gets the
+  checkpoint's head too when its shapes equal the target's, else {"bert"} alone, so the
+  caller's fresh head stays). like: a BertConfig the checkpoint's shapes must match (checked
+  before any weights are read). Without a target, params are host numpy arrays.
+
+  A fine-tuned checkpoint (params dir with task.json, HF BertFor{SequenceClassification,...})
+  returns its encoder as the BertModel tree in `params`, and `head` and `task` besides.
   """
   p = pathlib.Path(os.path.abspath(os.fspath(path)))
   fmt, cfg = read_config(p, step)
@@ -977,13 +1236,15 @@ def load_checkpoint(
   meta: dict = {}
   tok = None
   placed = False
+  task = None
   if fmt in ("workdir", "orbax"):
     import jax
 
     meta, step, directory = ckpt_lib.read_meta(str(p), step)
     stored = dataclasses.replace(cfg, remat_policy="none")
     abstract = model_lib.abstract_params(stored)
-    if target is not None and scan_layers == cfg.scan_layers and is_pretraining(target):
+    direct = target is not None and is_pretraining(target) and not has_head(target)
+    if direct and scan_layers == cfg.scan_layers:
       params, _ = ckpt_lib.restore_params(str(p), target, step)  # straight onto the mesh
       placed = True
     else:
@@ -992,10 +1253,12 @@ def load_checkpoint(
     tok = _orbax_tokenizer(meta, directory)
   elif fmt == "bert_jax":
     cfg, params = load_params_dir(p)
+    task = read_task(p)
     if (p / TOKENIZER_DIR).is_dir():
       tok = tokenizer_lib.load_tokenizer(p / TOKENIZER_DIR)
   elif fmt == "hf":
     cfg, params = load_hf(p)
+    task = task_from_hf_config(_read_json(p / HF_CONFIG), str(p / HF_CONFIG))
     tok = load_hf_tokenizer(p)
   else:
     cfg, params = load_tf(p)
@@ -1005,19 +1268,31 @@ def load_checkpoint(
       f"{path}: the tokenizer has {tok.vocab_size} tokens but the weights' vocab_size is "
       f"{cfg.vocab_size}"
     )
+  head = None
+  if has_head(params):
+    head, params = params["head"], params["bert"]
   if scan_layers is not None:
     cfg = dataclasses.replace(cfg, scan_layers=scan_layers)
   if target is not None and not placed:
     params = to_layout(params, scan_layers)
-    if is_pretraining(target) and not is_pretraining(params):
-      params = {"bert": _place(params, target["bert"])}
+    if has_head(target):
+      body = params["bert"] if is_pretraining(params) else params
+      params = {"bert": place(body, target["bert"])}
+      if head is not None and _shapes(head) == _shapes(target["head"]):
+        params["head"] = place(head, target["head"])
+    elif is_pretraining(target) and not is_pretraining(params):
+      params = {"bert": place(params, target["bert"])}
     else:
       if not is_pretraining(target) and is_pretraining(params):
         params = params["bert"]
-      params = _place(params, target)
+      params = place(params, target)
   elif scan_layers is not None:
     params = to_layout(params, scan_layers)
-  return Checkpoint(cfg, params, tok, fmt, str(p), step, meta)
+  return Checkpoint(cfg, params, tok, fmt, str(p), step, meta, head, task)
+
+
+def _shapes(tree: Params) -> dict[str, tuple[int, ...]]:
+  return {k: tuple(np.shape(x)) for k, x in flatten(tree).items()}
 
 
 def convert(
@@ -1030,7 +1305,9 @@ def convert(
   tokenizer: bool = True,
 ) -> str:
   """src (any format) -> dst; 'auto' exports bert_jax's formats to hf and imports the others
-  into a params dir. Returns the format written."""
+  into a params dir. A fine-tuned model keeps its head and task both ways (HF's
+  BertFor{SequenceClassification,TokenClassification,QuestionAnswering,MultipleChoice} <->
+  a params dir with task.json). Returns the format written."""
   src_format = detect_format(src)
   if dst_format == "auto":
     dst_format = "hf" if src_format in ("workdir", "orbax", "bert_jax") else "bert_jax"
@@ -1039,7 +1316,8 @@ def convert(
   ck = load_checkpoint(src, step, scan_layers=scan_layers)
   tok = ck.tokenizer if tokenizer else None
   save = save_hf if dst_format == "hf" else save_params_dir
-  save(dst, ck.config, ck.params, overwrite, tok)
+  params = ck.params if ck.head is None else {"bert": ck.params, "head": ck.head}
+  save(dst, ck.config, params, overwrite, tok, task=ck.task)
   return dst_format
 
 

@@ -179,14 +179,49 @@ def validate(config: ml_collections.ConfigDict, mesh, metadata: dict) -> None:
 # ----------------------------------------------------------------------------- steps
 
 
+def accumulate_grads(
+  grad_fn: Callable, params: Any, inputs: dict[str, Any], rng: Any, grad_accum_steps: int
+) -> tuple[Any, Any]:
+  """`grad_fn(params, inputs, rng) -> (grads, sums)` over the whole batch, in
+  `grad_accum_steps` micro-batches (lax.scan) when > 1; grads and sums are added up, so a loss
+  normalised by the whole batch's counts gives exactly the big-batch gradient."""
+  if grad_accum_steps == 1:
+    return grad_fn(params, inputs, rng)
+  micro = jax.tree.map(
+    lambda x: x.reshape(grad_accum_steps, x.shape[0] // grad_accum_steps, *x.shape[1:]), inputs
+  )
+
+  def body(carry, xs):
+    i, m = xs
+    g, s = grad_fn(params, m, jax.random.fold_in(rng, i))
+    return jax.tree.map(jnp.add, carry, (g, s)), None
+
+  shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), rng)
+  init = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  (grads, sums), _ = jax.lax.scan(body, init, (jnp.arange(grad_accum_steps), micro))
+  return grads, sums
+
+
+def apply_update(state: dict, grads: Any, tx) -> tuple[dict, dict[str, Any]]:
+  """The optimizer update of a train state {step, params, opt_state}, guarded: a non-finite
+  gradient (possible with a finite loss) leaves params and optimizer state as they were, so no
+  NaN ever reaches a checkpoint; the host stops or skips (opt.nonfinite). Returns the new state
+  and {grad_norm, nonfinite}."""
+  updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+  params = optax.apply_updates(state["params"], updates)
+  grad_norm = optax.tree.norm(grads)
+  finite = jnp.isfinite(grad_norm)
+  keep = lambda new, old: jnp.where(finite, new, old)
+  params = jax.tree.map(keep, params, state["params"])
+  opt_state = jax.tree.map(keep, opt_state, state["opt_state"])
+  new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
+  return new_state, {"grad_norm": grad_norm, "nonfinite": 1.0 - finite.astype(jnp.float32)}
+
+
 def make_train_step(
   model: nn.Module, tx, obj: objectives.Objective, tables: Any, grad_accum_steps: int = 1
 ) -> Callable:
-  """`train_step(state, batch, rng) -> (state, metrics)`; metrics are summed losses/counts.
-
-  Gradient accumulation splits the batch into micro-batches inside the step (lax.scan) and
-  normalises by the whole batch's counts, so it is exactly the big-batch gradient.
-  """
+  """`train_step(state, batch, rng) -> (state, metrics)`; metrics are summed losses/counts."""
 
   def train_step(state, batch, rng):
     rng = jax.random.fold_in(rng, state["step"])
@@ -199,36 +234,9 @@ def make_train_step(
       return objectives.total_loss(sums, totals, obj), sums
 
     grad_fn = jax.grad(loss_fn, has_aux=True)
-    if grad_accum_steps == 1:
-      grads, sums = grad_fn(state["params"], inputs, rng)
-    else:
-      micro = jax.tree.map(
-        lambda x: x.reshape(grad_accum_steps, x.shape[0] // grad_accum_steps, *x.shape[1:]),
-        inputs,
-      )
-
-      def body(carry, xs):
-        i, m = xs
-        g, s = grad_fn(state["params"], m, jax.random.fold_in(rng, i))
-        return jax.tree.map(jnp.add, carry, (g, s)), None
-
-      shapes = jax.eval_shape(grad_fn, state["params"], jax.tree.map(lambda x: x[0], micro), rng)
-      init = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-      (grads, sums), _ = jax.lax.scan(body, init, (jnp.arange(grad_accum_steps), micro))
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    grad_norm = optax.tree.norm(grads)
-    # A non-finite gradient (possible with a finite loss) leaves params and optimizer state as
-    # they were, so no NaN ever reaches a checkpoint; the host stops or skips (opt.nonfinite).
-    finite = jnp.isfinite(grad_norm)
-    keep = lambda new, old: jnp.where(finite, new, old)
-    params = jax.tree.map(keep, params, state["params"])
-    opt_state = jax.tree.map(keep, opt_state, state["opt_state"])
-    metrics = dict(sums)
-    metrics["loss"] = objectives.total_loss(sums, totals, obj)
-    metrics["grad_norm"] = grad_norm
-    metrics["nonfinite"] = 1.0 - finite.astype(jnp.float32)
-    new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
+    grads, sums = accumulate_grads(grad_fn, state["params"], inputs, rng, grad_accum_steps)
+    new_state, update_metrics = apply_update(state, grads, tx)
+    metrics = {**sums, **update_metrics, "loss": objectives.total_loss(sums, totals, obj)}
     return new_state, metrics
 
   return train_step

@@ -303,6 +303,25 @@ def test_every_format_loads_the_same_weights(workdir, tmp_path):
   assert bert_jax.load(old).tokenizer.fingerprint == ref.tokenizer.fingerprint
 
 
+def test_fine_tuning_target_gets_the_encoder(workdir):
+  """A fine-tuning target ({"bert", "head"}) from a pretraining workdir or HF dir: the encoder
+  on the target's device and layout, no head (the caller's fresh head stays)."""
+  ref = interop.load_checkpoint(workdir)
+  cfg = dataclasses.replace(ref.config, scan_layers=True)
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[2])
+  head = {"classifier": {"kernel": np.zeros((cfg.hidden_size, 3)), "bias": np.zeros(3)}}
+  target = {"bert": model_lib.abstract_params(cfg, pretraining=False), "head": head}
+  target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), target)
+  got = {}
+  for path in (workdir, FIXTURE):
+    got[path] = interop.load_checkpoint(path, target=target).params
+    assert set(got[path]) == {"bert"}, path
+    kernel = got[path]["bert"]["encoder"]["layers"]["layer"]["query"]["kernel"]
+    assert kernel.devices() == {jax.devices()[2]}
+  want = interop.stack_layers(ref.params)["bert"]
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, got[workdir]["bert"]), want)
+
+
 def test_sharded_hf_checkpoint(tmp_path):
   """model.safetensors.index.json + shards, as save_pretrained writes big models."""
   d = tmp_path / "sharded"

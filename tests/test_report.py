@@ -157,3 +157,250 @@ def test_cli_without_matplotlib_writes_the_table(sweep_root):
   )
   assert "| task=ltr |" in open(os.path.join(out, "results.md")).read()
   assert not [f for f in os.listdir(out) if f.endswith(".png")]
+
+
+# Fine-tuning runs: <root>/<point>/finetune/<task>/results.json, as bert_jax.finetune writes.
+
+
+def _summary(values):
+  n = len(values)
+  mean = sum(values) / n
+  std = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5 if n > 1 else 0.0
+  return {"mean": mean, "std": std, "median": sorted(values)[n // 2], "n": n,
+          "min": min(values), "max": max(values)}  # fmt: skip
+
+
+def _write_results(d, task, kind, metric, test, dev=None, summaries=True, init="/ckpt"):
+  """A results.json with one seed per value of `test` (and `dev`, default test - 0.01)."""
+  dev = dev or [v - 0.01 for v in test]
+  os.makedirs(os.path.join(d, "seed_0"), exist_ok=True)
+  # A fine-tuning seed logs like a trainer: it must not show up as a pretraining run.
+  with open(os.path.join(d, "seed_0", "metrics.jsonl"), "w") as f:
+    f.write(json.dumps({"step": 1, "split": "train", "loss": 0.5}) + "\n")
+  res = {
+    "task": task,
+    "kind": kind,
+    "init": init,
+    "main_metric": metric,
+    "seeds": [
+      {"seed": i, "dev": {metric: dv}, "test": {metric: tv}}
+      for i, (dv, tv) in enumerate(zip(dev, test, strict=True))
+    ],
+  }
+  if summaries:
+    res["dev"] = {metric: _summary(dev)}
+    res["test"] = {metric: _summary(test)}
+  with open(os.path.join(d, "results.json"), "w") as f:
+    json.dump(res, f)
+
+
+@pytest.fixture
+def finetune_root(sweep_root):
+  ft = lambda point, task: os.path.join(sweep_root, point, "finetune", task)
+  rt = [0.838, 0.841, 0.844, 0.839, 0.843]  # mean 0.841, std sqrt(26e-6 / 4) = 0.00255
+  _write_results(ft("task=mlm_nsp", "rotten_tomatoes"), "rotten_tomatoes", "classification",
+                 "accuracy", rt)  # fmt: skip
+  # No summaries in the file: the report computes them from the seeds.
+  _write_results(ft("task=mlm_nsp", "vitaminc"), "vitaminc", "classification", "accuracy",
+                 [0.59, 0.60, 0.61], summaries=False)  # fmt: skip
+  # SQuAD's official F1 is in percent already: shown as is, not x 100.
+  _write_results(ft("task=mlm_nsp", "squadshifts"), "squadshifts", "span_qa", "f1",
+                 [40.0, 42.0, 44.0], dev=[50.0, 51.0, 52.0])  # fmt: skip
+  _write_results(ft("task=ltr", "rotten_tomatoes"), "rotten_tomatoes", "classification",
+                 "accuracy", [0.70, 0.72, 0.74])  # fmt: skip
+  _write_results(ft("task=ltr", "vitaminc"), "vitaminc", "classification", "accuracy", [0.5])
+  return sweep_root
+
+
+def test_finetune_table_cells(finetune_root):
+  runs = report.find_runs(finetune_root)
+  # Fine-tuning seeds (seed_0/metrics.jsonl) are not pretraining runs.
+  assert [r.name for r in runs] == ["task=ltr", "task=mlm_nsp"]
+  ft = report.find_finetune_runs(finetune_root)
+  assert sorted((f.point, f.task) for f in ft) == [
+    ("task=ltr", "rotten_tomatoes"), ("task=ltr", "vitaminc"), ("task=mlm_nsp", "rotten_tomatoes"),
+    ("task=mlm_nsp", "squadshifts"), ("task=mlm_nsp", "vitaminc"),
+  ]  # fmt: skip
+  header, rows = report.finetune_table(runs, ft)
+  # Tasks in the paper's column order: MNLI-m, SST-2, SQuAD.
+  assert header == [
+    "point", "objective.mlm", "objective.nsp", "objective.ltr", "MLM ppl", "MLM acc %",
+    "vitaminc (MNLI-m) accuracy", "rotten_tomatoes (SST-2) accuracy", "squadshifts (SQuAD) f1",
+    "average",
+  ]  # fmt: skip
+  by = {r[0]: dict(zip(header, r, strict=True)) for r in rows}
+  bert = by["task=mlm_nsp"]
+  assert bert["rotten_tomatoes (SST-2) accuracy"] == "84.1 ± 0.3 (5)"
+  assert bert["vitaminc (MNLI-m) accuracy"] == "60.0 ± 1.0 (3)"
+  assert bert["squadshifts (SQuAD) f1"] == "42.0 ± 2.0 (3)"
+  assert bert["average"] == "62.0"  # (60.0 + 84.1 + 42.0) / 3
+  assert bert["MLM ppl"] == "445.90" and bert["MLM acc %"] == "12.5"
+  assert bert["objective.nsp"] is True
+  ltr = by["task=ltr"]
+  assert ltr["rotten_tomatoes (SST-2) accuracy"] == "72.0 ± 2.0 (3)"
+  assert ltr["vitaminc (MNLI-m) accuracy"] == "50.0 ± 0.0 (1)"  # one seed: std 0
+  assert ltr["squadshifts (SQuAD) f1"] is None and ltr["average"] is None
+  assert ltr["MLM ppl"] is None  # an LTR model has no MLM perplexity
+  # The dev split: dev values (test - 0.01 here; SQuAD 51.0).
+  header, rows = report.finetune_table(runs, ft, split="dev")
+  bert = dict(zip(header, rows[1], strict=True))
+  assert bert["rotten_tomatoes (SST-2) accuracy"] == "83.1 ± 0.3 (5)"
+  assert bert["squadshifts (SQuAD) f1"] == "51.0 ± 1.0 (3)"
+
+
+def test_finetune_report_with_paper_rows_and_plots(finetune_root):
+  md, skipped = report.report(finetune_root, paper="table5")
+  assert skipped is None
+  pre, _, fine = md.partition("\n\n## Fine-tuning")
+  assert pre.startswith("## Pretraining\n\n| run |")
+  lines = fine.splitlines()
+  assert "Devlin et al. 2019 Table 5" in lines[0]
+  header = lines[2]
+  assert header.endswith(
+    "| squadshifts (SQuAD) f1 | QNLI (paper only) | MRPC (paper only) | average |"
+  )
+  assert (
+    "| task=mlm_nsp | True | True | False | 445.90 | 12.5 | 60.0 ± 1.0 (3) | 84.1 ± 0.3 (5) "
+    "| 42.0 ± 2.0 (3) | – | – | 62.0 |"
+  ) in fine
+  # The paper's rows: MNLI-m, SST-2 and SQuAD under our stand-ins, QNLI and MRPC on their own.
+  assert "| paper: BERT-Base | – | – | – | – | – | 84.4 | 92.7 | 88.5 | 88.4 | 86.7 | – |" in fine
+  assert (
+    "| paper: LTR & No NSP | – | – | – | – | – | 82.1 | 92.1 | 77.8 | 84.3 | 77.5 | – |" in fine
+  )
+  out = os.path.join(finetune_root, "report")
+  assert open(os.path.join(out, "results.md")).read().strip() == md
+  for name in ("train_loss.png", "finetune_tasks.png"):
+    with open(os.path.join(out, name), "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  assert not os.path.exists(os.path.join(out, "finetune_vs_size.png"))  # one size only
+
+
+def _size_config(layers, hidden):
+  return {"model": {"num_layers": layers, "hidden_size": hidden, "num_heads": 2,
+                    "intermediate_size": 4 * hidden, "vocab_size": 100}}  # fmt: skip
+
+
+def test_size_sweep_sorted_by_size_with_table6(tmp_path):
+  root = str(tmp_path)
+  ppl = {"row=big": 30.0, "row=small": 60.0}
+  for name, (layers, hidden) in (("row=big", (4, 64)), ("row=small", (1, 32))):
+    _write_run(root, name, _size_config(layers, hidden), [
+      {"step": 10, "split": "eval", "mlm_perplexity": ppl[name], "mlm_accuracy": 0.2},
+    ])  # fmt: skip
+    acc = [0.8, 0.82] if name == "row=big" else [0.7, 0.7]
+    _write_results(os.path.join(root, name, "finetune", "rotten_tomatoes"), "rotten_tomatoes",
+                   "classification", "accuracy", acc)  # fmt: skip
+  md, skipped = report.report(root, paper="table6")
+  assert skipped is None
+  fine = md.split("## Fine-tuning")[1]
+  rows = [ln for ln in fine.splitlines() if ln.startswith("| row=") or ln.startswith("| paper")]
+  # Smallest model first (as Table 6), whatever the names sort to; then the paper's rows with
+  # their L/H/A in the size columns and LM perplexity in the ppl column.
+  assert rows[0].startswith("| row=small | 1 | 32 | 128 | 60.00 | 20.0 | 70.0 ± 0.0 (2) |")
+  assert rows[1].startswith("| row=big | 4 | 64 | 256 | 30.00 | 20.0 | 81.0 ± 1.4 (2) |")
+  assert rows[2] == "| paper: L=3 H=768 A=12 | 3 | 768 | – | 5.84 | – | 88.4 | 77.9 | 79.8 | – |"
+  assert len(rows) == 2 + 6
+  assert md.splitlines()[-2:] == [
+    "- held-out MLM perplexity falls monotonically with size: reproduced (60.00 > 30.00, "
+    "smallest model first; one pretraining run per size: no seed spread)",
+    "- bigger is better on rotten_tomatoes (SST-2) accuracy (largest vs smallest; means by size "
+    "70.0, 81.0): reproduced: difference +11.0, seed spread 1.4 (n = 2/2)",
+  ]
+  assert report.param_count(report.flatten(_size_config(1, 32))) == (
+    (100 + 512 + 2) * 32 + 2 * 32 + 4 * (32 * 32 + 32) + 4 * 32 + 2 * (32 * 128) + 128 + 32
+    + 32 * 32 + 32
+  )  # fmt: skip
+  bert_base = {"model.vocab_size": 30522, "model.hidden_size": 768, "model.num_layers": 12,
+               "model.intermediate_size": 3072}  # fmt: skip
+  assert report.param_count(bert_base) == 109_482_240  # transformers' BertModel(bert-base)
+  with open(os.path.join(root, "report", "finetune_vs_size.png"), "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plain_finetune_workdir_and_grid(tmp_path):
+  # --root = one fine-tuning workdir: no pretraining runs, the point is the run's init.
+  wd = str(tmp_path / "rt")
+  _write_results(wd, "rotten_tomatoes", "classification", "accuracy", [0.8, 0.9], init="/m/mini")
+  # A grid's points under the workdir hold results.json too; the top-level one stands for them.
+  _write_results(os.path.join(wd, "lr=5e-05"), "rotten_tomatoes", "classification", "accuracy",
+                 [0.1, 0.1])  # fmt: skip
+  md, _ = report.report(wd)
+  assert md.startswith("## Fine-tuning (test;")
+  assert "| /m/mini | 85.0 ± 7.1 (2) | 85.0 |" in md
+  assert "Pretraining" not in md and "lr=5e-05" not in md
+  # A directory of workdirs from two checkpoints, with a BIO tagging task.
+  _write_results(str(tmp_path / "ner"), "wnut16_ner", "tagging", "entity_f1", [0.25, 0.35],
+                 init="/m/base")  # fmt: skip
+  header, rows = report.finetune_table([], report.find_finetune_runs(str(tmp_path)))
+  assert header == ["point", "MLM ppl", "MLM acc %", "rotten_tomatoes (SST-2) accuracy",
+                    "wnut16_ner entity_f1", "average"]  # fmt: skip
+  assert [r[0] for r in rows] == ["/m/base", "/m/mini"]
+  assert rows[0][4] == "30.0 ± 7.1 (2)" and rows[0][3] is None
+  # An unfinished grid (points, no top-level results.json yet): the best on dev is shown,
+  # its test numbers, and a note says so.
+  grid = str(tmp_path / "grid")
+  for point, dev, test in (("lr=2e-05", [0.6], [0.9]), ("lr=5e-05", [0.7], [0.5])):
+    _write_results(os.path.join(grid, point), "vitaminc", "classification", "accuracy", test,
+                   dev=dev, init="/m/x")  # fmt: skip
+  md, _ = report.report(grid)
+  assert "| /m/x | 50.0 ± 0.0 (1) | 50.0 |" in md
+  assert md.endswith(
+    f"- /m/x / vitaminc: 2 runs, the best on dev shown ({grid}/lr=5e-05/results.json)"
+  )
+
+
+def test_finetune_errors(tmp_path):
+  d = tmp_path / "p" / "finetune" / "t"
+  d.mkdir(parents=True)
+  (d / "results.json").write_text("{not json")
+  with pytest.raises(ValueError, match=r"finetune/t/results.json: not valid JSON"):
+    report.report(str(tmp_path))
+  (d / "results.json").write_text('{"task": "t"}')
+  with pytest.raises(ValueError, match="not a fine-tuning results.json"):
+    report.report(str(tmp_path))
+  with pytest.raises(ValueError, match="--paper=table9: one of table5, table6"):
+    report.report(str(tmp_path), paper="table9")
+
+
+def test_cli_paper_flag(finetune_root):
+  r = subprocess.run(
+    [sys.executable, "-m", "bert_jax.report", f"--root={finetune_root}", "--paper=table6",
+     "--split=dev"],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )  # fmt: skip
+  assert r.returncode == 0, r.stderr
+  assert "| paper: L=24 H=1024 A=16 |" in r.stdout and "## Fine-tuning (dev;" in r.stdout
+
+
+def test_table5_claims_against_the_seed_spread(finetune_root):
+  _write_run(finetune_root, "task=mlm", _config(True, False, False), [
+    {"step": 30, "split": "eval", "mlm_perplexity": 400.0, "mlm_accuracy": 0.13},
+  ])  # fmt: skip
+  ft = os.path.join(finetune_root, "task=mlm", "finetune")
+  _write_results(os.path.join(ft, "rotten_tomatoes"), "rotten_tomatoes", "classification",
+                 "accuracy", [0.80, 0.81, 0.82])  # fmt: skip
+  _write_results(os.path.join(ft, "vitaminc"), "vitaminc", "classification", "accuracy",
+                 [0.60, 0.62])  # fmt: skip
+  md, _ = report.report(finetune_root, paper="table5")
+  lines = md.split("### The paper's claims at this scale (test)")[1].strip().splitlines()[2:]
+  mlm_ltr = "- No NSP (MLM) beats LTR & No NSP (the bidirectional LM matters), "
+  nsp = "- BERT-Base (MLM + NSP) beats No NSP (NSP helps), "
+  assert lines == [
+    # The LTR point has one vitaminc seed: nothing to judge the difference by.
+    mlm_ltr + "vitaminc (MNLI-m) accuracy (task=mlm vs task=ltr): inconclusive: difference "
+    "+11.0, one seed (n = 2/1): no spread to judge it by",
+    # 81.0 ± 1.0 vs 72.0 ± 2.0: +9.0 > 2.0.
+    mlm_ltr + "rotten_tomatoes (SST-2) accuracy (task=mlm vs task=ltr): reproduced: difference "
+    "+9.0, seed spread 2.0 (n = 3/3)",
+    # 60.0 ± 1.0 vs 61.0 ± 1.4: within the spread.
+    nsp + "vitaminc (MNLI-m) accuracy (task=mlm_nsp vs task=mlm): inconclusive: difference "
+    "-1.0, seed spread 1.4 (n = 3/2)",
+    nsp + "rotten_tomatoes (SST-2) accuracy (task=mlm_nsp vs task=mlm): reproduced: difference "
+    "+3.1, seed spread 1.0 (n = 5/3)",
+  ]
+  assert report.verdict({"mean": 50.0, "std": 1.0, "n": 3}, {"mean": 53.0, "std": 2.0, "n": 3}) == (
+    "not reproduced: difference -3.0, seed spread 2.0 (n = 3/3)"
+  )

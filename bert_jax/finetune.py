@@ -1,0 +1,694 @@
+r"""Fine-tuning and downstream evaluation: `python -m bert_jax.finetune`.
+
+  python -m bert_jax.finetune --config=configs/finetune.py:rotten_tomatoes \
+      --config.init=/tmp/bert_local --workdir=/tmp/ft_rt
+
+`config.init` is any checkpoint the one loader reads (a pretraining workdir or orbax step, a
+HuggingFace or Google BERT, a params dir); its tokenizer comes with it. The run reuses the
+trainer's machinery: mesh and logical-axis shardings, the optimizer (AdamW, warmup then linear
+decay, weight decay not on LayerNorm/bias), the guarded update, orbax checkpoints, the
+workdir lock, preemption, metrics.jsonl/TensorBoard and the progress line.
+
+Per seed (`config.seeds` restarts; seed k uses `config.seed + k` for head init, data order and
+dropout), in `<workdir>/seed_<k>/`: train for `opt.epochs` epochs, evaluate on dev every
+epoch (or every `eval.every_steps`), keep the best dev point as a params dir (`best/`, with
+task.json; `python -m bert_jax.convert` exports it to HuggingFace) and score test at that
+point. `<workdir>/results.json` holds every seed's dev and test metrics and, per metric,
+mean/std/median/min/max. A preempted or killed run resumes where it stopped: finished seeds are
+kept, the running one resumes from its checkpoint bit-exactly.
+
+`config.grid` (e.g. the paper's lr {5e-5, 3e-5, 2e-5} x batch {16, 32} x epochs {2, 3, 4})
+runs every point under `<workdir>/<point>/` and selects the point with the best mean dev
+score; the top-level results.json is that point's, plus the whole grid.
+
+Batches are bucketed by length (`data.buckets`): each batch is padded to the smallest bucket
+that holds its longest row, so a step compiles once per bucket. Dev and test are scored whole:
+the last batch is padded with weight-0 rows, never dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+
+from bert_jax import checkpoints as ckpt_lib
+from bert_jax import input_pipeline, interop, optim, resume, train
+from bert_jax import model as model_lib
+from bert_jax import preemption as preemption_lib
+from bert_jax import sharding as sh
+from bert_jax import tasks as tasks_lib
+from bert_jax import tokenizer as tokenizer_lib
+
+RESULTS = "results.json"
+SEED_RESULT = "result.json"
+BEST = "best"
+SPLITS = ("train", "dev", "test")
+# BertConfig fields a fine-tuning config may set on top of the checkpoint's architecture.
+RUN_FIELDS = (
+  "hidden_dropout_prob",
+  "attention_dropout_prob",
+  "dtype",
+  "param_dtype",
+  "kernels",
+  "scan_layers",
+  "remat_policy",
+)
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+def model_config(config: ml_collections.ConfigDict) -> tuple[model_lib.BertConfig, Any]:
+  """(BertConfig, tokenizer or None): the checkpoint's architecture (or config.model's for a
+  random init, `config.init=""`) with the run fields of config.model on top."""
+  run = {k: config.model[k] for k in RUN_FIELDS if k in config.model}
+  if not config.init:
+    fields = {k: v for k, v in config.model.to_dict().items() if k != "causal"}
+    cfg = model_lib.BertConfig(**fields)
+    vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
+    return cfg, tokenizer_lib.WordPieceTokenizer.from_file(vocab)
+  _, stored = interop.read_config(config.init)
+  return dataclasses.replace(stored, **run), None
+
+
+def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_lib.Task, dict]:
+  """Reads and encodes every split: (Task, {split: (examples, Encoded, extra) or None})."""
+  from bert_jax.tasks import encode, readers
+
+  t = config.task
+  splits: dict[str, Any] = {}
+  if t.kind == "span_qa":
+    from bert_jax.tasks import squad
+
+    for split in SPLITS:
+      if not t[split]:
+        splits[split] = None
+        continue
+      examples, stats = squad.read_squad(list(t[split].split(",")), t.max_examples)
+      if split == "train":
+        examples = [e for e in examples if e.answer_start is not None or e.is_impossible]
+      enc, metas = squad.encode_squad(
+        examples,
+        tokenizer,
+        config.data.max_seq_length,
+        config.squad.doc_stride,
+        config.squad.max_query_length,
+        training=split == "train",
+      )
+      extra = squad.SplitInfo(examples, metas, dict(config.squad), stats)
+      splits[split] = (examples, enc, extra)
+    task = tasks_lib.Task(t.name, t.kind, (), tuple(t.metrics) or ("f1", "exact_match"))
+    return task, splits
+  examples = {s: readers.read_split(t, s) if t[s] or s == "train" else None for s in SPLITS}
+  if t.max_train_examples:
+    examples["train"] = examples["train"][: t.max_train_examples]
+  labels = (
+    tuple(readers.label_list(t, examples["train"]))
+    if t.kind in ("classification", "tagging")
+    else ()
+  )
+  for s in SPLITS:
+    if examples[s] is not None and labels:
+      readers.check_labels(examples[s], labels, s)
+  from bert_jax.tasks import metrics
+
+  names = tuple(t.metrics) or metrics.default_metrics(t.kind, labels)
+  task = tasks_lib.Task(t.name, t.kind, labels, names)
+  for s in SPLITS:
+    if examples[s] is None:
+      splits[s] = None
+      continue
+    enc = encode.encode(examples[s], t.kind, tokenizer, config.data.max_seq_length, labels)
+    splits[s] = (examples[s], enc, None)
+  return task, splits
+
+
+def optimizer_config(config: ml_collections.ConfigDict, steps_per_epoch: int) -> Any:
+  """config.opt with total_steps = epochs x steps per epoch and warmup_steps from
+  warmup_fraction (the paper's 10%)."""
+  opt = ml_collections.ConfigDict(config.opt.to_dict())
+  opt.total_steps = int(config.opt.epochs) * steps_per_epoch
+  opt.warmup_steps = int(round(config.opt.warmup_fraction * opt.total_steps))
+  return opt
+
+
+def check_config(path: str, config_json: dict, allow_changes: str) -> None:
+  """A rerun in the same workdir must be the same config (it resumes that run): a change is
+  refused with one line unless `resume_allow_changes` lists it; logging may change."""
+  if os.path.exists(path):
+    with open(path) as f:
+      stored = json.load(f)
+    diffs = {
+      k: v
+      for k, v in resume.compare({"config": stored}, config_json, {}).items()
+      if not k.startswith("log.") and not resume.allows(k, allow_changes)
+    }
+    if diffs:
+      raise ValueError(
+        f"{os.path.dirname(path)} holds a run of another config ({resume._fmt(diffs)}): use "
+        "another --workdir, or allow it with --config.resume_allow_changes=FIELD"
+      )
+  elif jax.process_index() == 0:
+    ckpt_lib.write_atomic(path, json.dumps(config_json, indent=2) + "\n")
+
+
+def validate(config: ml_collections.ConfigDict, mesh) -> None:
+  dp = sh.data_parallel_size(mesh)
+  for name, b in (
+    ("data.batch_size", config.data.batch_size),
+    ("data.eval_batch_size", config.data.eval_batch_size),
+  ):
+    if b % dp:
+      raise ValueError(
+        f"config.{name}={b} is not divisible by the data-parallel size {dp} "
+        f"(mesh data x fsdp = {dict(mesh.shape)})"
+      )
+    if b % jax.process_count():
+      raise ValueError(f"config.{name}={b} is not divisible by {jax.process_count()} hosts")
+  if config.opt.grad_accum_steps < 1 or config.data.batch_size % config.opt.grad_accum_steps:
+    raise ValueError(
+      f"config.data.batch_size={config.data.batch_size} is not divisible by "
+      f"opt.grad_accum_steps={config.opt.grad_accum_steps}"
+    )
+  if (config.data.batch_size // config.opt.grad_accum_steps) % dp:
+    raise ValueError(
+      "the micro-batch (batch_size / grad_accum_steps) is not divisible by the data-parallel size"
+    )
+  if config.opt.nonfinite not in ("stop", "skip"):
+    raise ValueError(f"config.opt.nonfinite must be 'stop' or 'skip', not {config.opt.nonfinite!r}")
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def buckets(config: ml_collections.ConfigDict) -> tuple[int, ...]:
+  max_len = config.data.max_seq_length
+  return tuple(sorted({b for b in config.data.buckets if b < max_len} | {max_len}))
+
+
+def bucket_length(length: int, bucket_lengths: tuple[int, ...]) -> int:
+  return next((b for b in bucket_lengths if b >= length), bucket_lengths[-1])
+
+
+def collate(
+  rows: list[dict[str, np.ndarray]],
+  indices: np.ndarray,
+  batch_size: int,
+  bucket_lengths,
+  pad_id: int,
+) -> dict[str, np.ndarray]:
+  """Rows at `indices` (fewer than batch_size: filled with weight-0 copies of the first) as
+  one batch padded to its bucket length; adds input_mask, weight and row."""
+  real = len(indices)
+  idx = np.concatenate([indices, np.full(batch_size - real, indices[0])]).astype(np.int64)
+  picked = [rows[i] for i in idx]
+  length = bucket_length(max(r["input_ids"].shape[-1] for r in picked), bucket_lengths)
+  pads = {"input_ids": pad_id, "segment_ids": 0, "label_ids": -1}
+  batch: dict[str, np.ndarray] = {}
+  for key in picked[0]:
+    if key in pads:
+      out = np.full((batch_size, *picked[0][key].shape[:-1], length), pads[key], np.int32)
+      for i, r in enumerate(picked):
+        out[i, ..., : r[key].shape[-1]] = r[key]
+      batch[key] = out
+    elif key not in ("n_words",):
+      batch[key] = np.stack([np.asarray(r[key]) for r in picked])
+  lengths = np.array([r["input_ids"].shape[-1] for r in picked])
+  mask = np.arange(length) < lengths.reshape(-1, *([1] * (batch["input_ids"].ndim - 1)))
+  if batch["input_ids"].ndim == 3:  # multiple choice: each choice row has its own length
+    mask = batch["input_ids"] != pad_id
+    mask[..., 0] = True
+  batch["input_mask"] = mask.astype(np.int32)
+  batch["weight"] = (np.arange(batch_size) < real).astype(np.float32)
+  batch["row"] = np.where(np.arange(batch_size) < real, idx, -1).astype(np.int32)
+  return batch
+
+
+def host_slice(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """This process's rows of a global batch (every process builds the same global batch)."""
+  n, p = jax.process_count(), jax.process_index()
+  b = len(batch["weight"]) // n
+  return {k: v[p * b : (p + 1) * b] for k, v in batch.items()}
+
+
+def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+  return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def train_batches(rows, seed, batch_size, start_step, bucket_lengths, pad_id) -> Iterator:
+  """Epoch after epoch of shuffled batches (the last partial one kept), from `start_step`."""
+  per_epoch = math.ceil(len(rows) / batch_size)
+  for step in itertools.count(start_step):
+    epoch, i = divmod(step, per_epoch)
+    order = epoch_order(seed, epoch, len(rows))
+    yield collate(
+      rows, order[i * batch_size : (i + 1) * batch_size], batch_size, bucket_lengths, pad_id
+    )
+
+
+def eval_batches(rows, batch_size, bucket_lengths, pad_id) -> Iterator:
+  """Every row once, grouped by length so batches pad little."""
+  order = np.argsort([r["input_ids"].shape[-1] for r in rows], kind="stable")
+  for i in range(0, len(rows), batch_size):
+    yield collate(rows, order[i : i + batch_size], batch_size, bucket_lengths, pad_id)
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+MODEL_INPUTS = ("input_ids", "segment_ids", "input_mask")
+
+
+def state_init_fn(model, tx, length: int = 8):
+  """rng -> fine-tuning train state {step, params, opt_state} with LogicallyPartitioned leaves
+  (`sharding.init_sharded` materialises it sharded)."""
+
+  def init(rng):
+    shape = (1, 2, length) if model.kind == "multiple_choice" else (1, length)
+    ids = jnp.zeros(shape, jnp.int32)
+    params = model.init({"params": rng}, ids, ids, jnp.ones_like(ids))["params"]
+    return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+
+  return init
+
+
+def make_train_step(model, tx, task: tasks_lib.Task, grad_accum_steps: int = 1):
+  """`train_step(state, batch, rng) -> (state, metrics)`: the trainer's accumulation and
+  guarded update around the task's loss."""
+
+  def train_step(state, batch, rng):
+    rng = jax.random.fold_in(rng, state["step"])
+    total = jnp.maximum(task.count(batch), 1.0)
+
+    def loss_fn(params, micro, micro_rng):
+      logits = model.apply(
+        {"params": params},
+        *(micro[k] for k in MODEL_INPUTS),
+        deterministic=False,
+        rngs={"dropout": micro_rng},
+      )
+      loss_sum, count = task.losses(logits, micro)
+      return loss_sum / total, {"loss_sum": loss_sum, "count": count}
+
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+    grads, sums = train.accumulate_grads(grad_fn, state["params"], batch, rng, grad_accum_steps)
+    new_state, update_metrics = train.apply_update(state, grads, tx)
+    return new_state, {**sums, **update_metrics}
+
+  return train_step
+
+
+def make_eval_step(model, task: tasks_lib.Task):
+  def eval_step(params, batch):
+    logits = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=True)
+    loss_sum, count = task.losses(logits, batch)
+    return {**task.predict(logits), "row": batch["row"], "loss_sum": loss_sum, "count": count}
+
+  return eval_step
+
+
+def evaluate(p_eval, params, task, split_data, config, mesh, pad_id) -> dict[str, float]:
+  """The task's metrics on a whole split, plus its mean loss when it has labels."""
+  _, enc, extra = split_data
+  rows = enc.rows
+  preds: dict[str, list] = {}
+  loss_sum = count = 0.0
+  bl = buckets(config)
+  for batch in eval_batches(rows, config.data.eval_batch_size, bl, pad_id):
+    out = jax.device_get(p_eval(params, input_pipeline.to_global(host_slice(batch), mesh)))
+    loss_sum += float(out.pop("loss_sum"))
+    count += float(out.pop("count"))
+    for j, r in enumerate(out.pop("row")):
+      if r < 0:
+        continue
+      n = rows[r]["input_ids"].shape[-1]
+      for k, v in out.items():
+        preds.setdefault(k, [None] * len(rows))[r] = (
+          v[j][:n] if v.ndim > 1 and task.kind != "multiple_choice" else v[j]
+        )
+  result = task.score(preds, rows, extra)
+  if count:
+    result["loss"] = loss_sum / count
+  return result
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def _point_name(point: dict[str, Any]) -> str:
+  return "_".join(f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in point.items())
+
+
+def grid_points(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
+  g = config.grid
+  axes = {"lr": tuple(g.lr), "batch_size": tuple(g.batch_size), "epochs": tuple(g.epochs)}
+  axes = {k: v for k, v in axes.items() if v}
+  if not axes:
+    return []
+  return [dict(zip(axes, vals, strict=True)) for vals in itertools.product(*axes.values())]
+
+
+def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Runs `config` (every grid point if config.grid has values) in `workdir`; returns the
+  results dict (also written to `<workdir>/results.json`) and `preempted`."""
+  points = grid_points(config)
+  if not points:
+    return run_point(config, workdir)
+  grid = []
+  best = None
+  for point in points:
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.grid.lr, c.grid.batch_size, c.grid.epochs = (), (), ()
+    if "lr" in point:
+      c.opt.lr = point["lr"]
+    if "batch_size" in point:
+      c.data.batch_size = point["batch_size"]
+    if "epochs" in point:
+      c.opt.epochs = point["epochs"]
+    name = _point_name({"lr": c.opt.lr, "bs": c.data.batch_size, "ep": c.opt.epochs})
+    res = run_point(c, os.path.join(workdir, name))
+    if res.get("preempted"):
+      return res
+    score = res["dev"][res["main_metric"]]["mean"]
+    grid.append({"point": point, "dir": name, "dev": res["dev"], "test": res["test"]})
+    if best is None or score > best[0]:
+      best = (score, res)
+  out = {**best[1], "grid": grid}
+  if jax.process_index() == 0:
+    ckpt_lib.write_atomic(os.path.join(workdir, RESULTS), json.dumps(out, indent=2) + "\n")
+  train.console(f"grid: best dev {out['main_metric']} {best[0]:.4f} at {out['recipe']}")
+  return out
+
+
+def run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  os.makedirs(workdir, exist_ok=True)
+  with preemption_lib.WorkdirLock(workdir):
+    return _run_point(config, workdir)
+
+
+def _run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  preemption_lib.clear_status(workdir)
+  mesh = sh.make_mesh(config.mesh.shape)
+  rules = sh.rules_from_config(config.mesh.rules)
+  validate(config, mesh)
+  cfg, tokenizer = model_config(config)
+  init_params = None
+  if config.init:
+    ck = interop.load_checkpoint(config.init, like=cfg)  # host arrays, placed per seed below
+    tokenizer = ck.tokenizer
+    init_params = ck.params["bert"] if "bert" in ck.params else ck.params
+    if tokenizer is None:
+      if not config.data.vocab:
+        raise ValueError(f"config.init={config.init} has no tokenizer: set config.data.vocab")
+      tokenizer = tokenizer_lib.WordPieceTokenizer.from_file(config.data.vocab)
+  if tokenizer.vocab_size != cfg.vocab_size:
+    raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens, the model {cfg.vocab_size}")
+  if config.data.max_seq_length > cfg.max_position_embeddings:
+    raise ValueError(
+      f"config.data.max_seq_length={config.data.max_seq_length} exceeds the model's "
+      f"max_position_embeddings={cfg.max_position_embeddings}"
+    )
+  t0 = time.perf_counter()
+  task, data = load_task_data(config, tokenizer)
+  counts = {s: (len(d[0]) if d else 0) for s, d in data.items()}
+  truncated = {s: (d[1].n_truncated if d else 0) for s, d in data.items()}
+  train.console(
+    f"{task.name} ({task.kind}): "
+    + ", ".join(
+      f"{s} {counts[s]}" + (f" ({truncated[s]} truncated)" if truncated[s] else "")
+      for s in SPLITS
+      if data[s]
+    )
+    + f"; encoded in {time.perf_counter() - t0:.1f}s"
+  )
+  if data["train"] is None or not data["train"][1].rows:
+    raise ValueError(f"task {task.name}: the train split is empty")
+  if data["dev"] is None:
+    raise ValueError(f"task {task.name}: no dev split (config.task.dev) to select on")
+  extra_info = {
+    s: d[2].stats for s, d in data.items() if d and d[2] is not None and hasattr(d[2], "stats")
+  }
+  if extra_info:
+    train.console(f"offset check: {json.dumps(extra_info)}")
+
+  config_json = ckpt_lib.to_json(config.to_dict())
+  check_config(os.path.join(workdir, "config.json"), config_json, config.resume_allow_changes)
+  seeds = []
+  for k in range(config.seeds):
+    res = run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, rules)
+    if res.get("preempted"):
+      preemption_lib.write_status(workdir, k, config.seeds, True)
+      train.console(f"Preempted in seed {k}: rerun the same command to resume")
+      return {"preempted": True}
+    seeds.append(res)
+  from bert_jax.tasks import metrics
+
+  results = {
+    "task": task.name,
+    "kind": task.kind,
+    "init": config.init,
+    "main_metric": task.main_metric,
+    "labels": list(task.labels),
+    "recipe": {
+      "lr": config.opt.lr,
+      "batch_size": config.data.batch_size,
+      "epochs": config.opt.epochs,
+      "max_seq_length": config.data.max_seq_length,
+      "seeds": config.seeds,
+    },
+    "data": {**counts, "truncated": truncated, **({"offsets": extra_info} if extra_info else {})},
+    "seeds": seeds,
+    "dev": metrics.summarize_seeds([s["dev"] for s in seeds]),
+    "test": metrics.summarize_seeds([s["test"] for s in seeds if s["test"]]),
+    "config": config_json,
+  }
+  if jax.process_index() == 0:
+    ckpt_lib.write_atomic(os.path.join(workdir, RESULTS), json.dumps(results, indent=2) + "\n")
+  preemption_lib.write_status(workdir, config.seeds, config.seeds, False)
+  for split in ("dev", "test"):
+    s = results[split].get(task.main_metric)
+    if s:
+      train.console(
+        f"{task.name} {split} {task.main_metric}: {s['mean']:.4f} ± {s['std']:.4f} "
+        f"(median {s['median']:.4f}, min {s['min']:.4f}, max {s['max']:.4f}, {s['n']} seeds)"
+      )
+  return {**results, "preempted": False}
+
+
+def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, rules) -> dict:
+  """Trains seed k (resuming its checkpoint), returns its result (also `seed_<k>/result.json`)."""
+  seed_dir = os.path.join(workdir, f"seed_{k}")
+  done = os.path.join(seed_dir, SEED_RESULT)
+  if os.path.exists(done):
+    with open(done) as f:
+      return json.load(f)
+  os.makedirs(seed_dir, exist_ok=True)
+  seed = config.seed + k
+  rows = data["train"][1].rows
+  batch_size = config.data.batch_size
+  per_epoch = math.ceil(len(rows) / batch_size)
+  opt = optimizer_config(config, per_epoch)
+  total_steps = opt.total_steps
+  eval_every = config.eval.every_steps or per_epoch
+  model = task.model(
+    model_lib.resolve_kernels(cfg, mesh.devices.flat[0].platform), config.head.bilstm
+  )
+  tx = optim.make_optimizer(opt)
+  init_rng, step_rng = jax.random.split(jax.random.key(seed))
+  init_fn = state_init_fn(model, tx, min(8, cfg.max_position_embeddings))
+  state, state_sh, abstract = sh.init_sharded(init_fn, mesh, rules, init_rng)
+  ckpt = ckpt_lib.Checkpointer(
+    os.path.join(seed_dir, "checkpoints"),
+    keep=config.ckpt.keep,
+    every_steps=eval_every,
+    async_save=config.ckpt.async_save,
+  )
+  restored = ckpt.restore_latest(abstract)
+  best: dict[str, Any] = {"step": 0, "dev": None, "test": {}}
+  if restored is not None:
+    start_step, state, meta = restored
+    best = meta["best"]
+    train.console(f"seed {k}: resumed at step {start_step}")
+  else:
+    start_step = 0
+    if init_params is not None:
+      placed = interop.place(
+        interop.to_layout(init_params, cfg.scan_layers), abstract["params"]["bert"]
+      )
+      state = {**state, "params": {**state["params"], "bert": placed}}
+
+  batch_sh = sh.batch_sharding(mesh)
+  with sh.mesh_context(mesh, rules):
+    p_train = jax.jit(
+      make_train_step(model, tx, task, config.opt.grad_accum_steps),
+      in_shardings=(state_sh, batch_sh, sh.replicated(mesh)),
+      out_shardings=(state_sh, sh.replicated(mesh)),
+      donate_argnums=0,
+    )
+    p_eval = jax.jit(
+      make_eval_step(model, task),
+      in_shardings=(state_sh["params"], batch_sh),
+      out_shardings=sh.replicated(mesh),
+    )
+  logger = train.MetricLogger(seed_dir, start_step)
+  bl = buckets(config)
+  batches = train_batches(rows, seed, batch_size, start_step, bl, tokenizer.pad_id)
+  pending = {"loss_sum": 0.0, "count": 0.0, "steps": 0}
+  window_start = run_start = time.perf_counter()
+  step = start_step
+  stop = False
+  main = task.main_metric
+
+  def evaluate_split(split):
+    return evaluate(p_eval, state["params"], task, data[split], config, mesh, tokenizer.pad_id)
+
+  with preemption_lib.Preemption() as preempt:
+    while step < total_steps and not stop:
+      batch = input_pipeline.to_global(host_slice(next(batches)), mesh)
+      state, m = p_train(state, batch, step_rng)
+      step += 1
+      m = jax.device_get(m)
+      if m["nonfinite"]:
+        if config.opt.nonfinite != "skip":
+          raise FloatingPointError(
+            f"seed {k}: non-finite gradient at step {step}; stopped without applying it"
+          )
+        logging.warning("seed %d: non-finite gradient at step %d: update skipped", k, step)
+      pending["loss_sum"] += float(m["loss_sum"])
+      pending["count"] += float(m["count"])
+      pending["steps"] += 1
+      stop = preempt.should_stop(step)
+      if step % config.log.every_steps == 0 or step == total_steps:
+        now = time.perf_counter()
+        sps = pending["steps"] / max(now - window_start, 1e-9)
+        loss = pending["loss_sum"] / max(pending["count"], 1.0)
+        lr = float(optim.learning_rate_schedule(opt)(step - 1))
+        logger.write(
+          step, "train", {"loss": loss, "learning_rate": lr, "grad_norm": float(m["grad_norm"])}
+        )
+        logger.write(step, "perf", {"steps_per_sec": sps, "examples_per_sec": sps * batch_size})
+        eta = (total_steps - step) * (now - run_start) / max(step - start_step, 1)
+        train.console(
+          f"{train._bar(step / total_steps)} seed {k + 1}/{config.seeds} | epoch "
+          f"{(step - 1) // per_epoch + 1}/{config.opt.epochs} | step {step}/{total_steps} | "
+          f"loss {loss:.4f} | {sps * batch_size:.1f} ex/s | ETA {train._fmt_time(eta)}"
+        )
+        pending = {"loss_sum": 0.0, "count": 0.0, "steps": 0}
+        window_start = now
+      if step % eval_every == 0 or step == total_steps:
+        dev = evaluate_split("dev")
+        logger.write(step, "dev", dev)
+        msg = f"dev @ {step}: " + " | ".join(f"{a} {b:.4f}" for a, b in dev.items())
+        if best["dev"] is None or dev[main] > best["dev"][main]:
+          best = {"step": step, "dev": dev, "test": {}}
+          if data["test"] is not None:
+            best["test"] = evaluate_split("test")
+            logger.write(step, "test", best["test"])
+          save_best(os.path.join(seed_dir, BEST), cfg, state["params"], tokenizer, task, config)
+          msg += "  (best so far)"
+        train.console(msg)
+      if step % eval_every == 0 or step == total_steps or stop:
+        ckpt.save(
+          step,
+          state,
+          None,
+          {"best": best, "config": ckpt_lib.to_json(config.to_dict())},
+          force=True,
+        )
+  ckpt.close()
+  logger.close()
+  if stop and step < total_steps:
+    return {"preempted": True}
+  result = {
+    "seed": seed,
+    "best_step": best["step"],
+    "best_epoch": math.ceil(best["step"] / per_epoch),
+    "dev": best["dev"],
+    "test": best["test"],
+    "train_seconds": round(time.perf_counter() - run_start, 1),
+  }
+  if jax.process_index() == 0:
+    ckpt_lib.write_atomic(done, json.dumps(result, indent=2) + "\n")
+  return result
+
+
+def save_best(path, cfg, params, tokenizer, task: tasks_lib.Task, config) -> None:
+  """The best dev point as a params dir + task.json (convert exports it to HuggingFace)."""
+  host = jax.device_get(params)
+  if jax.process_index() != 0:
+    return
+  info = {
+    "kind": task.kind,
+    "labels": list(task.labels),
+    "task": task.name,
+    "max_seq_length": config.data.max_seq_length,
+    "bilstm": bool(config.head.bilstm),
+  }
+  interop.save_params_dir(path, cfg, host, overwrite=True, tokenizer=tokenizer, task=info)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def _define_flags() -> dict[str, Any]:
+  """The CLI's flags, defined when the CLI runs (never at import: this module is a library)."""
+  from absl import flags
+  from ml_collections import config_flags
+
+  out = {
+    "config": config_flags.DEFINE_config_file(
+      "config",
+      None,
+      "configs/finetune.py:TASK[,key=value] (or the bundled name finetune:TASK).",
+      lock_config=True,
+    ),
+    "workdir": flags.DEFINE_string("workdir", None, "Directory for the run (results.json, seeds)."),
+    "distributed": flags.DEFINE_bool(
+      "distributed", False, "Call jax.distributed.initialize() (multi-host)."
+    ),
+    "num_cpu_devices": flags.DEFINE_integer("num_cpu_devices", None, "Fake this many CPU devices."),
+  }
+  flags.mark_flags_as_required(["config", "workdir"])
+  return out
+
+
+def run() -> None:
+  """`python -m bert_jax.finetune`. Exit status: 0 done; 75 preempted after saving (rerun to
+  resume); 1 an error a user can fix (one line); 2 a bad flag or config."""
+  import sys
+
+  from bert_jax import cli
+
+  f = _define_flags()
+
+  def main(argv: list[str]) -> None:
+    del argv
+    from absl import flags
+
+    if not flags.FLAGS["verbosity"].present:
+      logging.set_verbosity(logging.WARNING)
+    if f["num_cpu_devices"].value:
+      jax.config.update("jax_num_cpu_devices", f["num_cpu_devices"].value)
+    if f["distributed"].value:
+      jax.distributed.initialize()
+    result = finetune(f["config"].value, f["workdir"].value)
+    if result.get("preempted"):
+      sys.exit(preemption_lib.EXIT_PREEMPTED)
+
+  cli.run(main, "finetune")
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,102 @@
+"""The fine-tuning model: BertModel plus one task head, as the paper's Figure 4.
+
+Params are `{"bert": <BertModel params>, "head": {...}}`; the "bert" subtree is exactly the
+pretraining one, so any checkpoint the loader reads initialises it, and the head's names are
+HuggingFace's (`classifier`, `qa_outputs`) so export maps one to one:
+
+  classification, regression  pooled [CLS] -> dropout -> classifier [D, N]    (N = 1: regression)
+  tagging                     every token  -> dropout -> classifier [D, N]
+  span_qa                     every token  -> qa_outputs [D, 2] (start, end)
+  multiple_choice             [B, C, L] rows -> pooled -> dropout -> classifier [D, 1] -> [B, C]
+
+`bilstm=True` puts a randomly initialised bidirectional LSTM between the encoder and the head
+(the "+ BiLSTM" row of Table 5, for the left-to-right model).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax.numpy as jnp
+from jax import Array
+
+from bert_jax import model as model_lib
+from bert_jax import sharding as sh
+
+KINDS = ("classification", "regression", "tagging", "span_qa", "multiple_choice")
+# Kinds whose head reads the pooled [CLS]; the others read every token.
+POOLED = ("classification", "regression", "multiple_choice")
+
+
+class Head(nn.Module):
+  """The task head on the encoder outputs (float32: it is tiny and its logits feed the loss)."""
+
+  cfg: model_lib.BertConfig
+  kind: str
+  num_outputs: int
+  bilstm: bool = False
+
+  @nn.compact
+  def __call__(self, out: dict[str, Array], deterministic: bool) -> Array:
+    cfg = dataclasses.replace(self.cfg, dtype="float32")
+    pooled = self.kind in POOLED
+    if self.bilstm:
+      d = cfg.hidden_size
+      seq = nn.Bidirectional(
+        nn.RNN(nn.OptimizedLSTMCell(d // 2, name="lstm_forward")),
+        nn.RNN(nn.OptimizedLSTMCell(d // 2, name="lstm_backward")),
+        name="bilstm",
+      )(out["sequence_output"].astype(jnp.float32), seq_lengths=out["lengths"])
+      x = seq[:, 0] if pooled else seq  # the BiLSTM's [CLS] state has read the whole input
+    else:
+      x = out["pooled_output" if pooled else "sequence_output"].astype(jnp.float32)
+    if self.kind == "span_qa":
+      return model_lib.Dense((2,), (sh.EMBED, None), cfg, name="qa_outputs")(x)
+    x = model_lib.dropout(cfg, cfg.hidden_dropout_prob)(x, deterministic=deterministic)
+    return model_lib.Dense((self.num_outputs,), (sh.EMBED, None), cfg, name="classifier")(x)
+
+
+class FinetuneModel(nn.Module):
+  """BertModel -> Head. Inputs [B, L] ([B, C, L] for multiple choice); returns float32
+  logits: [B, N] (pooled kinds), [B, L, N] (tagging), [B, L, 2] (span_qa), [B, C] (choices)."""
+
+  cfg: model_lib.BertConfig
+  kind: str
+  num_outputs: int
+  bilstm: bool = False
+
+  def setup(self):
+    if self.kind not in KINDS:
+      raise ValueError(f"task kind must be one of {', '.join(KINDS)}, not {self.kind!r}")
+    self.bert = model_lib.BertModel(self.cfg)
+    self.head = Head(self.cfg, self.kind, self.num_outputs, self.bilstm)
+
+  def __call__(
+    self,
+    input_ids: Array,
+    segment_ids: Array | None = None,
+    input_mask: Array | None = None,
+    *,
+    deterministic: bool = True,
+  ) -> Array:
+    if segment_ids is None:
+      segment_ids = jnp.zeros_like(input_ids)
+    if input_mask is None:
+      input_mask = jnp.ones_like(input_ids)
+    choices = input_ids.shape[1] if self.kind == "multiple_choice" and input_ids.ndim == 3 else 0
+    if choices:  # one row per (example, choice)
+      flat = lambda x: x.reshape(-1, x.shape[-1])
+      input_ids, segment_ids, input_mask = map(flat, (input_ids, segment_ids, input_mask))
+    out = self.bert(input_ids, segment_ids, input_mask, deterministic=deterministic)
+    out["lengths"] = jnp.sum(input_mask, -1).astype(jnp.int32)
+    if self.cfg.causal and self.kind in POOLED:
+      # A left-to-right model's [CLS] has seen only itself: pool its last real token instead
+      # (as GPT classifies), through the same pooler.
+      last = jnp.maximum(out["lengths"] - 1, 0)[:, None, None]
+      h_BD = jnp.take_along_axis(out["sequence_output"], last, axis=1)[:, 0]
+      out["pooled_output"] = jnp.tanh(self.bert.pooler(h_BD))
+    logits = self.head(out, deterministic).astype(jnp.float32)
+    if self.kind == "multiple_choice":
+      return logits.reshape(-1, choices or 1)
+    return logits

@@ -1,0 +1,628 @@
+"""Fine-tuning examples from files: JSONL, CSV, TSV, CoNLL columns, GLUE's TSVs, local TFDS glue.
+
+`read_split(config.task, "train")` returns the split's examples in file order. Every error a
+user's data can cause is one line naming the file and line (`path:line: what is wrong`), so a
+bad row in a 400k-line file is found without a debugger.
+
+The GLUE presets (`GLUE`) read the standard GLUE directory layout (`<glue_dir>/SST-2/train.tsv`,
+`MNLI/dev_matched.tsv`, ...) by the column names of each file's header; CoLA's train and dev
+files have no header and get GLUE's column names here. Test splits carry no labels (label None).
+With `format="tfds"` the same presets read a TFDS `glue/<config>` dataset that was prepared
+beforehand in array_record format; nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import gzip
+import itertools
+import json
+import math
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+SPLITS = ("train", "dev", "test")
+KINDS = ("classification", "regression", "tagging", "multiple_choice", "span_qa")
+FORMATS = ("jsonl", "csv", "tsv", "conll", "glue", "tfds")
+_SUFFIX_FORMATS = {
+  ".jsonl": "jsonl",
+  ".json": "jsonl",
+  ".csv": "csv",
+  ".tsv": "tsv",
+  ".conll": "conll",
+  ".iob": "conll",
+  ".bio": "conll",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TextExample:
+  """Classification / regression / multiple-choice text (texts: one, a pair, or context+endings)."""
+
+  texts: tuple[str, ...]
+  label: str | float | None  # class name; float for regression; None when unlabelled
+  source: str  # "path:line"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaggedExample:
+  """A sentence of words with one tag per word (tags None when unlabelled)."""
+
+  words: tuple[str, ...]
+  tags: tuple[str, ...] | None
+  source: str
+
+
+Example = TextExample | TaggedExample
+
+
+# --- GLUE presets --------------------------------------------------------------------------
+
+
+def _glue(
+  dir: str,
+  text_fields: tuple[str, ...],
+  label_field: str,
+  labels: tuple[str, ...],
+  tfds_text: tuple[str, ...],
+  metrics: tuple[str, ...] = ("accuracy",),
+  kind: str = "classification",
+  dev: str = "dev.tsv",
+  test: str = "test.tsv",
+  tfds_dev: str = "validation",
+  tfds_test: str = "test",
+  main_metric: str = "",
+  **extra: Any,
+) -> dict[str, Any]:
+  return dict(
+    dir=dir,
+    files={"train": "train.tsv", "dev": dev, "test": test},
+    text_fields=text_fields,
+    label_field=label_field,
+    labels=labels,
+    kind=kind,
+    metrics=metrics,
+    main_metric=main_metric or metrics[0],
+    tfds_text=tfds_text,
+    tfds_splits={"train": "train", "dev": tfds_dev, "test": tfds_test},
+    **extra,
+  )
+
+
+_MNLI = dict(
+  dir="MNLI",
+  text_fields=("sentence1", "sentence2"),
+  label_field="gold_label",
+  labels=("contradiction", "entailment", "neutral"),
+  tfds_text=("premise", "hypothesis"),
+  tfds="mnli",
+)
+
+# Column names are those of GLUE's TSV headers; label sets in GLUE's (and transformers') order.
+GLUE: dict[str, dict[str, Any]] = {
+  "cola": _glue(
+    "CoLA",
+    ("sentence",),
+    "label",
+    ("0", "1"),
+    ("sentence",),
+    metrics=("mcc",),
+    # train.tsv / dev.tsv have no header: source, label, original judgement, sentence.
+    fieldnames=("source", "label", "label_notation", "sentence"),
+    headerless=("train", "dev"),
+  ),
+  "sst2": _glue("SST-2", ("sentence",), "label", ("0", "1"), ("sentence",)),
+  "mrpc": _glue(
+    "MRPC",
+    ("#1 String", "#2 String"),
+    "Quality",
+    ("0", "1"),
+    ("sentence1", "sentence2"),
+    metrics=("f1", "accuracy"),
+  ),
+  "stsb": _glue(
+    "STS-B",
+    ("sentence1", "sentence2"),
+    "score",
+    (),
+    ("sentence1", "sentence2"),
+    metrics=("pearson", "spearman"),
+    main_metric="spearman",  # the BERT paper's STS-B column
+    kind="regression",
+  ),
+  "qqp": _glue(
+    "QQP",
+    ("question1", "question2"),
+    "is_duplicate",
+    ("0", "1"),
+    ("question1", "question2"),
+    metrics=("f1", "accuracy"),
+  ),
+  "mnli": _glue(
+    **_MNLI,
+    dev="dev_matched.tsv",
+    test="test_matched.tsv",
+    tfds_dev="validation_matched",
+    tfds_test="test_matched",
+  ),
+  "mnli_mismatched": _glue(
+    **_MNLI,
+    dev="dev_mismatched.tsv",
+    test="test_mismatched.tsv",
+    tfds_dev="validation_mismatched",
+    tfds_test="test_mismatched",
+  ),
+  "qnli": _glue(
+    "QNLI",
+    ("question", "sentence"),
+    "label",
+    ("entailment", "not_entailment"),
+    ("question", "sentence"),
+  ),
+  "rte": _glue(
+    "RTE",
+    ("sentence1", "sentence2"),
+    "label",
+    ("entailment", "not_entailment"),
+    ("sentence1", "sentence2"),
+  ),
+  "wnli": _glue(
+    "WNLI", ("sentence1", "sentence2"), "label", ("0", "1"), ("sentence1", "sentence2")
+  ),
+}
+for _name, _preset in GLUE.items():
+  _preset.setdefault("tfds", _name)
+
+
+def glue_preset(task: Any) -> dict[str, Any]:
+  """The GLUE preset named by `task.name` (format "glue" or "tfds")."""
+  name = _get(task, "name", "")
+  if name not in GLUE:
+    raise ValueError(
+      f"task.name={name!r} is not a GLUE task (format={_get(task, 'format', '')!r} needs one of "
+      f"{', '.join(GLUE)})"
+    )
+  return GLUE[name]
+
+
+# --- Public API ----------------------------------------------------------------------------
+
+
+def _get(task: Any, name: str, default: Any) -> Any:
+  # Configs built before a field existed still read (ConfigDict and dict both have .get).
+  value = task.get(name, default)
+  return default if value is None else value
+
+
+def _format(task: Any, path: str) -> str:
+  fmt = _get(task, "format", "auto") or "auto"
+  if fmt != "auto":
+    if fmt not in FORMATS:
+      raise ValueError(f"task.format={fmt!r} is not one of auto, {', '.join(FORMATS)}")
+    return fmt
+  stem = path[:-3] if path.endswith(".gz") else path
+  suffix = os.path.splitext(stem)[1].lower()
+  if suffix not in _SUFFIX_FORMATS:
+    raise ValueError(
+      f"{path}: cannot tell the format from the suffix {suffix or '(none)'!r}; set task.format "
+      f"to one of {', '.join(FORMATS)}"
+    )
+  return _SUFFIX_FORMATS[suffix]
+
+
+def has_split(task: Any, split: str) -> bool:
+  """Whether the task defines `split` (GLUE / TFDS presets have all three)."""
+  if split not in SPLITS:
+    raise ValueError(f"split {split!r} is not one of {', '.join(SPLITS)}")
+  return _get(task, "format", "auto") in ("glue", "tfds") or bool(_get(task, split, ""))
+
+
+def read_split(task: Any, split: str) -> list[Example]:
+  """The examples of `split` ("train" | "dev" | "test") of `task` (config.task), in file order.
+
+  TextExample for classification / regression / multiple_choice, TaggedExample for tagging.
+  Only the first `task.max_examples` examples are read when it is > 0. With format "glue" the
+  preset's file under task.glue_dir is read unless task.<split> names another file.
+  """
+  kind = _get(task, "kind", "classification")
+  if kind not in KINDS:
+    raise ValueError(f"task.kind={kind!r} is not one of {', '.join(KINDS)}")
+  if kind == "span_qa":
+    raise ValueError("task.kind='span_qa' is read by bert_jax.tasks.squad, not by readers")
+  if not has_split(task, split):
+    raise ValueError(f"task {_get(task, 'name', '')!r} has no {split} split (task.{split} is '')")
+  limit = int(_get(task, "max_examples", 0)) or sys.maxsize
+  fmt = _get(task, "format", "auto")
+  if fmt == "glue":
+    path, examples = _read_glue(task, split, limit)
+  elif fmt == "tfds":
+    path, examples = _read_tfds(task, split, limit)
+  else:
+    path = os.fspath(_get(task, split, ""))
+    fmt = _format(task, path)
+    if kind == "tagging":
+      if fmt == "jsonl":
+        examples = _read_tagged_jsonl(task, path, split, limit)
+      elif fmt == "conll":
+        examples = _read_conll(task, path, split, limit)
+      else:
+        raise ValueError(f"{path}: tagging reads jsonl or conll files, not {fmt}")
+    else:
+      if fmt == "conll":
+        raise ValueError(f"{path}: conll files hold tagging data, not task.kind={kind!r}")
+      fields = tuple(_get(task, "text_fields", ()))
+      label_field = _get(task, "label_field", "label")
+      rows = _jsonl_rows(path) if fmt == "jsonl" else _table_rows(path, fmt)
+      examples = _text_examples(rows, fields, label_field, kind, split, limit)
+  if not examples:
+    raise ValueError(f"{path}: the {split} split is empty (no examples)")
+  return examples
+
+
+def label_list(
+  task: Any, train_examples: Sequence[Example], extra: Sequence[Sequence[Example]] = ()
+) -> list[str]:
+  """Class (or tag) names in index order: task.labels if set, a GLUE preset's, else the sorted
+  unique labels of train (and of the `extra` splits: brown_pos's dev and test hold a few rare
+  tags that train lacks). Regression and multiple choice have none ([])."""
+  kind = _get(task, "kind", "classification")
+  if kind in ("regression", "multiple_choice", "span_qa"):
+    return []
+  given = _get(task, "labels", ())
+  if given:
+    return [str(x) for x in given]
+  if _get(task, "format", "auto") in ("glue", "tfds"):
+    return list(glue_preset(task)["labels"])
+  seen: set[str] = set()
+  for ex in itertools.chain(train_examples, *extra):
+    if isinstance(ex, TaggedExample):
+      seen.update(ex.tags or ())
+    elif ex.label is not None:
+      seen.add(str(ex.label))
+  return sorted(seen)
+
+
+def check_labels(examples: Sequence[Example], labels: Sequence[str], split: str) -> None:
+  """One-line ValueError naming file:line of the first label (or tag) not in `labels`.
+
+  Multiple-choice labels must be an ending's index; regression labels are not checked.
+  """
+  known = set(labels)
+  preview = ", ".join(list(labels)[:20]) + (", ..." if len(labels) > 20 else "")
+  for ex in examples:
+    if isinstance(ex, TaggedExample):
+      for i, tag in enumerate(ex.tags or ()):
+        if tag not in known:
+          raise ValueError(
+            f"{ex.source}: {split} tag {tag!r} (word {i + 1}, {ex.words[i]!r}) is not one of the "
+            f"{len(known)} labels ({preview})"
+          )
+    elif isinstance(ex.label, str) and known and ex.label not in known:
+      raise ValueError(
+        f"{ex.source}: {split} label {ex.label!r} is not one of the {len(known)} labels ({preview})"
+      )
+    elif isinstance(ex.label, str) and not known:
+      choice = _choice_index(ex.label)
+      if choice is None or not 0 <= choice < len(ex.texts) - 1:
+        raise ValueError(
+          f"{ex.source}: {split} label {ex.label!r} is not the index of one of the "
+          f"{len(ex.texts) - 1} endings"
+        )
+
+
+def _choice_index(label: str) -> int | None:
+  try:
+    return int(label)
+  except ValueError:
+    return None
+
+
+# --- Reading lines -------------------------------------------------------------------------
+
+
+def _lines(path: str) -> Iterator[tuple[int, str]]:
+  """(line number, text) of a UTF-8 (optionally gzip) file, decoded strictly line by line."""
+  try:
+    f = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{path}: no such file") from None
+  with f:
+    try:
+      for lineno, raw in enumerate(f, 1):
+        try:
+          text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+          raise ValueError(
+            f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start} of the line): the file's "
+            "encoding is wrong; convert it to UTF-8"
+          ) from None
+        if lineno == 1 and text.startswith("\ufeff"):
+          text = text[1:]  # a byte-order mark (spreadsheet exports) is not part of the data
+        yield lineno, text
+    except (gzip.BadGzipFile, EOFError) as e:
+      raise ValueError(f"{path}: not a readable gzip file ({e})") from None
+
+
+def _jsonl_rows(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+  for lineno, line in _lines(path):
+    if not line.strip():
+      continue
+    try:
+      obj = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(obj, dict):
+      raise ValueError(f"{path}:{lineno}: a JSON line must be an object, not {type(obj).__name__}")
+    yield f"{path}:{lineno}", obj
+
+
+def _table_rows(
+  path: str, fmt: str, fieldnames: Sequence[str] | None = None
+) -> Iterator[tuple[str, dict[str, Any]]]:
+  """Rows of a CSV / TSV file as dicts keyed by the header (or by `fieldnames`: no header)."""
+  read = [0]  # lines handed to the csv module so far
+
+  def text() -> Iterator[str]:
+    for lineno, line in _lines(path):
+      read[0] = lineno
+      yield line
+
+  # GLUE's TSVs hold bare quote characters inside sentences: TSV is read without quoting.
+  if fmt == "tsv":
+    reader = csv.reader(text(), delimiter="\t", quoting=csv.QUOTE_NONE)
+  else:
+    reader = csv.reader(text())
+  header = list(fieldnames) if fieldnames is not None else None
+  try:
+    while True:
+      lineno = read[0] + 1  # a quoted CSV field may span lines: name the row's first
+      row = next(reader, None)
+      if row is None:
+        break
+      if not row or (len(row) == 1 and not row[0].strip()):
+        continue
+      if header is None:
+        header = row
+        continue
+      if len(row) != len(header):
+        raise ValueError(
+          f"{path}:{lineno}: {len(row)} columns, the header has {len(header)} ({', '.join(header)})"
+        )
+      yield f"{path}:{lineno}", dict(zip(header, row, strict=True))
+  except csv.Error as e:
+    raise ValueError(f"{path}:{read[0]}: malformed {fmt} ({e})") from None
+
+
+def _field(obj: dict[str, Any], name: str, source: str) -> Any:
+  if name not in obj or obj[name] is None:
+    present = ", ".join(map(str, list(obj)[:12]))
+    raise ValueError(f"{source}: missing field {name!r} (the row has: {present})")
+  return obj[name]
+
+
+def _text(obj: dict[str, Any], name: str, source: str) -> str:
+  value = _field(obj, name, source)
+  if not isinstance(value, str):
+    raise ValueError(f"{source}: field {name!r} must be a string, not {type(value).__name__}")
+  return value
+
+
+def _label(value: Any, kind: str, name: str, source: str) -> str | float:
+  if kind == "regression":
+    try:
+      out = float(value)
+    except (TypeError, ValueError):
+      out = math.nan
+    if isinstance(value, bool) or not math.isfinite(out):
+      raise ValueError(f"{source}: regression label {name!r}={value!r} is not a finite number")
+    return out
+  if isinstance(value, bool | int | str):
+    return str(value)
+  if isinstance(value, float) and value.is_integer():
+    return str(int(value))
+  raise ValueError(
+    f"{source}: label {name!r}={value!r} must be a class name (string) or an integer"
+  )
+
+
+def _text_examples(
+  rows: Iterator[tuple[str, dict[str, Any]]],
+  fields: tuple[str, ...],
+  label_field: str,
+  kind: str,
+  split: str,
+  limit: int,
+) -> list[TextExample]:
+  """TextExamples from dict rows. Train and dev need labels; a test split whose first row has
+  no label field is read as unlabelled (as GLUE's test files)."""
+  if kind == "multiple_choice":
+    if not fields:
+      raise ValueError("task.text_fields must name the context field and the ending field(s)")
+  elif len(fields) not in (1, 2):
+    raise ValueError(f"task.text_fields must name one or two fields, not {fields!r}")
+  out: list[TextExample] = []
+  labelled = None
+  for source, obj in rows:
+    if len(out) >= limit:
+      break
+    if labelled is None:
+      labelled = split != "test" or label_field in obj
+    if kind == "multiple_choice" and len(fields) == 2 and isinstance(obj.get(fields[1]), list):
+      endings = _field(obj, fields[1], source)
+      if not all(isinstance(e, str) for e in endings):
+        raise ValueError(f"{source}: field {fields[1]!r} must be a list of strings")
+      texts = (_text(obj, fields[0], source), *endings)
+    else:
+      texts = tuple(_text(obj, f, source) for f in fields)
+    label = (
+      _label(_field(obj, label_field, source), kind, label_field, source) if labelled else None
+    )
+    out.append(TextExample(texts, label, source))
+  return out
+
+
+def _read_tagged_jsonl(task: Any, path: str, split: str, limit: int) -> list[TaggedExample]:
+  tokens_field = _get(task, "tokens_field", "tokens")
+  tags_field = _get(task, "tags_field", "tags")
+  out: list[TaggedExample] = []
+  labelled = None
+  for source, obj in _jsonl_rows(path):
+    if len(out) >= limit:
+      break
+    if labelled is None:
+      labelled = split != "test" or tags_field in obj
+    words = _string_list(obj, tokens_field, source)
+    tags = _string_list(obj, tags_field, source) if labelled else None
+    if tags is not None and len(tags) != len(words):
+      raise ValueError(
+        f"{source}: {len(words)} {tokens_field} but {len(tags)} {tags_field} (one tag per word)"
+      )
+    out.append(TaggedExample(words, tags, source))
+  return out
+
+
+def _string_list(obj: dict[str, Any], name: str, source: str) -> tuple[str, ...]:
+  value = _field(obj, name, source)
+  if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    raise ValueError(f"{source}: field {name!r} must be a list of strings")
+  return tuple(value)
+
+
+def _read_conll(task: Any, path: str, split: str, limit: int) -> list[TaggedExample]:
+  """Whitespace-separated columns, one word a line, a blank line between sentences;
+  "-DOCSTART-" lines are skipped. A test file with a single column is unlabelled."""
+  word_col = int(_get(task, "word_column", 0))
+  tag_col = int(_get(task, "tag_column", -1))
+  out: list[TaggedExample] = []
+  words: list[str] = []
+  tags: list[str] = []
+  start = 0
+  ncols = None
+
+  def flush() -> None:
+    if words:
+      labelled = not (split == "test" and ncols == 1)
+      out.append(TaggedExample(tuple(words), tuple(tags) if labelled else None, f"{path}:{start}"))
+      words.clear()
+      tags.clear()
+
+  for lineno, line in _lines(path):
+    cols = line.split()
+    if not cols:
+      flush()
+      if len(out) >= limit:
+        break
+      continue
+    if cols[0] == "-DOCSTART-":
+      continue
+    if ncols is None:
+      ncols = len(cols)
+      if not (split == "test" and ncols == 1):
+        for c in (word_col, tag_col):
+          if not -ncols <= c < ncols:
+            raise ValueError(
+              f"{path}:{lineno}: {ncols} columns; task.word_column={word_col} / "
+              f"task.tag_column={tag_col} is out of range"
+            )
+    elif len(cols) != ncols:
+      raise ValueError(f"{path}:{lineno}: {len(cols)} columns, earlier lines have {ncols}")
+    if not words:
+      start = lineno
+    words.append(cols[word_col])
+    tags.append(cols[tag_col])
+  if len(out) < limit:
+    flush()
+  return out[:limit]
+
+
+# --- GLUE TSV and TFDS ---------------------------------------------------------------------
+
+
+def _read_glue(task: Any, split: str, limit: int) -> tuple[str, list[Example]]:
+  preset = glue_preset(task)
+  path = _get(task, split, "") or os.path.join(
+    os.fspath(_get(task, "glue_dir", "")), preset["dir"], preset["files"][split]
+  )
+  fieldnames = preset["fieldnames"] if split in preset.get("headerless", ()) else None
+  rows = _table_rows(path, "tsv", fieldnames)
+  kind = preset["kind"]
+  return path, _text_examples(
+    rows, preset["text_fields"], preset["label_field"], kind, split, limit
+  )
+
+
+def _tfds_version_dir(root: str) -> str | None:
+  if not os.path.isdir(root):
+    return None
+  versions = []
+  for name in os.listdir(root):
+    parts = name.split(".")
+    if all(p.isdigit() for p in parts) and len(parts) == 3:
+      if os.path.isfile(os.path.join(root, name, "dataset_info.json")):
+        versions.append(tuple(int(p) for p in parts))
+  if not versions:
+    return None
+  return os.path.join(root, ".".join(map(str, max(versions))))
+
+
+def _read_tfds(task: Any, split: str, limit: int) -> tuple[str, list[Example]]:
+  """A locally prepared TFDS glue/<config> (array_record). Never downloads."""
+  preset = glue_preset(task)
+  config = preset["tfds"]
+  data_dir = os.fspath(
+    _get(task, "tfds_data_dir", "")
+    or os.environ.get("TFDS_DATA_DIR", "")
+    or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
+  )
+  root = os.path.join(data_dir, "glue", config)
+  version_dir = _tfds_version_dir(root)
+  if version_dir is None:
+    raise FileNotFoundError(
+      f"{root}: no prepared TFDS dataset glue/{config} (this reader never downloads; prepare it "
+      f"where there is network with `tfds build glue/{config} --data_dir={data_dir} "
+      "--file_format=array_record` and copy the directory here)"
+    )
+  import tensorflow_datasets as tfds  # only TFDS users pay the import
+
+  builder = tfds.builder_from_directory(version_dir)
+  split_name = preset["tfds_splits"][split]
+  if split_name not in builder.info.splits:
+    raise ValueError(
+      f"{version_dir}: has no split {split_name!r} ({', '.join(builder.info.splits)})"
+    )
+  try:
+    source = builder.as_data_source(split=split_name)
+  except Exception as e:  # noqa: BLE001 - TFDS raises several types for a wrong file format
+    first_line = (str(e).splitlines() or [type(e).__name__])[0]
+    raise ValueError(
+      f"{version_dir}: cannot be read without TensorFlow ({first_line}); prepare it with "
+      f"`tfds build glue/{config} --file_format=array_record`"
+    ) from None
+  label_feature = builder.info.features["label"]
+  names = list(getattr(label_feature, "names", ()) or ())
+  kind = preset["kind"]
+  labelled = not split_name.startswith("test")
+  out: list[Example] = []
+  for i in range(min(len(source), limit)):
+    record = source[i]
+    where = f"{version_dir}[{split_name}]:{i}"
+    texts = []
+    for name in preset["tfds_text"]:
+      value = record[name]
+      try:
+        texts.append(value.decode("utf-8") if isinstance(value, bytes) else str(value))
+      except UnicodeDecodeError:
+        raise ValueError(f"{where}: feature {name!r} is not UTF-8 text") from None
+    label: str | float | None = None
+    raw = record["label"]
+    if labelled and kind == "regression":
+      label = float(raw)
+    elif labelled and int(raw) >= 0:
+      # TFDS's ClassLabel names ("positive") -> GLUE's label strings ("1"), by name or index.
+      name = names[int(raw)] if names else str(int(raw))
+      label = name if name in preset["labels"] else str(int(raw))
+    out.append(TextExample(tuple(texts), label, where))
+  return f"{version_dir}[{split_name}]", out
