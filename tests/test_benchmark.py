@@ -515,3 +515,72 @@ def test_torch_finetune_peer_times_a_fresh_classifier():
   assert abs(rec["losses"][0] - math.log(2)) < 0.1
   assert rec["flops_per_token"] == sizes.finetune_flops_per_token(sizes.config_for_size("tiny"), 32)
   assert math.isclose(rec["examples_per_s"], 2 / (rec["step_ms_median"] / 1e3), rel_tol=1e-9)
+
+
+def test_finetune_lockstep_passes_the_task_to_both_sides(monkeypatch):
+  started = {}
+
+  class Fake:
+    def __init__(self, name, argv, timeout, env=None):
+      started[name] = argv
+      self.secs = {"bert_jax": 0.5}.get(name, 1.5)
+
+    def step(self, settle=False):
+      return self.secs
+
+    def finish(self):
+      return {"step_s": [self.secs], "losses": [0.7]}
+
+    def close(self):
+      pass
+
+  monkeypatch.setattr(lockstep, "LockstepWorker", Fake)
+  recs = lockstep.measure_lockstep(
+    "minilm", 128, 32, "float32", rounds=2, warmup=1, peer_list=[("torch", "float32")],
+    peer_python="PY", min_turn_s=1.0, task="finetune",
+  )  # fmt: skip
+  ours_spec = json.loads(started["bert_jax"][-1].removeprefix("--worker="))
+  peer_spec = json.loads(started["torch:float32"][-1])
+  assert ours_spec["task"] == peer_spec["task"] == "finetune" and ours_spec["serve"]
+  assert peer_spec["hidden"] == 384 and peer_spec["num_labels"] == 2
+  lock, peer, _ = recs
+  assert lock["task"] == "finetune" and lock["ratio_median"] == 3.0
+  # Turns of whole steps until 1 s: ours 2 steps of 0.5 s, the peer's one of 1.5 s.
+  assert lock["ours_examples_per_s"] == 2 * 32 / 1.0 and lock["peer_examples_per_s"] == 32 / 1.5
+  assert peer["task"] == "finetune" and peer["examples_per_s"] == 32 / 1.5
+
+
+def test_finetune_mode_runs_with_the_peer_skipped_without_torch(tmp_path):
+  """`--task=finetune` times the engine's step (tiny, in this process); a peer interpreter
+  without torch is skipped with a note."""
+  no_torch = tmp_path / "python"
+  no_torch.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')  # no site-packages
+  no_torch.chmod(0o755)
+  out = tmp_path / "bench.jsonl"
+  argv = [sys.executable, "-m", "bert_jax.benchmark", "--task=finetune", "--sizes=tiny"]
+  argv += ["--seqs=32", "--batch=4", "--dtypes=float32", "--steps=2", "--warmup=1", "--passes=1"]
+  argv += ["--noisolate"]
+  argv += ["--peers", f"--peer_python={no_torch}", f"--json_out={out}"]
+  proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  for fw in ("torch", "torch_compile"):
+    assert f"benchmark: peer {fw} is not importable in {no_torch}; skipped" in proc.stderr
+  lines = [json.loads(x) for x in out.read_text().splitlines()]
+  (r,) = [x for x in lines if x["kind"] == "train_step"]
+  assert r["task"] == "finetune" and r["impl"] == "bert_jax" and r["kernels"] == "cpu"
+  assert math.isclose(r["examples_per_s"], 4 / (r["step_ms_median"] / 1e3), rel_tol=1e-9)
+  assert r["flops_per_token"] == sizes.finetune_flops_per_token(sizes.config_for_size("tiny"), 32)
+  # A fresh 2-way classifier: cross-entropy ~ ln 2 on every step.
+  assert len(r["losses"]) == 3 and all(abs(x - math.log(2)) < 0.1 for x in r["losses"])
+  (s,) = [x for x in lines if x["kind"] == "summary"]
+  assert s["task"] == "finetune" and s["ours_best_examples_per_s_median"] == r["examples_per_s"]
+  assert "| tiny | 32 | bert_jax | float32 | - | 0 |" in proc.stdout
+  assert "| examples/s |" in proc.stdout
+  bad = subprocess.run(
+    argv[:4] + ["--peers", f"--peer_python={no_torch}", "--peer_list=hf_flax:float32"],
+    capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == (
+    "benchmark: error: --peer_list: unknown peer 'hf_flax' for --task=finetune; use torch, "
+    "torch_compile"
+  )

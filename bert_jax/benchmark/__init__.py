@@ -4,6 +4,7 @@
 
   step.py         our measurement: `train.jit_train_step` on `train.create_state`'s state,
                   tokens/s, MFU against a matmul peak measured in the same process, page faults
+  finetune_step.py  `--task=finetune`: the fine-tuning engine's step (2-way classification)
   peers.py        the HF Flax / PyTorch peers: which an interpreter can run, their records
   peer_worker.py  the peer's step, a script the peer interpreter runs by path (no bert_jax)
   lockstep.py     ours and a peer in live processes taking turns of whole steps
@@ -11,6 +12,8 @@
   tables.py       summaries (best dtype vs fastest peer) and markdown tables
   host.py         CPU bf16 support, glibc's huge-page malloc tunable, /proc readings, matmul peak
   protocol.py     the line protocol between the benchmark and its worker processes
+  batches.py      the synthetic batch both sides time (numpy only: the peer loads it by path)
+  sizes.py        model.SIZES plus 'minilm' (6 x 384, 12 heads), fine-tuning step FLOPs
   memory.py       BERT-Large's compile time and XLA's memory accounting
   data.py         create_data and input-pipeline throughput
 
@@ -22,4 +25,9 @@ process, ours and the peers', starts with glibc's malloc on transparent huge pag
 (`--thp_malloc`, where the kernel offers THP): each step allocates its activations afresh, and
 4 KB pages cost a BERT-Base step over a million page faults. bf16 (ours and the peers') is
 timed by default only where the CPU has AVX512-BF16 or AMX; elsewhere it is emulated.
+
+`--task=finetune` times one fine-tuning train step instead (the engine's, AdamW with its
+schedule and clipping, on a 2-way classifier over the pooled [CLS]) against transformers'
+PyTorch BertForSequenceClassification (SDPA attention) eager and torch.compile, in the same
+dtype policy, on the same arrays; the tables count examples/s.
 """

@@ -7,6 +7,8 @@ r"""The benchmark's command line: `python -m bert_jax.benchmark` (console script
       --peer_python=/path/to/venv/bin/python                 # turn by turn
   python -m bert_jax.benchmark --notrain_steps --large  # BERT-Large (scan): compile, memory
   python -m bert_jax.benchmark --notrain_steps --data   # create_data, input pipeline
+  python -m bert_jax.benchmark --task=finetune --sizes=minilm,base --seqs=128 --batch=32 \
+      --peers --lockstep --peer_python=/path/to/venv/bin/python   # fine-tuning step, examples/s
 
 Output: one JSON line per measurement (stdout, and appended to `--json_out`), then tables.
 """
@@ -23,11 +25,31 @@ from typing import Any
 from absl import flags
 
 from bert_jax import cli
-from bert_jax import model as model_lib
-from bert_jax.benchmark import data, host, lockstep, memory, peers, protocol, step, suite, tables
+from bert_jax.benchmark import (
+  data,
+  host,
+  lockstep,
+  memory,
+  peers,
+  protocol,
+  sizes,
+  step,
+  suite,
+  tables,
+)
 
+_TASK = flags.DEFINE_enum(
+  "task",
+  "pretrain",
+  peers.TASKS,
+  "The train step timed: pretraining (MLM + NSP), or fine-tuning (the fine-tuning engine's "
+  "2-way sequence classification step; peers: transformers' PyTorch "
+  "BertForSequenceClassification, eager and torch.compile), reported in examples/s.",
+)
 _SIZES = flags.DEFINE_list(
-  "sizes", ["tiny", "mini", "small", "medium", "base"], "Model sizes (bert_jax.model.SIZES)."
+  "sizes",
+  ["tiny", "mini", "small", "medium", "base"],
+  "Model sizes (bert_jax.model.SIZES, and 'minilm': 6 layers, hidden 384, 12 heads).",
 )
 _SEQS = flags.DEFINE_list("seqs", ["128"], "Sequence lengths.")
 _BATCH = flags.DEFINE_integer("batch", 32, "Global batch (sequences).")
@@ -93,10 +115,13 @@ def _peer_list(peer_python: str) -> list[tuple[str, str]]:
     raise FileNotFoundError(f"--peer_python: {_PEER_PYTHON.value} does not exist")
   ok = peers.peer_available(peer_python)
   out = []
-  for item in _PEER_LIST.value or peers.default_peers():
+  frameworks = peers.FINETUNE_FRAMEWORKS if _TASK.value == "finetune" else peers.FRAMEWORKS
+  for item in _PEER_LIST.value or peers.default_peers(_TASK.value):
     fw, _, dt = item.partition(":")
-    if fw not in ok:
-      raise ValueError(f"--peer_list: unknown peer {fw!r}; use {', '.join(peers.FRAMEWORKS)}")
+    if fw not in frameworks:
+      raise ValueError(
+        f"--peer_list: unknown peer {fw!r} for --task={_TASK.value}; use {', '.join(frameworks)}"
+      )
     if ok[fw]:
       out.append((fw, dt or "float32"))
     else:
@@ -112,7 +137,7 @@ def _lockstep_all(seqs: list[int], peer_list, peer_python: str) -> list[dict[str
     try:
       recs = lockstep.measure_lockstep(
         size, seq, _BATCH.value, dtype, _STEPS.value, _WARMUP.value, peer_list, peer_python,
-        min_turn_s=_TURN_S.value, settle_steps=_SETTLE.value,
+        min_turn_s=_TURN_S.value, settle_steps=_SETTLE.value, task=_TASK.value,
       )  # fmt: skip
     except RuntimeError as e:
       recs = [{"kind": "error", "impl": "bert_jax", "size": size, "seq": seq, "error": str(e)}]
@@ -129,8 +154,7 @@ def main(argv: list[str]) -> None:
     protocol.print_result(step.measure_ours(**json.loads(_WORKER.value)))
     return
   for s in _SIZES.value:
-    if s not in model_lib.SIZES:
-      raise ValueError(f"--sizes: unknown size {s!r}; choose from {', '.join(model_lib.SIZES)}")
+    sizes.size_fields(s)  # an unknown size: one line naming the known ones
   seqs = [int(s) for s in _SEQS.value]
   variants = [{}] + (suite.parse_variants(_VARIANTS.value) if _VARIANTS.value else [])
   peer_python = _PEER_PYTHON.value or sys.executable
@@ -158,6 +182,7 @@ def main(argv: list[str]) -> None:
       variants,
       _JSON_OUT.value,
       _ISOLATE.value,
+      _TASK.value,
     )
   if _LARGE.value:
     spec = memory.large_spec(_LARGE_BATCH.value)

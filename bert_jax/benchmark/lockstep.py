@@ -113,6 +113,7 @@ def _lockstep_record(pspec: dict[str, Any], got: dict[str, list], rounds: int) -
   ratios = [a / b for a, b in zip(ours_tps, peer_tps, strict=True)]
   return {
     "kind": "lockstep",
+    "task": pspec["task"],
     "peer": f"{pspec['framework']}:{pspec['dtype']}",
     "rounds": rounds,
     "ours_turns": got["a_turns"],
@@ -125,6 +126,8 @@ def _lockstep_record(pspec: dict[str, Any], got: dict[str, list], rounds: int) -
     "ratio_max": max(ratios),
     "ours_tokens_per_s": statistics.median(ours_tps),
     "peer_tokens_per_s": statistics.median(peer_tps),
+    "ours_examples_per_s": statistics.median(ours_tps) / pspec["seq"],
+    "peer_examples_per_s": statistics.median(peer_tps) / pspec["seq"],
   }
 
 
@@ -141,8 +144,10 @@ def measure_lockstep(
   peer_argv: Callable[[dict[str, Any]], list[str]] | None = None,
   min_turn_s: float = 3.0,
   settle_steps: int = 1,
+  task: str = "pretrain",
 ) -> list[dict[str, Any]]:
-  """Ours against each peer in alternating turns (`lockstep_rounds`), `rounds` rounds per peer.
+  """Ours against each peer in alternating turns (`lockstep_rounds`), `rounds` rounds per peer,
+  timing `task`'s train step ("pretrain" or "finetune").
 
   Our worker compiles once and stays up; the peers come one at a time beside it (so at most
   two models are resident). Returns per peer a "lockstep" record (the ratios round by round)
@@ -152,12 +157,13 @@ def measure_lockstep(
   """
   peer_argv = peer_argv or functools.partial(peers.peer_argv, peer_python)
   spec = dict(size=size, seq=seq, batch=batch, dtype=dtype, steps=0, warmup=warmup, serve=True)
-  ours = LockstepWorker("bert_jax", step.ours_argv(spec), timeout)
-  shape = {"size": size, "seq": seq, "batch": batch, "dtype": dtype}
+  ours = LockstepWorker("bert_jax", step.ours_argv({**spec, "task": task}), timeout)
+  shape = {"size": size, "seq": seq, "batch": batch, "dtype": dtype, "task": task}
   out: list[dict[str, Any]] = []
   try:
     for fw, dt in peer_list:
-      pspec = {**peers.peer_spec(fw, dt, size, seq, batch), "warmup": warmup, "serve": True}
+      pspec = peers.peer_spec(fw, dt, size, seq, batch, task)
+      pspec.update(warmup=warmup, serve=True)
       try:
         peer = LockstepWorker(f"{fw}:{dt}", peer_argv(pspec), timeout)
       except RuntimeError as e:

@@ -127,42 +127,39 @@ def flax_step(spec: dict[str, Any], info: dict[str, str]) -> tuple[Callable[[], 
   return run, compile_s
 
 
-def _torch_pretraining(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-  """BertForPreTraining and its forward's arguments (labels included)."""
-  import torch
+def _torch_pretraining(spec: dict[str, Any]) -> tuple[Any, dict[str, np.ndarray]]:
+  """BertForPreTraining and its forward's arguments (labels included), as arrays."""
   import transformers
 
-  model = transformers.BertForPreTraining(_hf_config(spec))
-  arrays = _batch(spec)
-  arrays["labels"] = np.where(arrays.pop("w") > 0, arrays["labels"], -100)  # HF's "ignore"
-  b = {k: torch.from_numpy(v).long() for k, v in arrays.items()}
+  a = _batch(spec)
   inputs = {
-    "input_ids": b["ids"],
-    "attention_mask": b["mask"],
-    "token_type_ids": b["seg"],
-    "labels": b["labels"],
-    "next_sentence_label": b["nsp"],
+    "input_ids": a["ids"],
+    "attention_mask": a["mask"],
+    "token_type_ids": a["seg"],
+    "labels": np.where(a["w"] > 0, a["labels"], -100),  # HF's "ignore"
+    "next_sentence_label": a["nsp"],
   }
-  return model, inputs
+  return transformers.BertForPreTraining(_hf_config(spec)), inputs
 
 
-def _torch_finetuning(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-  """BertForSequenceClassification (SDPA attention) and its forward's arguments on the batch
+# `batches.pair_batch`'s fields -> BertForSequenceClassification's arguments.
+_HF_ARGS = {
+  "input_ids": "input_ids",
+  "input_mask": "attention_mask",
+  "segment_ids": "token_type_ids",
+  "label": "labels",
+}
+
+
+def _torch_finetuning(spec: dict[str, Any]) -> tuple[Any, dict[str, np.ndarray]]:
+  """BertForSequenceClassification (SDPA attention) and its forward's arguments: the arrays
   ours times."""
-  import torch
   import transformers
 
   config = _hf_config(spec, num_labels=spec["num_labels"], attn_implementation="sdpa")
-  model = transformers.BertForSequenceClassification(config)
   arrays = batches.pair_batch(spec["batch"], spec["seq"], spec["vocab"])
-  b = {k: torch.from_numpy(v).long() for k, v in arrays.items()}
-  inputs = {
-    "input_ids": b["input_ids"],
-    "attention_mask": b["input_mask"],
-    "token_type_ids": b["segment_ids"],
-    "labels": b["label"],
-  }
-  return model, inputs
+  inputs = {_HF_ARGS[k]: v for k, v in arrays.items()}
+  return transformers.BertForSequenceClassification(config), inputs
 
 
 def torch_step(spec: dict[str, Any], info: dict[str, str]) -> Callable[[], float]:
@@ -174,8 +171,9 @@ def torch_step(spec: dict[str, Any], info: dict[str, str]) -> Callable[[], float
   torch.manual_seed(0)
   info["torch"] = torch.__version__
   finetune = spec.get("task") == "finetune"
-  model, inputs = (_torch_finetuning if finetune else _torch_pretraining)(spec)
+  model, arrays = (_torch_finetuning if finetune else _torch_pretraining)(spec)
   model = model.float().train()
+  inputs = {k: torch.from_numpy(v).long() for k, v in arrays.items()}
   info["attn_implementation"] = str(model.config._attn_implementation)
   params = list(model.named_parameters())
   no_decay = [p for n, p in params if n.endswith("bias") or "LayerNorm" in n]

@@ -72,11 +72,16 @@ def bench_config(
   c.model.dtype = dtype
   c.opt.total_steps = 1_000_000
   c.mesh.shape = (1, 1, 1)
-  for k, v in overrides.items():
-    if k not in c.model:
-      raise ValueError(f"--variants key {k!r} is not a BertConfig field")
-    c.model[k] = type(c.model[k])(v) if c.model[k] is not None else v
+  set_model_fields(c, overrides)
   return c
+
+
+def set_model_fields(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> None:
+  """`config.model` with a variant's fields set (cast to each field's type)."""
+  for k, v in overrides.items():
+    if k not in config.model:
+      raise ValueError(f"--variants key {k!r} is not a BertConfig field")
+    config.model[k] = type(config.model[k])(v) if config.model[k] is not None else v
 
 
 @functools.cache
@@ -145,13 +150,24 @@ def measure_ours(
   peak: bool = True,
   memory_stats: bool = False,
   serve: bool = False,
+  task: str = "pretrain",
 ) -> dict[str, Any]:
-  """One measurement of our train step, in this process. With `serve`, the timed steps are the
-  ones a lockstep parent asks for (`protocol.serve`), not `steps`; with `memory_stats`, the
-  record adds XLA's buffer accounting (`memory.memory_record`)."""
+  """One measurement of our train step, in this process: the pretraining step, or with
+  `task="finetune"` the fine-tuning engine's sequence-classification step (`finetune_step`).
+  With `serve`, the timed steps are the ones a lockstep parent asks for (`protocol.serve`),
+  not `steps`; with `memory_stats`, the record adds XLA's buffer accounting
+  (`memory.memory_record`)."""
   variant = dict(variant or {})
-  step = build_step(bench_config(size, seq, batch, dtype, variant))
-  flops = model_lib.train_flops_per_token(step.cfg, seq, max_predictions(seq))
+  if task == "finetune":
+    from bert_jax.benchmark import finetune_step
+
+    step = finetune_step.build_step(finetune_step.bench_config(size, seq, batch, dtype, variant))
+    flops = sizes.finetune_flops_per_token(step.cfg, seq, finetune_step.NUM_LABELS)
+  elif task == "pretrain":
+    step = build_step(bench_config(size, seq, batch, dtype, variant))
+    flops = model_lib.train_flops_per_token(step.cfg, seq, max_predictions(seq))
+  else:
+    raise ValueError(f"--task must be pretrain or finetune, not {task!r}")
   t0 = time.perf_counter()
   _, warm_losses = run_steps(step, max(1, warmup))
   warmup_s = time.perf_counter() - t0
@@ -179,7 +195,7 @@ def measure_ours(
   med = statistics.median(times)
   rec = {
     "kind": "train_step",
-    "task": "pretrain",
+    "task": task,
     "impl": "bert_jax",
     "size": size,
     "seq": seq,

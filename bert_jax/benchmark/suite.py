@@ -61,9 +61,11 @@ def run_suite(
   variants: Sequence[dict[str, Any]] = ({},),
   json_out: str | None = None,
   isolate: bool = True,
+  task: str = "pretrain",
 ) -> list[dict[str, Any]]:
-  """All measurements, interleaved: pass -> seq -> size -> (ours..., peers...). A measurement
-  that fails becomes an "error" record; the others go on."""
+  """All measurements of `task`'s train step ("pretrain" or "finetune"), interleaved: pass ->
+  seq -> size -> (ours..., peers...). A measurement that fails becomes an "error" record; the
+  others go on."""
   records = []
   for p in range(passes):
     for seq in seqs:
@@ -76,14 +78,17 @@ def run_suite(
             if impl == "ours":
               spec = dict(
                 size=size, seq=seq, batch=batch, dtype=dtype, steps=steps, warmup=warmup,
-                variant=variant,
+                variant=variant, task=task,
               )  # fmt: skip
               rec = step.measure_ours_isolated(spec) if isolate else step.measure_ours(**spec)
             else:
-              rec = peers.measure_peer(peer_python, impl, dtype, size, seq, batch, steps, warmup)
+              rec = peers.measure_peer(
+                peer_python, impl, dtype, size, seq, batch, steps, warmup, task=task
+              )
           except (RuntimeError, subprocess.TimeoutExpired) as e:
             rec = {
               "kind": "error",
+              "task": task,
               "impl": impl,
               "size": size,
               "seq": seq,

@@ -1,0 +1,90 @@
+"""Our fine-tuning measurement: the fine-tuning engine's train step
+(`finetune.make_train_step` on `finetune.state_init_fn`'s state, jitted as `finetune.run_seed`
+jits it: state donated, on one device) for 2-way sequence classification, with
+configs/finetune.py's recipe (AdamW, warmup + linear decay, clipping, dropout 0.1), timed on
+`batches.pair_batch`: the arrays the PyTorch peer times. The model is a fresh one of a
+benchmark size (`sizes.SIZES`): a step costs the same whatever the weights.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from bert_jax import cli, finetune, input_pipeline, optim
+from bert_jax import model as model_lib
+from bert_jax import sharding as sh
+from bert_jax import tasks as tasks_lib
+from bert_jax.benchmark import batches, sizes, step
+
+NUM_LABELS = 2
+# The schedule's length: warmup and decay as a run of this many steps would have them (a timed
+# step costs the same at any point of the schedule).
+TOTAL_STEPS = 1_000_000
+
+
+def bench_config(
+  size: str, seq: int, batch: int, dtype: str, overrides: dict[str, Any]
+) -> ml_collections.ConfigDict:
+  """configs/finetune.py's config (the recipe) for a benchmark size on one device, with
+  model-field overrides."""
+  spec = importlib.util.spec_from_file_location(
+    "finetune_config", cli.bundled_configs()["finetune"]
+  )
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = module.get_config("rotten_tomatoes")
+  c.model.update(sizes.size_fields(size))
+  c.model.dtype = dtype
+  c.data.batch_size = batch
+  c.data.max_seq_length = seq
+  c.mesh.shape = (1, 1, 1)
+  step.set_model_fields(c, overrides)
+  return c
+
+
+def host_batch(config: ml_collections.ConfigDict, vocab: int) -> dict[str, np.ndarray]:
+  """The engine's batch fields for `batches.pair_batch`: every row real (weight 1)."""
+  arrays = batches.pair_batch(config.data.batch_size, config.data.max_seq_length, vocab)
+  return {**arrays, "weight": np.ones(config.data.batch_size, np.float32)}
+
+
+def build_step(config: ml_collections.ConfigDict) -> step.Step:
+  """The engine's train step, lowered and compiled for the benchmark batch on one device; its
+  metrics gain "loss" (the batch's mean loss) for the benchmark's loss log."""
+  mesh = sh.make_mesh(tuple(config.mesh.shape), devices=jax.devices()[:1])
+  rules = sh.rules_from_config(config.mesh.rules)
+  cfg = model_lib.BertConfig(**{k: v for k, v in config.model.to_dict().items() if k != "causal"})
+  task = tasks_lib.Task("benchmark", "classification", ("0", "1"), ("accuracy",))
+  model = task.model(model_lib.resolve_kernels(cfg, mesh.devices.flat[0].platform))
+  steps_per_epoch = TOTAL_STEPS // int(config.opt.epochs)
+  tx = optim.make_optimizer(finetune.optimizer_config(config, steps_per_epoch))
+  init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
+  init_fn = finetune.state_init_fn(model, tx, min(8, cfg.max_position_embeddings))
+  state, state_sh, _ = sh.init_sharded(init_fn, mesh, rules, init_rng)
+  train_step = finetune.make_train_step(model, tx, task, config.opt.grad_accum_steps)
+
+  def with_loss(state, batch, rng):
+    state, metrics = train_step(state, batch, rng)
+    return state, {**metrics, "loss": metrics["loss_sum"] / jnp.maximum(metrics["count"], 1.0)}
+
+  batch = input_pipeline.to_global(host_batch(config, cfg.vocab_size), mesh)
+  with sh.mesh_context(mesh, rules):
+    fn = jax.jit(
+      with_loss,
+      in_shardings=(state_sh, sh.batch_sharding(mesh), sh.replicated(mesh)),
+      out_shardings=(state_sh, sh.replicated(mesh)),
+      donate_argnums=0,
+    )
+    t0 = time.perf_counter()
+    lowered = fn.lower(state, batch, step_rng)
+    lower_s = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  compiled = lowered.compile()
+  return step.Step(compiled, state, batch, step_rng, model.cfg, lower_s, time.perf_counter() - t0)
