@@ -17,8 +17,9 @@ The recipe (bert_jax's): AdamW (betas 0.9/0.999, eps 1e-6, weight decay 0.01 on 
 but biases and LayerNorm weights), lr warmed up linearly over the first 10% of the steps
 (round(0.1 * total)) then decayed linearly to 0 at the last step, global-norm clipping at 1.0,
 the checkpoint's dropout (0.1), every epoch a fresh shuffle seeded by (seed, epoch) with the
-last partial batch kept, a fresh head ~ N(0, 0.02) with zero bias. Dev is scored after every
-epoch; the test score is the one at the best dev epoch (the first one on a tie).
+last partial batch kept, a fresh head ~ N(0, 0.02) truncated at +-2 std, with zero bias. Dev
+is scored after every epoch; the test score is the one at the best dev epoch (the first one on
+a tie).
 
 Inputs: [CLS] a [SEP] (b [SEP]), a pair cut to max_seq_length as BERT's `_truncate_seq_pair`
 (drop the last token of the longer text, the second on a tie). Tagging: each word tokenized on
@@ -319,8 +320,9 @@ def make_model(args: argparse.Namespace, labels: Sequence[str]) -> torch.nn.Modu
     id2label=dict(enumerate(labels)),
     label2id={lab: i for i, lab in enumerate(labels)},
   )
-  # The fresh head as bert_jax draws it (the seed was set just before).
-  torch.nn.init.normal_(model.classifier.weight, 0.0, 0.02)
+  # The fresh head as bert_jax draws it (flax's truncated_normal(0.02): N(0, 0.02) cut at two
+  # standard deviations, as the original BERT; the seed was set just before).
+  torch.nn.init.trunc_normal_(model.classifier.weight, 0.0, 0.02, -0.04, 0.04)
   torch.nn.init.zeros_(model.classifier.bias)
   return model.float().train()
 
@@ -492,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
       "betas": [0.9, 0.999],
       "eps": 1e-6,
       "dropout": "the checkpoint's hidden/attention dropout",
-      "head_init": "normal(0, 0.02), bias 0",
+      "head_init": "truncated normal(0, 0.02) at +-2 std, bias 0",
       "warmup_steps": warmup_steps(
         args, math.ceil(len(data["train"]) / args.batch_size) * args.epochs
       ),

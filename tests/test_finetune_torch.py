@@ -1,0 +1,153 @@
+"""scripts/finetune_torch.py, the PyTorch reference of fine-tuning: its inputs are bert_jax's
+(tasks.encode) row for row, and a tiny run writes results.json's layout. Both need an
+interpreter with torch and transformers ($BERT_JAX_PEER_PYTHON, or this one) and skip without."""
+
+import json
+import math
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bert_jax import tokenizer as tokenizer_lib
+from bert_jax.benchmark import peers
+from bert_jax.tasks import encode, readers
+
+SCRIPTS = pathlib.Path(__file__).resolve().parent.parent / "scripts"
+
+
+def _torch_python() -> str:
+  python = os.environ.get("BERT_JAX_PEER_PYTHON", sys.executable)
+  if not peers.peer_available(python)["torch"]:
+    pytest.skip("no interpreter with torch and transformers (set BERT_JAX_PEER_PYTHON)")
+  return python
+
+
+def _checkpoint_dir(tmp_path: pathlib.Path) -> pathlib.Path:
+  """A directory with the bundled (uncased) vocab, as an HF checkpoint has it."""
+  d = tmp_path / "ckpt"
+  d.mkdir()
+  shutil.copy(tokenizer_lib.default_vocab_path(), d / "vocab.txt")
+  (d / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+  return d
+
+
+def _run(python: str, code: str, *args: str) -> str:
+  proc = subprocess.run(
+    [python, "-c", code, *args], capture_output=True, text=True, timeout=600, cwd=SCRIPTS
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc.stdout
+
+
+PAIRS = [
+  ("Hello, World! Ünïcödé café", "short one"),
+  ("a b c d e f g h i j k l m n", "o p q r s t u v w"),  # both sides cut
+  ("x", "unbelievably long words everywhere and here"),
+]
+SINGLES = [("The Quick brown fox's tale, re-told (again)",), ("ok",)]
+TAGGED = [
+  (["Empire", "State", "unbelievably", "\u200b", "NYC", "!"], ["B-a", "I-a", "O", "O", "B-b", "O"]),
+  (["one", "two", "three", "four", "five", "six", "seven", "unbelievably"], ["O"] * 8),
+  (["Hi"], ["O"]),
+]
+
+
+def test_inputs_equal_bert_jax_encode(tmp_path):
+  python = _torch_python()
+  ckpt = _checkpoint_dir(tmp_path)
+  cases = {
+    "pairs": ("classification", [{"texts": list(t), "label": "1"} for t in PAIRS], ["0", "1"], 12),
+    "singles": (
+      "classification",
+      [{"texts": list(t), "label": "0"} for t in SINGLES],
+      ["0", "1"],
+      6,
+    ),
+    "tagged": (
+      "tagging",
+      [{"words": w, "tags": t} for w, t in TAGGED],
+      ["B-a", "B-b", "I-a", "O"],
+      8,
+    ),
+  }
+  spec = tmp_path / "spec.json"
+  spec.write_text(json.dumps({"dir": str(ckpt), "cases": cases}))
+  code = (
+    "import json, sys; import finetune_torch as f\n"
+    "s = json.load(open(sys.argv[1])); tok = f.load_tokenizer(s['dir']); out = {}\n"
+    "for name, (kind, exs, labels, n) in s['cases'].items():\n"
+    "  rows, cut = f.encode(exs, kind, tok, n, labels); out[name] = [rows, cut]\n"
+    "print(json.dumps(out))\n"
+  )
+  theirs = json.loads(_run(python, code, str(spec)).splitlines()[-1])
+  tok = tokenizer_lib.load_tokenizer(tokenizer_lib.default_vocab_path())
+  for name, (kind, exs, labels, max_len) in cases.items():
+    if kind == "tagging":
+      ours_ex = [readers.TaggedExample(tuple(e["words"]), tuple(e["tags"]), "t") for e in exs]
+    else:
+      ours_ex = [readers.TextExample(tuple(e["texts"]), e["label"], "t") for e in exs]
+    ours = encode.encode(ours_ex, kind, tok, max_len, labels)
+    rows, n_cut = theirs[name]
+    assert n_cut == ours.n_truncated > 0, name
+    for o, t in zip(ours.rows, rows, strict=True):
+      assert t["input_ids"] == o["input_ids"].tolist(), name
+      assert t["segment_ids"] == o["segment_ids"].tolist(), name
+      if kind == "tagging":
+        assert [max(x, -1) for x in t["label_ids"]] == o["label_ids"].tolist()  # -100 ~ -1
+        assert t["gold"] == [labels[i] for i in o["label_ids"] if i >= 0]
+      else:
+        assert t["label"] == int(o["label"])
+
+
+@pytest.mark.slow
+def test_tiny_run_writes_results_layout(tmp_path):
+  python = _torch_python()
+  ckpt = _checkpoint_dir(tmp_path)
+  _run(
+    python,
+    "import sys, transformers as t\n"
+    "c = t.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1,"
+    " num_attention_heads=2, intermediate_size=64)\n"
+    "t.BertModel(c).save_pretrained(sys.argv[1])\n",
+    str(ckpt),
+  )
+  data = tmp_path / "data"
+  data.mkdir()
+  words = ["good", "bad", "fine", "awful", "great", "poor"]
+  for split, n in (("train", 10), ("dev", 6), ("test", 5)):
+    lines = [json.dumps({"sentence": f"a {words[i % 6]} film", "label": i % 2}) for i in range(n)]
+    (data / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+  out = tmp_path / "res.json"
+  args = [f"--init={ckpt}", "--kind=classification", "--text_fields=sentence", f"--data_dir={data}"]
+  args += ["--batch_size=4", "--epochs=2", "--seeds=2", "--threads=1", f"--output={out}"]
+  _run(python, "import finetune_torch as f; f.main()", *args)
+  r = json.loads(out.read_text())
+  assert r["kind"] == "classification" and r["main_metric"] == "accuracy"
+  assert r["labels"] == ["0", "1"] and r["data"]["train"] == 10
+  assert r["recipe"] == {
+    "lr": 3e-5,
+    "batch_size": 4,
+    "epochs": 2,
+    "max_seq_length": 128,
+    "seeds": 2,
+  }
+  # 3 steps an epoch (the last batch of 2 kept), 6 in all; warmup round(0.6) = 1 step.
+  assert r["config"]["warmup_steps"] == 1
+  assert [s["seed"] for s in r["seeds"]] == [0, 1]
+  for s in r["seeds"]:
+    assert s["best_epoch"] in (1, 2) and s["best_step"] == 3 * s["best_epoch"]
+    assert [h["step"] for h in s["history"]] == [3, 6]
+    assert s["dev"] == s["history"][s["best_epoch"] - 1]["dev"]
+    assert s["test"]["accuracy"] in {k / 5 for k in range(6)}
+  test = [s["test"]["accuracy"] for s in r["seeds"]]
+  summary = r["test"]["accuracy"]
+  assert summary["mean"] == pytest.approx(np.mean(test)) and summary["n"] == 2
+  assert summary["std"] == pytest.approx(statistics.stdev(test))  # ddof=1
+  assert summary["min"] == min(test) and summary["max"] == max(test)
+  assert "torch" in r["versions"] and r["wall_s"] > 0 and not math.isnan(r["wall_s"])
