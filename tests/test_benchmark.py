@@ -490,14 +490,14 @@ def test_finetune_tables_count_examples_per_second():
   assert next(s for s in summaries if s["task"] == "pretrain")["ours_best_median"] == 128_000
   table = tables.format_table(records[:3], [ft])
   assert "| examples/s |" in table.splitlines()[0]
-  assert "| minilm | 128 | torch | float32 | - | 0 | 20 |" in table
-  assert "| minilm | 128 | 60 | 2.00 / 2.00 | - |" in table
+  assert "| minilm | 128 | torch | float32 | - | 0 | 20.0 |" in table
+  assert "| minilm | 128 | 60.0 | 2.00 / 2.00 | - |" in table
   lock = {
     "kind": "lockstep", "task": "finetune", "size": "minilm", "seq": 128, "pass": 0,
     "peer": "torch:float32", "rounds": 3, "ours_examples_per_s": 61.0,
     "peer_examples_per_s": 20.4, "ratio_min": 2.9, "ratio_median": 3.0, "ratio_max": 3.1,
   }  # fmt: skip
-  assert "| minilm | 128 | 0 | torch:float32 | 3 | 61 | 20 | 2.90 / 3.00 / 3.10 |" in (
+  assert "| minilm | 128 | 0 | torch:float32 | 3 | 61.0 | 20.4 | 2.90 / 3.00 / 3.10 |" in (
     tables.format_lockstep([lock])
   )
 

@@ -99,6 +99,7 @@ def format_table(records: Sequence[dict[str, Any]], summaries: Sequence[dict[str
   finetune = _finetune(records)
   unit = "examples/s" if finetune else "tokens/s"
   best_key = "ours_best_examples_per_s_median" if finetune else "ours_best_median"
+  rate = ".1f" if finetune else ".0f"  # tens of examples/s, tens of thousands of tokens/s
   lines = [
     f"| size | seq | impl | dtype | variant | pass | {unit} | step ms (min/med/max) | "
     "compile s | peak RSS GB | GFLOP/s | MFU vs fp32 peak | load |",
@@ -111,7 +112,7 @@ def format_table(records: Sequence[dict[str, Any]], summaries: Sequence[dict[str
     mfu = f"{r['mfu_fp32_peak']:.2f}" if "mfu_fp32_peak" in r else ""
     lines.append(
       f"| {r['size']} | {r['seq']} | {r['impl']} | {r['dtype']} | {var} | {r['pass']} | "
-      f"{r['tokens_per_s'] / (r['seq'] if finetune else 1):.0f} | "
+      f"{r['tokens_per_s'] / (r['seq'] if finetune else 1):{rate}} | "
       f"{r['step_ms_min']:.0f} / {r['step_ms_median']:.0f} / "
       f"{r['step_ms_max']:.0f} | {r['compile_s']:.1f} | {r['peak_rss_gb']:.2f} | "
       f"{r['gflops']:.0f} | {mfu} | {r['load_avg']:.1f} |"
@@ -130,7 +131,7 @@ def format_table(records: Sequence[dict[str, Any]], summaries: Sequence[dict[str
 
       mfu = s.get("mfu_float32_vs_fp32_peak_median")
       lines.append(
-        f"| {s['size']} | {s['seq']} | {s[best_key]:.0f} | "
+        f"| {s['size']} | {s['seq']} | {s[best_key]:{rate}} | "
         f"{pair('ratio_vs_fastest_peer')} | {pair('ratio_vs_hf_flax_fp32')} | "
         f"{'' if mfu is None else f'{mfu:.2f}'} |"
       )
@@ -146,11 +147,11 @@ def format_lockstep(records: Sequence[dict[str, Any]]) -> str:
     "ours / peer per round (min / med / max) |",
     "|---|---|---|---|---|---|---|---|",
   ]
-  key = "examples_per_s" if unit == "ex" else "tokens_per_s"
+  key, rate = ("examples_per_s", ".1f") if unit == "ex" else ("tokens_per_s", ".0f")
   for r in rows:
     lines.append(
       f"| {r['size']} | {r['seq']} | {r['pass']} | {r['peer']} | {r['rounds']} | "
-      f"{r['ours_' + key]:.0f} | {r['peer_' + key]:.0f} | "
+      f"{r['ours_' + key]:{rate}} | {r['peer_' + key]:{rate}} | "
       f"{r['ratio_min']:.2f} / {r['ratio_median']:.2f} / {r['ratio_max']:.2f} |"
     )
   return "\n".join(lines)
