@@ -96,9 +96,9 @@ def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_
       if not t[split]:
         splits[split] = None
         continue
-      examples, stats = squad.read_squad(list(t[split].split(",")), t.max_examples)
-      if split == "train":
-        examples = [e for e in examples if e.answer_start is not None or e.is_impossible]
+      examples, stats = squad.read_squad(t[split].split(","), t.max_examples)
+      if split == "train" and t.max_train_examples:
+        examples = examples[: t.max_train_examples]
       enc, metas = squad.encode_squad(
         examples,
         tokenizer,
@@ -107,18 +107,16 @@ def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_
         config.squad.max_query_length,
         training=split == "train",
       )
-      extra = squad.SplitInfo(examples, metas, dict(config.squad), stats)
-      splits[split] = (examples, enc, extra)
-    task = tasks_lib.Task(t.name, t.kind, (), tuple(t.metrics) or ("f1", "exact_match"))
-    return task, splits
+      qa = tasks_lib.QAInfo(examples, metas, stats, tokenizer, **config.squad.to_dict())
+      splits[split] = (examples, enc, qa)
+    return tasks_lib.Task(t.name, t.kind, (), tuple(t.metrics) or ("f1", "exact_match")), splits
   examples = {s: readers.read_split(t, s) if t[s] or s == "train" else None for s in SPLITS}
   if t.max_train_examples:
     examples["train"] = examples["train"][: t.max_train_examples]
-  labels = (
-    tuple(readers.label_list(t, examples["train"]))
-    if t.kind in ("classification", "tagging")
-    else ()
-  )
+  # brown_pos's dev and test hold a few rare tags train lacks: task.labels_from="all" takes
+  # the label set from every split (otherwise an unseen dev/test label is an error).
+  extra = [examples[s] for s in ("dev", "test") if examples[s]] if t.labels_from == "all" else []
+  labels = tuple(readers.label_list(t, examples["train"], extra))
   for s in SPLITS:
     if examples[s] is not None and labels:
       readers.check_labels(examples[s], labels, s)
@@ -597,6 +595,7 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
             best["test"] = evaluate_split("test")
             logger.write(step, "test", best["test"])
           save_best(os.path.join(seed_dir, BEST), cfg, state["params"], tokenizer, task, config)
+          write_predictions(seed_dir, data)
           msg += "  (best so far)"
         train.console(msg)
       if step % eval_every == 0 or step == total_steps or stop:
@@ -622,6 +621,16 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
   if jax.process_index() == 0:
     ckpt_lib.write_atomic(done, json.dumps(result, indent=2) + "\n")
   return result
+
+
+def write_predictions(seed_dir: str, data: dict) -> None:
+  """Span QA: the best point's answers as the official predictions_<split>.json."""
+  from bert_jax.tasks import squad
+
+  for split in ("dev", "test"):
+    qa = data[split][2] if data[split] else None
+    if isinstance(qa, tasks_lib.QAInfo) and qa.predictions and jax.process_index() == 0:
+      squad.write_predictions(os.path.join(seed_dir, f"predictions_{split}.json"), qa.predictions)
 
 
 def save_best(path, cfg, params, tokenizer, task: tasks_lib.Task, config) -> None:

@@ -51,6 +51,7 @@ def _task(name: str, data_root: str, glue_dir: str) -> ml_collections.ConfigDict
   t.word_column = 0  # CoNLL columns
   t.tag_column = -1
   t.labels = ()  # class/tag names in index order; empty: sorted from train
+  t.labels_from = "train"  # or "all": the label set of every split (rare tags only in dev/test)
   t.metrics = ()  # the first one selects on dev; empty: the kind's default
   t.glue_dir = glue_dir
   t.tfds_data_dir = ""
@@ -65,6 +66,8 @@ def _task(name: str, data_root: str, glue_dir: str) -> ml_collections.ConfigDict
   elif name in ("brown_pos", "wnut16_ner"):
     t.kind = "tagging"
     t.train, t.dev, t.test = split("train"), split("dev"), split("test")
+    if name == "brown_pos":  # the base tags (no -TL/-HL/FW- decorations), 2 only in dev/test
+      t.tags_field, t.labels_from = "tags_base", "all"
   elif name == "squadshifts":
     t.kind = "span_qa"
     path = lambda d: os.path.join(data_root, name, f"{d}_v1.0.json.gz")

@@ -221,3 +221,54 @@ def test_preempted_run_resumes_to_the_same_results(tmp_path):
   strip = lambda r: [{k: v for k, v in s.items() if k != "train_seconds"} for s in r["seeds"]]
   assert strip(a) == strip(b)
   assert a["dev"] == b["dev"] and a["test"] == b["test"]
+
+
+def test_multiple_choice(tmp_path):
+  def make(rng, n):
+    rows = []
+    for words, _ in _sentences(rng, n, ["x"], p=0.0):
+      right = int(rng.integers(3))
+      endings = [
+        " ".join(rng.choice(WORDS, 3)) + (" good" if i == right else " bad") for i in range(3)
+      ]
+      rows.append({"context": " ".join(words[:4]), "endings": endings, "label": right})
+    return rows
+
+  c = tiny_config("multiple_choice", _splits(tmp_path, make), text_fields=("context", "endings"))
+  res = finetune.finetune(c, str(tmp_path / "run"))
+  assert res["main_metric"] == "accuracy"
+  assert res["seeds"][0]["dev"]["accuracy"] > 0.8, res["seeds"][0]  # chance 1/3
+
+
+def test_span_qa_predictions_and_official_metric(tmp_path):
+  """The answer is the one city in the context; predictions.json is the official format."""
+  cities = ["paris", "london", "berlin", "madrid"]
+
+  def make(rng, n, split):
+    paragraphs = []
+    for i, (words, k) in enumerate(_sentences(rng, n, cities, p=1.0)):
+      context = " ".join(words)
+      start = context.index(cities[k])
+      qa = {
+        "id": f"{split}{i}",
+        "question": "which city ?",
+        "answers": [{"text": cities[k], "answer_start": start}],
+      }
+      paragraphs.append({"context": context, "qas": [qa]})
+    path = tmp_path / f"{split}.json"
+    path.write_text(
+      json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paragraphs}]})
+    )
+    return str(path)
+
+  rng = np.random.default_rng(0)
+  paths = [make(rng, n, s) for s, n in (("train", 192), ("dev", 48), ("test", 48))]
+  c = tiny_config("span_qa", paths)
+  c.squad.doc_stride, c.squad.max_query_length = 8, 4
+  wd = tmp_path / "run"
+  res = finetune.finetune(c, str(wd))
+  assert res["main_metric"] == "f1"
+  dev = res["seeds"][0]["dev"]
+  assert dev["f1"] > 80 and dev["exact_match"] > 80, dev  # percent, as the official script
+  preds = json.load(open(wd / "seed_0" / "predictions_dev.json"))
+  assert len(preds) == 48 and all(isinstance(v, str) for v in preds.values())
