@@ -272,3 +272,41 @@ def test_span_qa_predictions_and_official_metric(tmp_path):
   assert dev["f1"] > 80 and dev["exact_match"] > 80, dev  # percent, as the official script
   preds = json.load(open(wd / "seed_0" / "predictions_dev.json"))
   assert len(preds) == 48 and all(isinstance(v, str) for v in preds.values())
+
+
+@pytest.mark.slow
+def test_table5_pretrained_checkpoints_fine_tune(tmp_path, tiny_data_dir):
+  """Table 5's rows pretrained by bert_jax (a few steps each), then fine-tuned from their
+  workdirs: the LTR model stays causal, and the report lays the three rows out."""
+  from bert_jax import report, train
+
+  spec = importlib.util.spec_from_file_location(
+    "table5", f"{REPO}/experiments/table5_pretraining_tasks.py"
+  )
+  table5 = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(table5)
+  paths = _splits(tmp_path, sentiment)
+  scores = {}
+  for row in ("mlm_nsp", "mlm", "ltr"):
+    c = table5.get_config(f"task={row},scale=cpu")
+    c.model.update(vocab_size=30522, hidden_size=64, intermediate_size=128, num_layers=2)
+    c.model.update(num_heads=2, max_position_embeddings=64, dtype="float32")
+    c.data.dir, c.data.input, c.data.train_vocab_size = tiny_data_dir, "", 0
+    c.data.max_seq_length, c.data.batch_size, c.masking.max_predictions = 64, 8, 10
+    c.opt.total_steps, c.opt.warmup_steps = 4, 1
+    c.ckpt.every_steps, c.ckpt.async_save = 4, False
+    c.eval.every_steps, c.eval.max_batches, c.log.every_steps, c.log.fill_mask = 0, 1, 2, ()
+    point = tmp_path / "root" / f"task={row}"
+    train.train_and_evaluate(c, str(point))
+    f = tiny_config("classification", paths)
+    f.init = str(point)
+    res = finetune.finetune(f, str(point / "finetune" / "sentiment"))
+    best = json.load(
+      open(point / "finetune" / "sentiment" / "seed_0" / "best" / "bert_config.json")
+    )
+    assert best["causal"] == (row == "ltr")
+    scores[row] = res["seeds"][0]["dev"]["accuracy"]
+  assert all(s > 0.8 for s in scores.values()), scores  # each row learns the task
+  text, _ = report.report(str(tmp_path / "root"))
+  for row in ("mlm_nsp", "mlm", "ltr"):
+    assert row in text
