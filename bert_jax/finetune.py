@@ -110,7 +110,9 @@ def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_
       qa = tasks_lib.QAInfo(examples, metas, stats, tokenizer, **config.squad.to_dict())
       splits[split] = (examples, enc, qa)
     return tasks_lib.Task(t.name, t.kind, (), tuple(t.metrics) or ("f1", "exact_match")), splits
-  examples = {s: readers.read_split(t, s) if t[s] or s == "train" else None for s in SPLITS}
+  examples = {
+    s: readers.read_split(t, s) if readers.has_split(t, s) or s == "train" else None for s in SPLITS
+  }
   if t.max_train_examples:
     examples["train"] = examples["train"][: t.max_train_examples]
   # brown_pos's dev and test hold a few rare tags train lacks: task.labels_from="all" takes

@@ -31,6 +31,7 @@ import ml_collections
 from bert_jax import config_lib
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
+from bert_jax.tasks import readers
 
 SHARED = ("rotten_tomatoes", "vitaminc", "brown_pos", "wnut16_ner", "squadshifts")
 GLUE = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "mnli_mismatched", "qnli", "rte", "wnli")
@@ -75,11 +76,15 @@ def _task(name: str, data_root: str, glue_dir: str) -> ml_collections.ConfigDict
     # dev (selection) and test are the held-out domain's two halves would leak selection into
     # test; the paper selects on dev and reports dev: we do the same on the held-out domain.
     t.dev = t.test = path(SQUAD_EVAL)
-  elif name in GLUE:
-    t.format = "glue"
-  elif name.startswith("glue_tfds/"):
-    t.format = "tfds"
-    t.name = name.split("/", 1)[1]
+  elif name in GLUE or name.startswith("glue_tfds/"):
+    t.format = "glue" if name in GLUE else "tfds"
+    t.name = name.split("/", 1)[-1]
+    preset = readers.GLUE.get(t.name)
+    if preset is None:
+      raise ValueError(f"glue_tfds/{t.name}: not a GLUE task (one of {', '.join(GLUE)})")
+    t.kind = preset["kind"]
+    main = preset["main_metric"]
+    t.metrics = (main, *(m for m in preset["metrics"] if m != main))
   elif name != "custom":
     raise ValueError(
       f"unknown fine-tuning task {name!r}; known: {', '.join(SHARED + GLUE)}, "

@@ -310,3 +310,48 @@ def test_table5_pretrained_checkpoints_fine_tune(tmp_path, tiny_data_dir):
   text, _ = report.report(str(tmp_path / "root"))
   for row in ("mlm_nsp", "mlm", "ltr"):
     assert row in text
+
+
+@pytest.mark.parametrize(
+  "name,kind,main,labels",
+  [
+    ("stsb", "regression", "spearman", ()),
+    ("mnli", "classification", "accuracy", ("contradiction", "entailment", "neutral")),
+    ("cola", "classification", "mcc", ("0", "1")),
+  ],
+)
+def test_glue_presets_read_the_glue_layout(name, kind, main, labels):
+  from bert_jax import tokenizer as tokenizer_lib
+
+  c = finetune_config.get_config(f"{name},glue_dir={REPO}/tests/fixtures/tasks/glue")
+  tok = tokenizer_lib.WordPieceTokenizer.from_file(tokenizer_lib.default_vocab_path())
+  task, data = finetune.load_task_data(c, tok)
+  assert (task.kind, task.main_metric) == (kind, main)
+  assert set(task.labels) == set(labels)
+  assert data["train"][1].rows and data["dev"][1].rows
+  test_rows = data["test"][1].rows
+  key = "label"
+  unlabelled = [r[key] for r in test_rows]
+  assert all((np.isnan(v) if kind == "regression" else v == -1) for v in unlabelled)
+
+
+def test_grid_selects_the_best_mean_dev_point(tmp_path, monkeypatch):
+  seen = []
+
+  def fake_run_point(c, wd):
+    seen.append((c.opt.lr, c.data.batch_size, c.opt.epochs, os.path.basename(wd)))
+    score = {5e-5: 0.8, 3e-5: 0.9, 2e-5: 0.7}[c.opt.lr] - 0.01 * c.opt.epochs
+    s = {"mean": score, "std": 0.0, "median": score, "min": score, "max": score, "n": 1}
+    return {
+      "main_metric": "accuracy",
+      "dev": {"accuracy": s},
+      "test": {},
+      "recipe": {"lr": c.opt.lr},
+    }
+
+  monkeypatch.setattr(finetune, "run_point", fake_run_point)
+  c = finetune_config.get_config("custom,grid=True")
+  res = finetune.finetune(c, str(tmp_path))
+  assert len(seen) == 18 and len({s[3] for s in seen}) == 18
+  assert res["recipe"] == {"lr": 3e-5} and len(res["grid"]) == 18
+  assert json.load(open(tmp_path / "results.json"))["recipe"] == {"lr": 3e-5}
