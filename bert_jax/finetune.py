@@ -393,13 +393,31 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 def run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """One recipe, every seed, in `workdir`. Everything a user can get wrong (config, checkpoint,
+  task files) is checked before the workdir is touched."""
+  prep = prepare(config)
   os.makedirs(workdir, exist_ok=True)
   with preemption_lib.WorkdirLock(workdir):
-    return _run_point(config, workdir)
+    preemption_lib.clear_status(workdir)
+    return _run_point(config, workdir, prep)
 
 
-def _run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  preemption_lib.clear_status(workdir)
+@dataclasses.dataclass
+class Prepared:
+  mesh: Any
+  rules: Any
+  cfg: model_lib.BertConfig
+  tokenizer: Any
+  init_params: Any
+  task: tasks_lib.Task
+  data: dict
+  counts: dict
+  truncated: dict
+  offsets: dict
+
+
+def prepare(config: ml_collections.ConfigDict) -> Prepared:
+  """The mesh, the model config, the checkpoint's weights and tokenizer, the encoded splits."""
   mesh = sh.make_mesh(config.mesh.shape)
   rules = sh.rules_from_config(config.mesh.rules)
   validate(config, mesh)
@@ -442,6 +460,15 @@ def _run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any
   }
   if extra_info:
     train.console(f"offset check: {json.dumps(extra_info)}")
+  return Prepared(
+    mesh, rules, cfg, tokenizer, init_params, task, data, counts, truncated, extra_info
+  )
+
+
+def _run_point(config: ml_collections.ConfigDict, workdir: str, prep: Prepared) -> dict[str, Any]:
+  mesh, rules, cfg, tokenizer = prep.mesh, prep.rules, prep.cfg, prep.tokenizer
+  task, data, init_params = prep.task, prep.data, prep.init_params
+  counts, truncated, extra_info = prep.counts, prep.truncated, prep.offsets
 
   config_json = ckpt_lib.to_json(config.to_dict())
   check_config(os.path.join(workdir, "config.json"), config_json, config.resume_allow_changes)
