@@ -96,9 +96,9 @@ def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_
       if not t[split]:
         splits[split] = None
         continue
-      examples, stats = squad.read_squad(list(t[split].split(",")), t.max_examples)
-      if split == "train":
-        examples = [e for e in examples if e.answer_start is not None or e.is_impossible]
+      examples, stats = squad.read_squad(t[split].split(","), t.max_examples)
+      if split == "train" and t.max_train_examples:
+        examples = examples[: t.max_train_examples]
       enc, metas = squad.encode_squad(
         examples,
         tokenizer,
@@ -107,18 +107,18 @@ def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_
         config.squad.max_query_length,
         training=split == "train",
       )
-      extra = squad.SplitInfo(examples, metas, dict(config.squad), stats)
-      splits[split] = (examples, enc, extra)
-    task = tasks_lib.Task(t.name, t.kind, (), tuple(t.metrics) or ("f1", "exact_match"))
-    return task, splits
-  examples = {s: readers.read_split(t, s) if t[s] or s == "train" else None for s in SPLITS}
+      qa = tasks_lib.QAInfo(examples, metas, stats, tokenizer, **config.squad.to_dict())
+      splits[split] = (examples, enc, qa)
+    return tasks_lib.Task(t.name, t.kind, (), tuple(t.metrics) or ("f1", "exact_match")), splits
+  examples = {
+    s: readers.read_split(t, s) if readers.has_split(t, s) or s == "train" else None for s in SPLITS
+  }
   if t.max_train_examples:
     examples["train"] = examples["train"][: t.max_train_examples]
-  labels = (
-    tuple(readers.label_list(t, examples["train"]))
-    if t.kind in ("classification", "tagging")
-    else ()
-  )
+  # brown_pos's dev and test hold a few rare tags train lacks: task.labels_from="all" takes
+  # the label set from every split (otherwise an unseen dev/test label is an error).
+  extra = [examples[s] for s in ("dev", "test") if examples[s]] if t.labels_from == "all" else []
+  labels = tuple(readers.label_list(t, examples["train"], extra))
   for s in SPLITS:
     if examples[s] is not None and labels:
       readers.check_labels(examples[s], labels, s)
@@ -393,13 +393,31 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
 
 def run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """One recipe, every seed, in `workdir`. Everything a user can get wrong (config, checkpoint,
+  task files) is checked before the workdir is touched."""
+  prep = prepare(config)
   os.makedirs(workdir, exist_ok=True)
   with preemption_lib.WorkdirLock(workdir):
-    return _run_point(config, workdir)
+    preemption_lib.clear_status(workdir)
+    return _run_point(config, workdir, prep)
 
 
-def _run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  preemption_lib.clear_status(workdir)
+@dataclasses.dataclass
+class Prepared:
+  mesh: Any
+  rules: Any
+  cfg: model_lib.BertConfig
+  tokenizer: Any
+  init_params: Any
+  task: tasks_lib.Task
+  data: dict
+  counts: dict
+  truncated: dict
+  offsets: dict
+
+
+def prepare(config: ml_collections.ConfigDict) -> Prepared:
+  """The mesh, the model config, the checkpoint's weights and tokenizer, the encoded splits."""
   mesh = sh.make_mesh(config.mesh.shape)
   rules = sh.rules_from_config(config.mesh.rules)
   validate(config, mesh)
@@ -442,6 +460,15 @@ def _run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any
   }
   if extra_info:
     train.console(f"offset check: {json.dumps(extra_info)}")
+  return Prepared(
+    mesh, rules, cfg, tokenizer, init_params, task, data, counts, truncated, extra_info
+  )
+
+
+def _run_point(config: ml_collections.ConfigDict, workdir: str, prep: Prepared) -> dict[str, Any]:
+  mesh, rules, cfg, tokenizer = prep.mesh, prep.rules, prep.cfg, prep.tokenizer
+  task, data, init_params = prep.task, prep.data, prep.init_params
+  counts, truncated, extra_info = prep.counts, prep.truncated, prep.offsets
 
   config_json = ckpt_lib.to_json(config.to_dict())
   check_config(os.path.join(workdir, "config.json"), config_json, config.resume_allow_changes)
@@ -597,6 +624,7 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
             best["test"] = evaluate_split("test")
             logger.write(step, "test", best["test"])
           save_best(os.path.join(seed_dir, BEST), cfg, state["params"], tokenizer, task, config)
+          write_predictions(seed_dir, data)
           msg += "  (best so far)"
         train.console(msg)
       if step % eval_every == 0 or step == total_steps or stop:
@@ -622,6 +650,16 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
   if jax.process_index() == 0:
     ckpt_lib.write_atomic(done, json.dumps(result, indent=2) + "\n")
   return result
+
+
+def write_predictions(seed_dir: str, data: dict) -> None:
+  """Span QA: the best point's answers as the official predictions_<split>.json."""
+  from bert_jax.tasks import squad
+
+  for split in ("dev", "test"):
+    qa = data[split][2] if data[split] else None
+    if isinstance(qa, tasks_lib.QAInfo) and qa.predictions and jax.process_index() == 0:
+      squad.write_predictions(os.path.join(seed_dir, f"predictions_{split}.json"), qa.predictions)
 
 
 def save_best(path, cfg, params, tokenizer, task: tasks_lib.Task, config) -> None:

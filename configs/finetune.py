@@ -31,6 +31,7 @@ import ml_collections
 from bert_jax import config_lib
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
+from bert_jax.tasks import readers
 
 SHARED = ("rotten_tomatoes", "vitaminc", "brown_pos", "wnut16_ner", "squadshifts")
 GLUE = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "mnli_mismatched", "qnli", "rte", "wnli")
@@ -51,6 +52,7 @@ def _task(name: str, data_root: str, glue_dir: str) -> ml_collections.ConfigDict
   t.word_column = 0  # CoNLL columns
   t.tag_column = -1
   t.labels = ()  # class/tag names in index order; empty: sorted from train
+  t.labels_from = "train"  # or "all": the label set of every split (rare tags only in dev/test)
   t.metrics = ()  # the first one selects on dev; empty: the kind's default
   t.glue_dir = glue_dir
   t.tfds_data_dir = ""
@@ -65,6 +67,8 @@ def _task(name: str, data_root: str, glue_dir: str) -> ml_collections.ConfigDict
   elif name in ("brown_pos", "wnut16_ner"):
     t.kind = "tagging"
     t.train, t.dev, t.test = split("train"), split("dev"), split("test")
+    if name == "brown_pos":  # the base tags (no -TL/-HL/FW- decorations), 2 only in dev/test
+      t.tags_field, t.labels_from = "tags_base", "all"
   elif name == "squadshifts":
     t.kind = "span_qa"
     path = lambda d: os.path.join(data_root, name, f"{d}_v1.0.json.gz")
@@ -72,11 +76,15 @@ def _task(name: str, data_root: str, glue_dir: str) -> ml_collections.ConfigDict
     # dev (selection) and test are the held-out domain's two halves would leak selection into
     # test; the paper selects on dev and reports dev: we do the same on the held-out domain.
     t.dev = t.test = path(SQUAD_EVAL)
-  elif name in GLUE:
-    t.format = "glue"
-  elif name.startswith("glue_tfds/"):
-    t.format = "tfds"
-    t.name = name.split("/", 1)[1]
+  elif name in GLUE or name.startswith("glue_tfds/"):
+    t.format = "glue" if name in GLUE else "tfds"
+    t.name = name.split("/", 1)[-1]
+    preset = readers.GLUE.get(t.name)
+    if preset is None:
+      raise ValueError(f"glue_tfds/{t.name}: not a GLUE task (one of {', '.join(GLUE)})")
+    t.kind = preset["kind"]
+    main = preset["main_metric"]
+    t.metrics = (main, *(m for m in preset["metrics"] if m != main))
   elif name != "custom":
     raise ValueError(
       f"unknown fine-tuning task {name!r}; known: {', '.join(SHARED + GLUE)}, "

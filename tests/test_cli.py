@@ -12,6 +12,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LOCAL = str(ROOT / "configs" / "local.py")
+FINETUNE = str(ROOT / "configs" / "finetune.py")
 
 
 def _entry_modules() -> set[str]:
@@ -47,6 +48,10 @@ def _run(*args: str, cwd=None) -> subprocess.CompletedProcess:
     ("aot", ["--config={tmp}/nope.py"], 2, "nope.py"),
     ("aot", [f"--config={LOCAL}", "--topology=v9-1"], 1, "--topology=v9-1: unknown"),
     ("report", ["--root={tmp}/wd", "extra"], 2, "unexpected arguments: extra"),
+    ("finetune", [f"--config={FINETUNE}:nosuch", "--workdir={tmp}/wd"], 2,
+     "unknown fine-tuning task 'nosuch'"),
+    ("finetune", [f"--config={FINETUNE}:custom,size=tiny", "--workdir={tmp}/wd/run",
+                  "--config.task.train={tmp}/missing.jsonl"], 1, "missing.jsonl"),
   ],
 )  # fmt: skip
 def test_errors_are_one_line(tmp_path, prog, args, status, message):

@@ -221,3 +221,137 @@ def test_preempted_run_resumes_to_the_same_results(tmp_path):
   strip = lambda r: [{k: v for k, v in s.items() if k != "train_seconds"} for s in r["seeds"]]
   assert strip(a) == strip(b)
   assert a["dev"] == b["dev"] and a["test"] == b["test"]
+
+
+def test_multiple_choice(tmp_path):
+  def make(rng, n):
+    rows = []
+    for words, _ in _sentences(rng, n, ["x"], p=0.0):
+      right = int(rng.integers(3))
+      endings = [
+        " ".join(rng.choice(WORDS, 3)) + (" good" if i == right else " bad") for i in range(3)
+      ]
+      rows.append({"context": " ".join(words[:4]), "endings": endings, "label": right})
+    return rows
+
+  c = tiny_config("multiple_choice", _splits(tmp_path, make), text_fields=("context", "endings"))
+  res = finetune.finetune(c, str(tmp_path / "run"))
+  assert res["main_metric"] == "accuracy"
+  assert res["seeds"][0]["dev"]["accuracy"] > 0.8, res["seeds"][0]  # chance 1/3
+
+
+def test_span_qa_predictions_and_official_metric(tmp_path):
+  """The answer is the one city in the context; predictions.json is the official format."""
+  cities = ["paris", "london", "berlin", "madrid"]
+
+  def make(rng, n, split):
+    paragraphs = []
+    for i, (words, k) in enumerate(_sentences(rng, n, cities, p=1.0)):
+      context = " ".join(words)
+      start = context.index(cities[k])
+      qa = {
+        "id": f"{split}{i}",
+        "question": "which city ?",
+        "answers": [{"text": cities[k], "answer_start": start}],
+      }
+      paragraphs.append({"context": context, "qas": [qa]})
+    path = tmp_path / f"{split}.json"
+    path.write_text(
+      json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paragraphs}]})
+    )
+    return str(path)
+
+  rng = np.random.default_rng(0)
+  paths = [make(rng, n, s) for s, n in (("train", 192), ("dev", 48), ("test", 48))]
+  c = tiny_config("span_qa", paths)
+  c.squad.doc_stride, c.squad.max_query_length = 8, 4
+  wd = tmp_path / "run"
+  res = finetune.finetune(c, str(wd))
+  assert res["main_metric"] == "f1"
+  dev = res["seeds"][0]["dev"]
+  assert dev["f1"] > 80 and dev["exact_match"] > 80, dev  # percent, as the official script
+  preds = json.load(open(wd / "seed_0" / "predictions_dev.json"))
+  assert len(preds) == 48 and all(isinstance(v, str) for v in preds.values())
+
+
+@pytest.mark.slow
+def test_table5_pretrained_checkpoints_fine_tune(tmp_path, tiny_data_dir):
+  """Table 5's rows pretrained by bert_jax (a few steps each), then fine-tuned from their
+  workdirs: the LTR model stays causal, and the report lays the three rows out."""
+  from bert_jax import report, train
+
+  spec = importlib.util.spec_from_file_location(
+    "table5", f"{REPO}/experiments/table5_pretraining_tasks.py"
+  )
+  table5 = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(table5)
+  paths = _splits(tmp_path, sentiment)
+  scores = {}
+  for row in ("mlm_nsp", "mlm", "ltr"):
+    c = table5.get_config(f"task={row},scale=cpu")
+    c.model.update(vocab_size=30522, hidden_size=64, intermediate_size=128, num_layers=2)
+    c.model.update(num_heads=2, max_position_embeddings=64, dtype="float32")
+    c.data.dir, c.data.input, c.data.train_vocab_size = tiny_data_dir, "", 0
+    c.data.max_seq_length, c.data.batch_size, c.masking.max_predictions = 64, 8, 10
+    c.opt.total_steps, c.opt.warmup_steps = 4, 1
+    c.ckpt.every_steps, c.ckpt.async_save = 4, False
+    c.eval.every_steps, c.eval.max_batches, c.log.every_steps, c.log.fill_mask = 0, 1, 2, ()
+    point = tmp_path / "root" / f"task={row}"
+    train.train_and_evaluate(c, str(point))
+    f = tiny_config("classification", paths)
+    f.init = str(point)
+    res = finetune.finetune(f, str(point / "finetune" / "sentiment"))
+    best = json.load(
+      open(point / "finetune" / "sentiment" / "seed_0" / "best" / "bert_config.json")
+    )
+    assert best["causal"] == (row == "ltr")
+    scores[row] = res["seeds"][0]["dev"]["accuracy"]
+  assert all(s > 0.8 for s in scores.values()), scores  # each row learns the task
+  text, _ = report.report(str(tmp_path / "root"))
+  for row in ("mlm_nsp", "mlm", "ltr"):
+    assert row in text
+
+
+@pytest.mark.parametrize(
+  "name,kind,main,labels",
+  [
+    ("stsb", "regression", "spearman", ()),
+    ("mnli", "classification", "accuracy", ("contradiction", "entailment", "neutral")),
+    ("cola", "classification", "mcc", ("0", "1")),
+  ],
+)
+def test_glue_presets_read_the_glue_layout(name, kind, main, labels):
+  from bert_jax import tokenizer as tokenizer_lib
+
+  c = finetune_config.get_config(f"{name},glue_dir={REPO}/tests/fixtures/tasks/glue")
+  tok = tokenizer_lib.WordPieceTokenizer.from_file(tokenizer_lib.default_vocab_path())
+  task, data = finetune.load_task_data(c, tok)
+  assert (task.kind, task.main_metric) == (kind, main)
+  assert set(task.labels) == set(labels)
+  assert data["train"][1].rows and data["dev"][1].rows
+  test_rows = data["test"][1].rows
+  key = "label"
+  unlabelled = [r[key] for r in test_rows]
+  assert all((np.isnan(v) if kind == "regression" else v == -1) for v in unlabelled)
+
+
+def test_grid_selects_the_best_mean_dev_point(tmp_path, monkeypatch):
+  seen = []
+
+  def fake_run_point(c, wd):
+    seen.append((c.opt.lr, c.data.batch_size, c.opt.epochs, os.path.basename(wd)))
+    score = {5e-5: 0.8, 3e-5: 0.9, 2e-5: 0.7}[c.opt.lr] - 0.01 * c.opt.epochs
+    s = {"mean": score, "std": 0.0, "median": score, "min": score, "max": score, "n": 1}
+    return {
+      "main_metric": "accuracy",
+      "dev": {"accuracy": s},
+      "test": {},
+      "recipe": {"lr": c.opt.lr},
+    }
+
+  monkeypatch.setattr(finetune, "run_point", fake_run_point)
+  c = finetune_config.get_config("custom,grid=True")
+  res = finetune.finetune(c, str(tmp_path))
+  assert len(seen) == 18 and len({s[3] for s in seen}) == 18
+  assert res["recipe"] == {"lr": 3e-5} and len(res["grid"]) == 18
+  assert json.load(open(tmp_path / "results.json"))["recipe"] == {"lr": 3e-5}

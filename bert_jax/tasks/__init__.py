@@ -41,6 +41,48 @@ def _ce(logits: Array, labels: Array) -> Array:
   return -jnp.take_along_axis(logp, safe[..., None], -1)[..., 0]
 
 
+@dataclasses.dataclass
+class QAInfo:
+  """What span-QA scoring needs besides the logits: the examples and each row's window, the
+  decoding settings (config.squad) and the reader's offset check; `predictions` holds the last
+  scored split's answers (the run writes them as the official predictions.json)."""
+
+  examples: list
+  metas: list
+  stats: dict
+  tokenizer: Any
+  doc_stride: int = 128
+  max_query_length: int = 64
+  n_best: int = 20
+  max_answer_length: int = 30
+  version_2: bool = False
+  predictions: dict | None = None
+
+  def score(self, start_logits: list, end_logits: list) -> dict[str, float]:
+    """EM/F1 in percent (official v1.1; v2: at the best no-answer threshold, reported)."""
+    from bert_jax.tasks import squad
+
+    gold = {e.qid: list(e.answers) for e in self.examples}
+    kw = dict(
+      n_best=self.n_best, max_answer_length=self.max_answer_length, tokenizer=self.tokenizer
+    )
+    if not self.version_2:
+      self.predictions, _ = squad.decode(self.examples, self.metas, start_logits, end_logits, **kw)
+      return squad.squad_v1_score(gold, self.predictions)
+    preds, diffs = squad.decode(
+      self.examples,
+      self.metas,
+      start_logits,
+      end_logits,
+      version_2=True,
+      null_threshold=float("inf"),
+      **kw,
+    )
+    threshold, scores = squad.squad_v2_best_threshold(gold, preds, diffs)
+    self.predictions = squad.apply_null_threshold(preds, diffs, threshold)
+    return {**scores, "null_threshold": float(threshold)}
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
   """A task kind with its label names (classes or tags, index order; () for regression,
@@ -112,15 +154,15 @@ class Task:
     from bert_jax.tasks import metrics
 
     if self.kind == "span_qa":
-      from bert_jax.tasks import squad
-
-      return squad.score_split(extra, preds["start_logits"], preds["end_logits"])
+      return extra.score(preds["start_logits"], preds["end_logits"])
     if self.kind == "tagging":
       gold_tags, pred_tags = [], []
       for row, p in zip(rows, preds["pred"], strict=True):
         at = row["label_ids"] >= 0
         gold_tags.append([self.labels[i] for i in row["label_ids"][at]])
         pred_tags.append([self.labels[i] for i in p[at]])
+      if not any(gold_tags):
+        return {}  # an unlabelled split
       return metrics.compute(self.metrics, pred_tags, gold_tags)
     gold = np.array([r["label"] for r in rows])
     pred = np.array(preds["pred"])
