@@ -1,6 +1,7 @@
 r"""The PyTorch reference for bert_jax's fine-tuning: transformers' BertForSequenceClassification
-/ BertForTokenClassification fine-tuned on the shared JSONL tasks with bert_jax's recipe, seed
-by seed, so the two distributions of test scores can be compared (issue #18, must-show 1).
+/ BertForTokenClassification / BertForQuestionAnswering fine-tuned on the shared tasks with
+bert_jax's recipe, seed by seed, so the two distributions of test scores can be compared
+(issue #18 must-show 1, issue #19 must-show 1).
 
 Runs in an interpreter with torch, transformers and seqeval (not bert_jax):
 
@@ -12,6 +13,7 @@ Runs in an interpreter with torch, transformers and seqeval (not bert_jax):
   python scripts/finetune_torch.py --init=... --kind=classification \
       --text_fields=premise,hypothesis --label_field=label \
       --data_dir=/work/shared/data/tasks/vitaminc --output=...
+  python scripts/finetune_torch.py --init=... --task=squadshifts --seeds=3 --output=...
 
 The recipe (bert_jax's): AdamW (betas 0.9/0.999, eps 1e-6, weight decay 0.01 on every parameter
 but biases and LayerNorm weights), lr warmed up linearly over the first 10% of the steps
@@ -26,6 +28,12 @@ Inputs: [CLS] a [SEP] (b [SEP]), a pair cut to max_seq_length as BERT's `_trunca
 its own (a word with no sub-tokens becomes [UNK]), its tag on the first sub-token, -100 on the
 rest; a sentence is cut at max_seq_length - 2 sub-tokens and the words whose first sub-token
 was cut are dropped from the gold as well. Batches are padded to their longest row.
+
+Span QA (`--task=squadshifts`: train on new_wiki + nyt + reddit, select and report on
+amazon_reviews, lr 5e-5, 2 epochs, length 384, as configs/finetune.py) reads, windows
+(doc_stride, max_query_length, max-context), decodes (n-best, max_answer_length) and scores
+(official v1.1 EM/F1) with bert_jax's own tasks.squad and tokenizer, loaded without jax: both
+frameworks see identical windows; only the model and its training are PyTorch's.
 
 Output (`--output`): results.json's layout (bert_jax.finetune) plus the framework, versions,
 hyperparameters, per-epoch dev history and the wall time.
@@ -42,6 +50,7 @@ import platform
 import statistics
 import sys
 import time
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,8 +59,21 @@ import torch
 import transformers
 
 TASKS_DIR = "/work/shared/data/tasks"
-# The named tasks: kind and fields.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SQUADSHIFTS = os.path.join(TASKS_DIR, "squadshifts", "{}_v1.0.json.gz")
+# The named tasks: kind, fields, and where the recipe differs from the default (lr 3e-5,
+# 3 epochs, length 128), configs/finetune.py's presets.
 PRESETS = {
+  # Train on three domains, select and report on the fourth (configs/finetune.py's split).
+  "squadshifts": dict(
+    kind="span_qa",
+    train=",".join(SQUADSHIFTS.format(d) for d in ("new_wiki", "nyt", "reddit")),
+    dev=SQUADSHIFTS.format("amazon_reviews"),
+    test=SQUADSHIFTS.format("amazon_reviews"),
+    lr=5e-5,
+    epochs=2,
+    max_seq_length=384,
+  ),
   "rotten_tomatoes": dict(kind="classification", text_fields=("sentence",), label_field="label"),
   "vitaminc": dict(
     kind="classification", text_fields=("premise", "hypothesis"), label_field="label"
@@ -120,9 +142,9 @@ def check_labels(examples: Sequence[dict[str, Any]], labels: Sequence[str], kind
         raise ValueError(f"{ex['source']}: label {lab!r} is not in train's labels {list(labels)}")
 
 
-def load_tokenizer(init: str) -> transformers.BertTokenizerFast:
-  """The checkpoint's vocab.txt, lower-cased as its tokenizer_config.json's do_lower_case says
-  (without one: unless the vocab has upper-case tokens), as bert_jax.interop reads it."""
+def lowercase(init: str) -> bool:
+  """Whether the checkpoint's tokenizer lower-cases: its tokenizer_config.json's
+  do_lower_case, else unless the vocab has upper-case tokens (as bert_jax.interop reads it)."""
   vocab = os.path.join(init, "vocab.txt")
   if not os.path.exists(vocab):
     raise OSError(f"{init}: no vocab.txt")
@@ -130,8 +152,77 @@ def load_tokenizer(init: str) -> transformers.BertTokenizerFast:
   config = json.load(open(config_path)) if os.path.exists(config_path) else {}
   with open(vocab, encoding="utf-8") as f:
     cased = any(t != t.lower() for t in f.read().split("\n") if not t.startswith("["))
-  lower = bool(config.get("do_lower_case", not cased))
+  return bool(config.get("do_lower_case", not cased))
+
+
+def load_tokenizer(init: str) -> transformers.BertTokenizerFast:
+  """The checkpoint's vocab.txt, lower-cased or not as `lowercase` says."""
+  vocab = os.path.join(init, "vocab.txt")
+  lower = lowercase(init)
   return transformers.BertTokenizerFast(vocab_file=vocab, do_lower_case=lower, strip_accents=None)
+
+
+def bert_jax_host_modules() -> tuple[Any, Any]:
+  """bert_jax's tokenizer and tasks.squad (numpy and HF tokenizers only) without jax: the
+  package bert_jax.tasks is entered without its __init__ (the device side)."""
+  if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+  if "bert_jax.tasks" not in sys.modules:
+    package = types.ModuleType("bert_jax.tasks")
+    package.__path__ = [os.path.join(REPO, "bert_jax", "tasks")]
+    sys.modules["bert_jax.tasks"] = package
+  from bert_jax import tokenizer as tokenizer_lib
+  from bert_jax.tasks import squad
+
+  return tokenizer_lib, squad
+
+
+def load_qa(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+  """Span QA through bert_jax's own reader, windows (doc_stride, max_query_length,
+  max-context) and decoding, so both frameworks see identical windows: (rows per split, QA
+  scoring info per split, data counts). dev and test may be the same file (squadshifts): then
+  the same rows."""
+  tokenizer_lib, squad = bert_jax_host_modules()
+  tok = tokenizer_lib.load_tokenizer(
+    os.path.join(args.init, "vocab.txt"), lowercase=lowercase(args.init)
+  )
+  rows: dict[str, Any] = {}
+  qa: dict[str, Any] = {}
+  counts: dict[str, Any] = {"truncated": {}, "windows": {}, "offsets": {}}
+  for split in ("train", "dev", "test"):
+    path = getattr(args, split)
+    if split == "test" and path == args.dev:
+      rows["test"], qa["test"] = rows["dev"], qa["dev"]
+      for k in ("truncated", "windows", "offsets"):
+        counts[k]["test"] = counts[k]["dev"]
+      counts["test"] = counts["dev"]
+      continue
+    examples, stats = squad.read_squad(path.split(","), args.max_examples)
+    if split == "train" and args.max_train_examples:
+      examples = examples[: args.max_train_examples]
+    enc, metas = squad.encode_squad(
+      examples, tok, args.max_seq_length, args.doc_stride, args.max_query_length,
+      training=split == "train",
+    )  # fmt: skip
+    keys = ("input_ids", "segment_ids", "start_positions", "end_positions")
+    rows[split] = [{k: r[k] for k in keys} for r in enc.rows]
+    qa[split] = {"squad": squad, "tokenizer": tok, "examples": examples, "metas": metas}
+    counts[split] = len(examples)
+    counts["truncated"][split] = enc.n_truncated
+    counts["windows"][split] = len(enc.rows)
+    counts["offsets"][split] = stats
+  return rows, qa, counts
+
+
+def qa_score(qa: dict[str, Any], args: argparse.Namespace, starts, ends) -> dict[str, float]:
+  """bert_jax's n-best decoding and the official v1.1 EM/F1 (percent), as tasks.QAInfo."""
+  squad = qa["squad"]
+  preds, _ = squad.decode(
+    qa["examples"], qa["metas"], starts, ends, n_best=args.n_best,
+    max_answer_length=args.max_answer_length, tokenizer=qa["tokenizer"],
+  )  # fmt: skip
+  gold = {e.qid: list(e.answers) for e in qa["examples"]}
+  return squad.squad_v1_score(gold, preds)
 
 
 def truncate_pair(a: list[int], b: list[int], max_len: int) -> bool:
@@ -210,19 +301,22 @@ def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tens
   seg = torch.zeros((len(rows), n), dtype=torch.long)
   mask = torch.zeros((len(rows), n), dtype=torch.long)
   tagging = "label_ids" in rows[0]
-  labels = (
-    torch.full((len(rows), n), IGNORE, dtype=torch.long)
-    if tagging
-    else torch.tensor([r["label"] for r in rows], dtype=torch.long)
-  )
+  if "start_positions" in rows[0]:  # span QA: HF's argument names
+    extra = {
+      k: torch.tensor([int(r[k]) for r in rows], dtype=torch.long)
+      for k in ("start_positions", "end_positions")
+    }
+  else:
+    label = torch.full((len(rows), n), IGNORE, dtype=torch.long) if tagging else None
+    extra = {"labels": label if tagging else torch.tensor([int(r["label"]) for r in rows])}
   for i, r in enumerate(rows):
     m = len(r["input_ids"])
     ids[i, :m] = torch.tensor(r["input_ids"])
     seg[i, :m] = torch.tensor(r["segment_ids"])
     mask[i, :m] = 1
     if tagging:
-      labels[i, :m] = torch.tensor(r["label_ids"])
-  return {"input_ids": ids, "token_type_ids": seg, "attention_mask": mask, "labels": labels}
+      extra["labels"][i, :m] = torch.tensor(r["label_ids"])
+  return {"input_ids": ids, "token_type_ids": seg, "attention_mask": mask, **extra}
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -235,15 +329,25 @@ def evaluate(
   labels: Sequence[str],
   pad_id: int,
   batch_size: int,
+  qa: dict[str, Any] | None = None,
+  args: argparse.Namespace | None = None,
 ) -> dict[str, float]:
   """Every row scored (the last batch is simply smaller): accuracy, or token accuracy over
-  first sub-tokens + (BIO tags) entity P/R/F1 (seqeval, default mode)."""
+  first sub-tokens + (BIO tags) entity P/R/F1 (seqeval, default mode), or span QA's EM/F1."""
   model.eval()
   preds, golds = [], []
   with torch.no_grad():
     for s in range(0, len(rows), batch_size):
       chunk = rows[s : s + batch_size]
       batch = collate(chunk, pad_id)
+      if kind == "span_qa":
+        inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+        out = model(**inputs)
+        for i, r in enumerate(chunk):
+          n = len(r["input_ids"])
+          preds.append(out.start_logits[i, :n].float().numpy())
+          golds.append(out.end_logits[i, :n].float().numpy())
+        continue
       gold = batch.pop("labels")
       logits = model(**batch).logits
       if kind == "tagging":
@@ -256,6 +360,8 @@ def evaluate(
         preds += logits.argmax(-1).tolist()
         golds += gold.tolist()
   model.train()
+  if kind == "span_qa":
+    return qa_score(qa, args, preds, golds)  # start and end logits per row
   if kind == "tagging":
     from seqeval import metrics as sq
 
@@ -283,6 +389,8 @@ def is_bio(labels: Sequence[str]) -> bool:
 
 def main_metric(kind: str, labels: Sequence[str]) -> str:
   """The dev-selection metric, bert_jax's default for the kind."""
+  if kind == "span_qa":
+    return "f1"
   if kind == "tagging":
     return "entity_f1" if is_bio(labels) else "token_accuracy"
   return "accuracy"
@@ -309,21 +417,26 @@ def summarize_seeds(per_seed: Sequence[dict[str, float]]) -> dict[str, dict[str,
 
 
 def make_model(args: argparse.Namespace, labels: Sequence[str]) -> torch.nn.Module:
-  cls = (
-    transformers.BertForTokenClassification
-    if args.kind == "tagging"
-    else transformers.BertForSequenceClassification
-  )
-  model = cls.from_pretrained(
-    args.init,
-    num_labels=len(labels),
-    id2label=dict(enumerate(labels)),
-    label2id={lab: i for i, lab in enumerate(labels)},
-  )
+  if args.kind == "span_qa":
+    model = transformers.BertForQuestionAnswering.from_pretrained(args.init)
+    head = model.qa_outputs
+  else:
+    cls = (
+      transformers.BertForTokenClassification
+      if args.kind == "tagging"
+      else transformers.BertForSequenceClassification
+    )
+    model = cls.from_pretrained(
+      args.init,
+      num_labels=len(labels),
+      id2label=dict(enumerate(labels)),
+      label2id={lab: i for i, lab in enumerate(labels)},
+    )
+    head = model.classifier
   # The fresh head as bert_jax draws it (flax's truncated_normal(0.02): N(0, 0.02) cut at two
   # standard deviations, as the original BERT; the seed was set just before).
-  torch.nn.init.trunc_normal_(model.classifier.weight, 0.0, 0.02, -0.04, 0.04)
-  torch.nn.init.zeros_(model.classifier.bias)
+  torch.nn.init.trunc_normal_(head.weight, 0.0, 0.02, -0.04, 0.04)
+  torch.nn.init.zeros_(head.bias)
   return model.float().train()
 
 
@@ -362,9 +475,14 @@ def train_seed(
   data: dict[str, list[dict[str, Any]]],
   labels: Sequence[str],
   pad_id: int,
+  qa: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
   """One seed: the head's init, dropout and data order differ; dev each epoch, test at the
-  best dev epoch."""
+  best dev epoch (the same scores when dev and test are the same rows)."""
+  qa = qa or {}
+  ev = lambda split: evaluate(  # noqa: E731
+    model, data[split], args.kind, labels, pad_id, args.eval_batch_size, qa.get(split), args
+  )
   torch.manual_seed(seed)
   model = make_model(args, labels)
   train = data["train"]
@@ -390,7 +508,7 @@ def train_seed(
       step += 1
       losses.append(float(loss.detach()))
     train_s = time.perf_counter() - t0
-    dev = evaluate(model, data["dev"], args.kind, labels, pad_id, args.eval_batch_size)
+    dev = ev("dev")
     history.append(
       {"epoch": epoch + 1, "step": step, "train_loss": statistics.fmean(losses),
        "train_s": train_s, "dev": dev}
@@ -398,7 +516,7 @@ def train_seed(
     print(f"seed {seed} epoch {epoch + 1}: loss {history[-1]['train_loss']:.4f} "
           f"dev {main} {dev[main]:.4f} ({train_s:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
     if best["best_epoch"] < 0 or dev[main] > best["dev"][main]:
-      test = evaluate(model, data["test"], args.kind, labels, pad_id, args.eval_batch_size)
+      test = dev if data["test"] is data["dev"] else ev("test")
       best.update(best_epoch=epoch + 1, best_step=step, dev=dev, test=test)
   best["history"] = history
   return best
@@ -408,24 +526,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--init", required=True, help="HF BERT checkpoint dir (config.json, vocab.txt)")
   p.add_argument("--task", default="", help=f"a named task ({', '.join(PRESETS)}) or ''")
-  p.add_argument("--kind", default="", choices=["", "classification", "tagging"])
+  p.add_argument("--kind", default="", choices=["", "classification", "tagging", "span_qa"])
   p.add_argument("--text_fields", default="", help="one or two comma-separated fields")
   p.add_argument("--label_field", default="label")
   p.add_argument("--tokens_field", default="tokens")
   p.add_argument("--tags_field", default="tags")
   p.add_argument(
-    "--data_dir", default="", help=f"has {{train,dev,test}}.jsonl.gz ({TASKS_DIR}/TASK)"
+    "--data_dir", default="", help=f"has {{train,dev,test}}.jsonl(.gz) ({TASKS_DIR}/TASK)"
   )
-  p.add_argument("--lr", type=float, default=3e-5)
+  for split in ("train", "dev", "test"):
+    p.add_argument(f"--{split}", default="", help=f"{split} file(s), comma-separated for QA")
+  p.add_argument("--lr", type=float, default=None, help="default 3e-5 (squadshifts 5e-5)")
   p.add_argument("--batch_size", type=int, default=32)
   p.add_argument("--eval_batch_size", type=int, default=64)
-  p.add_argument("--epochs", type=int, default=3)
-  p.add_argument("--max_seq_length", type=int, default=128)
+  p.add_argument("--epochs", type=int, default=None, help="default 3 (squadshifts 2)")
+  p.add_argument("--max_seq_length", type=int, default=None, help="default 128 (QA 384)")
   p.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1")
   p.add_argument("--weight_decay", type=float, default=0.01)
   p.add_argument("--warmup_fraction", type=float, default=0.1)
   p.add_argument("--clip_norm", type=float, default=1.0)
   p.add_argument("--max_train_examples", type=int, default=0, help="train on the FIRST N (0 = all)")
+  p.add_argument("--max_examples", type=int, default=0, help="QA: read the first N of each split")
+  p.add_argument("--doc_stride", type=int, default=128)
+  p.add_argument("--max_query_length", type=int, default=64)
+  p.add_argument("--n_best", type=int, default=20)
+  p.add_argument("--max_answer_length", type=int, default=30)
   p.add_argument("--threads", type=int, default=2)
   p.add_argument("--output", required=True, help="results JSON file")
   args = p.parse_args(argv)
@@ -445,7 +570,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   for k in ("label_field", "tokens_field", "tags_field"):
     if k in preset and p.get_default(k) == getattr(args, k):
       setattr(args, k, preset[k])
+  qa = args.kind == "span_qa"
+  for k, default in (("lr", 3e-5), ("epochs", 3), ("max_seq_length", 384 if qa else 128)):
+    if getattr(args, k) is None:
+      setattr(args, k, preset.get(k, default))
   args.data_dir = args.data_dir or os.path.join(TASKS_DIR, args.task)
+  for split in ("train", "dev", "test"):
+    if not getattr(args, split):
+      setattr(args, split, preset.get(split) or split_path(args.data_dir, split))
   return args
 
 
@@ -456,22 +588,36 @@ def split_path(data_dir: str, split: str) -> str:
   raise OSError(f"{data_dir}: no {split}.jsonl(.gz)")
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-  args = parse_args(argv)
-  torch.set_num_threads(args.threads)
-  t_start = time.perf_counter()
+def load_text(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], dict[str, Any]]:
+  """Classification / tagging: (rows per split, labels, data counts)."""
   tok = load_tokenizer(args.init)
-  examples = {s: read_split(split_path(args.data_dir, s), args) for s in ("train", "dev", "test")}
+  examples = {s: read_split(getattr(args, s), args) for s in ("train", "dev", "test")}
   # From the whole train split: a --max_train_examples run keeps the full run's label set.
   labels = label_list(examples["train"], args.kind)
   if args.max_train_examples:
     examples["train"] = examples["train"][: args.max_train_examples]
   for s in ("dev", "test"):
     check_labels(examples[s], labels, args.kind)
-  data, truncated = {}, {}
+  data: dict[str, Any] = {}
+  counts: dict[str, Any] = {"truncated": {}}
   for s, exs in examples.items():
-    data[s], truncated[s] = encode(exs, args.kind, tok, args.max_seq_length, labels)
-  seeds = [train_seed(k, args, data, labels, tok.pad_token_id) for k in range(args.seeds)]
+    data[s], counts["truncated"][s] = encode(exs, args.kind, tok, args.max_seq_length, labels)
+    counts[s] = len(exs)
+  return data, labels, counts
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+  args = parse_args(argv)
+  torch.set_num_threads(args.threads)
+  t_start = time.perf_counter()
+  pad_id = load_tokenizer(args.init).pad_token_id
+  qa: dict[str, Any] = {}
+  if args.kind == "span_qa":
+    data, qa, counts = load_qa(args)
+    labels: list[str] = []
+  else:
+    data, labels, counts = load_text(args)
+  seeds = [train_seed(k, args, data, labels, pad_id, qa) for k in range(args.seeds)]
   metric = main_metric(args.kind, labels)
   recipe = {
     "lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs,
@@ -485,7 +631,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     "main_metric": metric,
     "labels": labels,
     "recipe": recipe,
-    "data": {**{s: len(v) for s, v in data.items()}, "truncated": truncated},
+    "data": counts,
     "seeds": seeds,
     "dev": summarize_seeds([s["dev"] for s in seeds]),
     "test": summarize_seeds([s["test"] for s in seeds]),

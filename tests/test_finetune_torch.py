@@ -105,9 +105,8 @@ def test_inputs_equal_bert_jax_encode(tmp_path):
         assert t["label"] == int(o["label"])
 
 
-@pytest.mark.slow
-def test_tiny_run_writes_results_layout(tmp_path):
-  python = _torch_python()
+def _tiny_checkpoint(python: str, tmp_path: pathlib.Path) -> pathlib.Path:
+  """A random 1-layer HF BertModel with the bundled vocab."""
   ckpt = _checkpoint_dir(tmp_path)
   _run(
     python,
@@ -117,6 +116,13 @@ def test_tiny_run_writes_results_layout(tmp_path):
     "t.BertModel(c).save_pretrained(sys.argv[1])\n",
     str(ckpt),
   )
+  return ckpt
+
+
+@pytest.mark.slow
+def test_tiny_run_writes_results_layout(tmp_path):
+  python = _torch_python()
+  ckpt = _tiny_checkpoint(python, tmp_path)
   data = tmp_path / "data"
   data.mkdir()
   words = ["good", "bad", "fine", "awful", "great", "poor"]
@@ -151,3 +157,46 @@ def test_tiny_run_writes_results_layout(tmp_path):
   assert summary["std"] == pytest.approx(statistics.stdev(test))  # ddof=1
   assert summary["min"] == min(test) and summary["max"] == max(test)
   assert "torch" in r["versions"] and r["wall_s"] > 0 and not math.isnan(r["wall_s"])
+
+
+@pytest.mark.slow
+def test_span_qa_uses_bert_jax_windows(tmp_path):
+  """QA runs on bert_jax's own windows and decoding (loaded without jax): the window counts
+  equal tasks.squad's on the same file."""
+  python = _torch_python()
+  ckpt = _tiny_checkpoint(python, tmp_path)
+  context = " ".join(f"Sentence {i} says the river is long and the city is old." for i in range(40))
+  qas = [
+    {"id": f"q{i}", "question": q, "answers": [{"text": a, "answer_start": context.index(a)}]}
+    for i, (q, a) in enumerate([("What is long?", "the river"), ("What is old?", "the city")])
+  ]
+  path = tmp_path / "squad.json"
+  path.write_text(json.dumps({"data": [{"paragraphs": [{"context": context, "qas": qas}]}]}))
+  out = tmp_path / "qa.json"
+  args = [f"--init={ckpt}", "--kind=span_qa", f"--train={path}", f"--dev={path}", f"--test={path}"]
+  args += [
+    "--max_seq_length=64",
+    "--doc_stride=32",
+    "--max_query_length=16",
+    "--batch_size=4",
+    "--epochs=1",
+    "--seeds=1",
+  ]
+  _run(python, "import finetune_torch as f; f.main()", *args, f"--output={out}")
+  r = json.loads(out.read_text())
+  from bert_jax.tasks import squad
+
+  tok = tokenizer_lib.load_tokenizer(tokenizer_lib.default_vocab_path())
+  examples, _ = squad.read_squad([str(path)])
+  train, _ = squad.encode_squad(examples, tok, 64, 32, 16, training=True)
+  dev, _ = squad.encode_squad(examples, tok, 64, 32, 16, training=False)
+  assert len(dev.rows) > 2  # several windows per question
+  assert r["data"]["windows"] == {
+    "train": len(train.rows),
+    "dev": len(dev.rows),
+    "test": len(dev.rows),
+  }
+  assert r["main_metric"] == "f1" and r["recipe"]["lr"] == 3e-5
+  (seed,) = r["seeds"]
+  assert set(seed["test"]) == {"exact_match", "f1"} and seed["test"] == seed["dev"]
+  assert 0 <= seed["test"]["f1"] <= 100
