@@ -16,6 +16,7 @@ import logging as py_logging
 import os
 import re
 import shutil
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -114,19 +115,60 @@ def _split_step_dir(path: str) -> tuple[str, int | None]:
   return path, None
 
 
+def _verbose() -> bool:
+  return py_logging.getLogger("absl").getEffectiveLevel() <= py_logging.INFO
+
+
 class _OrbaxTracebacks(py_logging.Filter):
   """orbax logs each failed background write with its traceback before the error reaches
   `Checkpointer`, which raises it as one line: keep orbax's one-line messages, and their
   tracebacks only when logging is verbose (`--verbosity=0`)."""
 
   def filter(self, record: py_logging.LogRecord) -> bool:
-    verbose = py_logging.getLogger("absl").getEffectiveLevel() <= py_logging.INFO
-    if record.exc_info and "/orbax/" in record.pathname and not verbose:
+    if record.exc_info and "/orbax/" in record.pathname and not _verbose():
       record.exc_info = record.exc_text = None
     return True
 
 
+def _storage_leftover(error: BaseException | None, obj: Any = None) -> bool:
+  """Whether `error` comes from an orbax/TensorStore read or write still in flight when a
+  restore or save failed (the failure itself is reported once, by this module)."""
+  code = getattr(obj, "cr_code", None)  # a coroutine garbage-collected with its exception
+  if code is not None and ("/orbax/" in code.co_filename or "/tensorstore/" in code.co_filename):
+    return True
+  if isinstance(error, RuntimeError) and "Event loop is closed" in str(error):
+    return True  # its event loop was shut down by the failed operation
+  tb = getattr(error, "__traceback__", None)
+  while tb is not None:
+    if "/orbax/" in tb.tb_frame.f_code.co_filename:
+      return True
+    tb = tb.tb_next
+  return False
+
+
+class _StorageLeftovers(py_logging.Filter):
+  """asyncio logs "Task exception was never retrieved" / "Event loop is closed" for each of
+  those leftovers: dropped unless logging is verbose."""
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    return _verbose() or not (_storage_leftover(error) or "Event loop is closed" in str(record.msg))
+
+
+def _unraisable_hook(previous: Callable) -> Callable:
+  """Python prints "Exception ignored in: <coroutine ...>" and a traceback with the whole
+  TensorStore spec (hundreds of lines) for each leftover at exit: dropped unless verbose."""
+
+  def hook(unraisable: Any) -> None:
+    if _verbose() or not _storage_leftover(unraisable.exc_value, unraisable.object):
+      previous(unraisable)
+
+  return hook
+
+
 py_logging.getLogger("absl").addFilter(_OrbaxTracebacks())
+py_logging.getLogger("asyncio").addFilter(_StorageLeftovers())
+sys.unraisablehook = _unraisable_hook(sys.unraisablehook)
 
 
 class Checkpointer:

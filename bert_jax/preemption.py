@@ -245,8 +245,9 @@ class WorkdirLock:
       except FileNotFoundError:
         continue  # released meanwhile
       if not other:
-        # Being written right now, or left empty by a crash between create and write.
-        if age > 10 and not self.remote:
+        # Being written right now, or left empty by a crash between create and write (an
+        # object store writes whole objects: there an unreadable lock has no time, so goes).
+        if age > 10:
           self._remove()
         time.sleep(0.1)
         continue

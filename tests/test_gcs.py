@@ -129,6 +129,9 @@ def test_lock_on_gs(gcs):
   path.write_text(json.dumps({"host": "tpu-7", "pid": 12, "token": "x", "time": 0.0}))
   with b:
     assert json.loads(path.read_text())["pid"] == os.getpid()
+  path.write_text("")  # not a lock being written (objects appear whole): a broken one
+  with b:
+    assert json.loads(path.read_text())["pid"] == os.getpid()
   path.write_text(json.dumps({"host": "tpu-7", "pid": 12, "token": "x", "time": 1e12}))
   with pytest.raises(OSError, match=r"in use by a trainer on host tpu-7 \(pid 12"):
     a.acquire()
