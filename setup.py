@@ -56,6 +56,7 @@ setuptools.setup(
     "tpu": ["jax[tpu]==0.10.2"],
     "cuda": ["jax[cuda12]==0.10.2"],
     "tf": ["tensorflow-cpu"],
+    "gcs": ["gcsfs", "google-cloud-storage"],  # gs:// workdirs
     "peers": ["torch==2.13.0", "transformers==4.57.6"],
   },
   entry_points={

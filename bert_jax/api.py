@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import checkpoints as ckpt_lib
 from bert_jax import interop
 from bert_jax import model as model_lib
 
@@ -150,9 +151,14 @@ class Bert:
 
 
 def load(path: str, step: int | None = None, device: Any = None) -> Bert:
-  """Loads any checkpoint (the latest or `step` of a workdir) onto one device."""
+  """Loads any checkpoint (the latest or `step` of a workdir) onto one device. A workdir's
+  latest step that does not load (a truncated or corrupt file) is named in one warning and the
+  one before is tried, as the trainer does."""
   target_device = device or jax.devices()[0]
-  ck = interop.load_checkpoint(path, step)
+  if step is None and interop.detect_format(path) == "workdir":
+    ck = ckpt_lib.load_newest(path, lambda s: interop.load_checkpoint(path, s))
+  else:
+    ck = interop.load_checkpoint(path, step)
   cfg = dataclasses.replace(ck.config, remat_policy="none")
   cfg = model_lib.resolve_kernels(cfg, target_device.platform)
   params = jax.device_put(ck.params, target_device)

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
+import importlib.util
 import json
 import logging as py_logging
 import os
 import re
 import shutil
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grain
 import jax
@@ -28,6 +29,7 @@ from etils import epath
 
 from bert_jax import model as model_lib
 
+T = TypeVar("T")
 FORMAT = "bert_jax/1"
 # BertConfig fields that change parameter shapes: two checkpoints are the same architecture
 # iff these agree (dtypes, dropout, layer layout, remat and kernels do not matter for loading).
@@ -42,19 +44,79 @@ SHAPE_FIELDS = (
 )
 
 
-def checkpoint_dir(path: str) -> str:
+# Object stores a workdir may live on. gs:// is what orbax serves natively (TensorStore's GCS
+# driver for arrays, gcsfs through etils.epath for the rest); other epath schemes (s3://, az://)
+# have no orbax array path.
+REMOTE_SCHEMES = ("gs",)
+# What etils.epath and orbax need for gs:// beyond this package's dependencies: gcsfs (epath's
+# fsspec backend; tensorflow's gfile serves instead when installed) and google-cloud-storage
+# (orbax asks for the bucket's layout when it deletes an old step).
+_GCS_PACKAGES = {"gcsfs": "gcsfs", "google.cloud.storage": "google-cloud-storage"}
+
+
+def scheme(path: str | os.PathLike) -> str | None:
+  """'gs' for gs://bucket/x, None for a local path."""
+  m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", os.fspath(path))
+  return m.group(1).lower() if m else None
+
+
+def is_remote(path: str | os.PathLike) -> bool:
+  return scheme(path) is not None
+
+
+def _missing_gcs_packages() -> list[str]:
+  missing = []
+  try:
+    import fsspec
+
+    fsspec.get_filesystem_class("gcs")  # gcsfs, or whatever implementation is registered
+  except (ImportError, ValueError):
+    if importlib.util.find_spec("tensorflow") is None:
+      missing.append(_GCS_PACKAGES["gcsfs"])
+  try:
+    importlib.import_module("google.cloud.storage")
+  except ImportError:
+    missing.append(_GCS_PACKAGES["google.cloud.storage"])
+  return missing
+
+
+def as_path(path: str | os.PathLike, what: str = "path") -> epath.Path:
+  """`path` as an epath.Path that this code can serve: a local path made absolute (orbax needs
+  absolute paths; a URL is never made "absolute" into ./gs:/...), or gs://. Anything else is
+  one line (ValueError; ImportError naming the packages gs:// lacks), raised before compute."""
+  text = os.fspath(path)
+  kind = scheme(text)
+  if kind is None:
+    return epath.Path(os.path.abspath(text))
+  if kind not in REMOTE_SCHEMES:
+    raise ValueError(
+      f"{what} {text}: the {kind}:// scheme is not supported (a local path or gs://bucket/path)"
+    )
+  missing = _missing_gcs_packages()
+  if missing:
+    raise ImportError(
+      f"{what} {text}: gs:// needs {' and '.join(missing)} (pip install {' '.join(missing)})"
+    )
+  return epath.Path(text)
+
+
+def checkpoint_dir(path: str | os.PathLike) -> str:
   """Accepts a workdir, its checkpoints/ dir, or one step dir; returns the manager dir."""
-  path = os.path.abspath(os.fspath(path))
-  if os.path.isdir(os.path.join(path, "checkpoints")):
-    return os.path.join(path, "checkpoints")
-  return path
+  p = as_path(path)
+  if (p / "checkpoints").is_dir():
+    return str(p / "checkpoints")
+  return str(p)
 
 
 def _split_step_dir(path: str) -> tuple[str, int | None]:
-  base = os.path.basename(path.rstrip("/"))
-  if base.isdigit() and os.path.isdir(os.path.join(path, "meta")):
-    return os.path.dirname(path.rstrip("/")), int(base)
+  p = epath.Path(path)
+  if p.name.isdigit() and (p / "meta").is_dir():
+    return str(p.parent), int(p.name)
   return path, None
+
+
+def _verbose() -> bool:
+  return py_logging.getLogger("absl").getEffectiveLevel() <= py_logging.INFO
 
 
 class _OrbaxTracebacks(py_logging.Filter):
@@ -63,13 +125,50 @@ class _OrbaxTracebacks(py_logging.Filter):
   tracebacks only when logging is verbose (`--verbosity=0`)."""
 
   def filter(self, record: py_logging.LogRecord) -> bool:
-    verbose = py_logging.getLogger("absl").getEffectiveLevel() <= py_logging.INFO
-    if record.exc_info and "/orbax/" in record.pathname and not verbose:
+    if record.exc_info and "/orbax/" in record.pathname and not _verbose():
       record.exc_info = record.exc_text = None
     return True
 
 
+def _storage_leftover(error: BaseException | None, obj: Any = None) -> bool:
+  """Whether `error` comes from an orbax/TensorStore read or write still in flight when a
+  restore or save failed (the failure itself is reported once, by this module)."""
+  code = getattr(obj, "cr_code", None)  # a coroutine garbage-collected with its exception
+  if code is not None and ("/orbax/" in code.co_filename or "/tensorstore/" in code.co_filename):
+    return True
+  if isinstance(error, RuntimeError) and "Event loop is closed" in str(error):
+    return True  # its event loop was shut down by the failed operation
+  tb = getattr(error, "__traceback__", None)
+  while tb is not None:
+    if "/orbax/" in tb.tb_frame.f_code.co_filename:
+      return True
+    tb = tb.tb_next
+  return False
+
+
+class _StorageLeftovers(py_logging.Filter):
+  """asyncio logs "Task exception was never retrieved" / "Event loop is closed" for each of
+  those leftovers: dropped unless logging is verbose."""
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    return _verbose() or not (_storage_leftover(error) or "Event loop is closed" in str(record.msg))
+
+
+def _unraisable_hook(previous: Callable) -> Callable:
+  """Python prints "Exception ignored in: <coroutine ...>" and a traceback with the whole
+  TensorStore spec (hundreds of lines) for each leftover at exit: dropped unless verbose."""
+
+  def hook(unraisable: Any) -> None:
+    if _verbose() or not _storage_leftover(unraisable.exc_value, unraisable.object):
+      previous(unraisable)
+
+  return hook
+
+
 py_logging.getLogger("absl").addFilter(_OrbaxTracebacks())
+py_logging.getLogger("asyncio").addFilter(_StorageLeftovers())
+sys.unraisablehook = _unraisable_hook(sys.unraisablehook)
 
 
 class Checkpointer:
@@ -121,8 +220,9 @@ class Checkpointer:
       yield
     except Exception as e:  # TensorStore reports I/O errors as ValueError and others
       if jax.process_index() == 0:
-        for tmp in glob.glob(os.path.join(self.directory, "*" + ocp.utils.TMP_DIR_SUFFIX + "*")):
-          shutil.rmtree(tmp, ignore_errors=True)
+        for tmp in epath.Path(self.directory).glob("*" + ocp.utils.TMP_DIR_SUFFIX + "*"):
+          with contextlib.suppress(OSError):
+            tmp.rmtree()
       reason = _root_cause(e)[:400]
       # TensorStore ends an OS error with [os_error_code='28']: say it as strerror does.
       if m := re.search(r"os_error_code='?(\d+)", _root_cause(e)):
@@ -140,7 +240,7 @@ class Checkpointer:
     }
     r = self.mngr.restore(step, args=ocp.args.Composite(**items))
     if data_iter is not None:
-      restore_data_iterator(os.path.join(self.directory, str(step), "data"), data_iter)
+      restore_data_iterator(str(epath.Path(self.directory) / str(step) / "data"), data_iter)
     state = {"step": r.opt_state["step"], "params": r.params, "opt_state": r.opt_state["opt_state"]}
     return state, r.meta
 
@@ -178,7 +278,9 @@ class Checkpointer:
         if unreadable:
           self._move_unreadable(unreadable)
         return step, state, meta
-      self._warn_unreadable(step, error or RuntimeError("failed on another process"), steps)
+      _warn_unreadable(
+        self.directory, step, error or RuntimeError("failed on another process"), steps
+      )
       unreadable.append(step)
     if steps:
       raise ValueError(
@@ -194,26 +296,17 @@ class Checkpointer:
       raise ValueError(f"meta is not a {FORMAT} record")
     return meta
 
-  def _warn_unreadable(self, step: int, error: BaseException, steps: list[int]) -> None:
-    older = [s for s in steps if s < step]
-    then = f"trying step {older[0]}" if older else "no older checkpoint"
-    logging.warning(
-      "checkpoint %s/%d does not restore (%s); %s",
-      self.directory,
-      step,
-      _root_cause(error)[:400],
-      then,
-    )
-
   def _move_unreadable(self, steps: list[int]) -> None:
-    aside = self.directory.rstrip("/") + ".unreadable"
+    aside = epath.Path(self.directory.rstrip("/") + ".unreadable")
     if jax.process_index() == 0:
-      os.makedirs(aside, exist_ok=True)
+      aside.mkdir(parents=True, exist_ok=True)
       for step in steps:
-        dst = os.path.join(aside, str(step))
-        if os.path.exists(dst):
-          shutil.rmtree(dst)
-        os.replace(os.path.join(self.directory, str(step)), dst)
+        dst = aside / str(step)
+        if dst.exists():
+          dst.rmtree()
+        # On an object store a "rename" copies and deletes: slow for big steps, but only
+        # ever done for a step that failed to restore.
+        (epath.Path(self.directory) / str(step)).rename(dst)
         logging.warning("moved the unreadable checkpoint %s/%d to %s", self.directory, step, dst)
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
@@ -230,6 +323,14 @@ class Checkpointer:
     self.mngr.close()
 
 
+def _warn_unreadable(directory: str, step: int, error: BaseException, steps: list[int]) -> None:
+  older = [s for s in steps if s < step]
+  then = f"trying step {older[0]}" if older else "no older checkpoint"
+  logging.warning(
+    "checkpoint %s/%d does not restore (%s); %s", directory, step, _root_cause(error)[:400], then
+  )
+
+
 def _root_cause(error: BaseException) -> str:
   """The innermost exception on one line: TensorStore's own message says what is wrong."""
   while error.__cause__ or error.__context__:
@@ -243,6 +344,37 @@ def _all_processes(ok: bool) -> bool:
   from jax.experimental import multihost_utils
 
   return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
+
+
+def all_steps(path: str | os.PathLike) -> list[int]:
+  """The committed steps of a workdir or checkpoints dir, oldest first."""
+  directory = checkpoint_dir(path)
+  if not epath.Path(directory).is_dir():
+    raise FileNotFoundError(f"no checkpoint directory at {directory}")
+  mngr = ocp.CheckpointManager(
+    directory, options=ocp.CheckpointManagerOptions(read_only=True, create=False)
+  )
+  try:
+    return sorted(mngr.all_steps())
+  finally:
+    mngr.close()
+
+
+def load_newest(path: str | os.PathLike, load: Callable[[int], T]) -> T:
+  """`load(step)` of the newest step under the workdir `path` that loads. Read-only
+  `restore_latest`: each step that fails is named in one warning with the reason and the one
+  before is tried; if none loads, one line names the directory (ValueError)."""
+  steps = sorted(all_steps(path), reverse=True)
+  directory = checkpoint_dir(path)
+  for step in steps:
+    try:
+      return load(step)
+    except Exception as e:  # orbax/TensorStore raise many types for missing/corrupt files
+      _warn_unreadable(directory, step, e, steps)
+  raise ValueError(
+    f"no checkpoint in {directory} restores (steps {', '.join(map(str, steps)) or 'none'}; "
+    "see the warnings above)"
+  )
 
 
 def restore_data_iterator(directory: str, data_iter: Any) -> None:
@@ -276,7 +408,7 @@ def read_meta(path: str, step: int | None = None) -> tuple[dict, int, str]:
   """(meta JSON, step, manager dir) of the latest (or given) checkpoint under `path`."""
   directory, step_in_path = _split_step_dir(checkpoint_dir(path))
   step = step if step is not None else step_in_path
-  if not os.path.isdir(directory):
+  if not epath.Path(directory).is_dir():
     raise FileNotFoundError(f"no checkpoint directory at {directory}")
   mngr = ocp.CheckpointManager(
     directory,
@@ -343,9 +475,17 @@ def restore_params(path: str, abstract_params: Any, step: int | None = None) -> 
   return r.params, meta
 
 
-def write_atomic(path: str, text: str) -> None:
+def write_atomic(path: str | os.PathLike, text: str) -> None:
   """Writes `text` to `path` under a temporary name, then renames it: a kill or a full disk
-  never leaves a partial file. Errors are one line naming `path`."""
+  never leaves a partial file. On an object store (no rename) the object is written directly:
+  an object upload is all-or-nothing. Errors are one line naming `path`."""
+  path = os.fspath(path)
+  if is_remote(path):
+    try:
+      epath.Path(path).write_text(text)
+    except Exception as e:  # gcsfs/fsspec raise their own types for HTTP errors
+      raise OSError(f"cannot write {path}: {_root_cause(e)[:400]}") from None
+    return
   tmp = path + ".tmp"
   try:
     with open(tmp, "w") as f:
@@ -357,8 +497,31 @@ def write_atomic(path: str, text: str) -> None:
     raise OSError(f"cannot write {path}: {e.strerror or e}") from None
 
 
-def copytree_atomic(src: str, dst: str) -> None:
-  """`shutil.copytree` under a temporary name, then a rename (as `write_atomic`)."""
+def copytree_atomic(src: str, dst: str | os.PathLike) -> None:
+  """Copies the local directory `src` to `dst` unless `dst` is there already: locally under a
+  temporary name, then a rename (as `write_atomic`); on an object store file by file, with a
+  partial copy (a killed run) counted as absent and done again."""
+  dst = os.fspath(dst)
+  if is_remote(dst):
+    files = sorted(
+      os.path.relpath(os.path.join(root, n), src) for root, _, names in os.walk(src) for n in names
+    )
+    target = epath.Path(dst)
+    try:
+      done = [
+        (target / f).exists()
+        and (target / f).stat().length == os.path.getsize(os.path.join(src, f))
+        for f in files
+      ]
+      if all(done):
+        return
+      for f in files:
+        (target / f).write_bytes(epath.Path(src, f).read_bytes())
+    except Exception as e:
+      raise OSError(f"cannot copy {src} to {dst}: {_root_cause(e)[:400]}") from None
+    return
+  if os.path.isdir(dst):
+    return
   tmp = dst.rstrip("/") + ".tmp"
   try:
     if os.path.exists(tmp):  # left by a killed run

@@ -395,6 +395,12 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 def run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """One recipe, every seed, in `workdir`. Everything a user can get wrong (config, checkpoint,
   task files) is checked before the workdir is touched."""
+  workdir = str(ckpt_lib.as_path(workdir, "workdir"))  # one line for an unservable scheme
+  if ckpt_lib.is_remote(workdir):
+    raise ValueError(
+      f"--workdir={workdir}: fine-tuning writes its best/ params dir and predictions with "
+      "local file APIs; use a local (or gcsfuse-mounted) directory"
+    )
   prep = prepare(config)
   os.makedirs(workdir, exist_ok=True)
   with preemption_lib.WorkdirLock(workdir):

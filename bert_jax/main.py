@@ -21,7 +21,9 @@ _CONFIG = config_flags.DEFINE_config_file(
   "A config: a bundled name (local, bert_base, bert_large) or a path, each with [:ARG].",
   lock_config=True,
 )
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and data.")
+_WORKDIR = flags.DEFINE_string(
+  "workdir", None, "Directory for checkpoints and logs: a local path or gs://bucket/path."
+)
 _DISTRIBUTED = flags.DEFINE_bool(
   "distributed",
   False,
@@ -43,6 +45,10 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)
   import jax
 
+  from bert_jax import checkpoints
+
+  # A workdir this code cannot serve (s4://, gs:// without gcsfs) fails before the pod joins up.
+  checkpoints.as_path(_WORKDIR.value, "--workdir")
   if _CPU_DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
   if _DISTRIBUTED.value:

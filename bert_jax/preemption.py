@@ -10,6 +10,9 @@ runtime provides that agreement (`multihost_utils.reached_preemption_sync_point`
 owns SIGTERM, propagates the notice to every process through the coordination service, and
 names one step, the same everywhere, at which all save. SIGINT and SIGHUP are turned into a
 SIGTERM to this process so they take the same path.
+
+The status file and the lock go through etils.epath, so a gs:// workdir keeps them in the
+bucket (see `WorkdirLock` for how the lock works without an exclusive create).
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from typing import Any
 
 import jax
 import numpy as np
 from absl import logging
+from etils import epath
 
 # The exit status of a run stopped by SIGTERM/SIGINT/SIGHUP after saving its checkpoint: rerun
 # the same command to resume (sysexits.h EX_TEMPFAIL). 0 means the run reached its last step.
@@ -97,32 +102,31 @@ class Preemption:
 # ----------------------------------------------------------------------------- run status
 
 
+def _is_remote(path: str) -> bool:
+  return "://" in os.fspath(path)
+
+
 def clear_status(workdir: str) -> None:
   """Forgets the previous run's ending (process 0, at start)."""
   if jax.process_index() == 0:
-    try:
-      os.remove(os.path.join(workdir, STATUS_FILE))
-    except FileNotFoundError:
-      pass
+    epath.Path(workdir, STATUS_FILE).unlink(missing_ok=True)
 
 
 def write_status(workdir: str, step: int, total_steps: int, preempted: bool) -> None:
   """Records how the run ended; `launch/sweep.py` reads it to decide a point is finished."""
   if jax.process_index() != 0:
     return
+  from bert_jax import checkpoints  # the atomic write; orbax is not needed to read the status
+
   state = "preempted" if preempted else ("finished" if step >= total_steps else "stopped")
-  path = os.path.join(workdir, STATUS_FILE)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump({"state": state, "step": int(step), "total_steps": int(total_steps)}, f)
-  os.replace(tmp, path)
+  record = {"state": state, "step": int(step), "total_steps": int(total_steps)}
+  checkpoints.write_atomic(str(epath.Path(workdir, STATUS_FILE)), json.dumps(record))
 
 
 def read_status(workdir: str) -> dict | None:
   """The last run's record in `workdir`, or None (still running, killed, or never run)."""
   try:
-    with open(os.path.join(workdir, STATUS_FILE)) as f:
-      return json.load(f)
+    return json.loads(epath.Path(workdir, STATUS_FILE).read_text())
   except (FileNotFoundError, json.JSONDecodeError):
     return None
 
@@ -144,25 +148,51 @@ class WorkdirLock:
   """`<workdir>/bert_jax.lock`, held by process 0 for the whole run: a second trainer on the
   same workdir stops with one line. A lock left by a dead process is taken over: on this host
   when its pid is gone; from another host (whose pids cannot be checked) when its holder has
-  not refreshed it for `STALE_S` (a live holder touches it every `HEARTBEAT_S`)."""
+  not refreshed it for `STALE_S` (a live holder refreshes it every `HEARTBEAT_S`).
+
+  Locally the lock is created with O_EXCL, so exactly one of two racing trainers gets it. An
+  object store (gs://) has no exclusive create through etils.epath/gcsfs, so there the lock is
+  a create-if-absent object write checked by reading it back: a trainer that finds no lock
+  writes one with a random token, waits `SETTLE_S` and reads it again; of two trainers that
+  both found none, the later write wins and the earlier writer reads the other's token and
+  stops. The race stays open only if a write takes longer than `SETTLE_S` to become visible
+  (GCS reads are strongly consistent after a write completes). Its refresh time is stored in
+  the object (object mtimes are not portable across backends).
+  """
 
   HEARTBEAT_S = 30.0
   STALE_S = 600.0
+  SETTLE_S = 1.0
 
   def __init__(self, workdir: str):
-    self.path = os.path.join(workdir, LOCK_FILE)
+    self.remote = _is_remote(workdir)
+    self.path = str(epath.Path(workdir, LOCK_FILE))
     self.held = False
+    self._owner: dict[str, Any] = {}
     self._stop = threading.Event()
     self._thread: threading.Thread | None = None
 
   def _heartbeat(self) -> None:
     while not self._stop.wait(self.HEARTBEAT_S):
       try:
-        os.utime(self.path)
-      except OSError as e:  # the run goes on; a second trainer may take the lock in STALE_S
+        if self.remote:
+          epath.Path(self.path).write_text(json.dumps({**self._owner, "time": time.time()}))
+        else:
+          os.utime(self.path)
+      except Exception as e:  # the run goes on; a second trainer may take the lock in STALE_S
         logging.warning("Cannot refresh the workdir lock %s: %s", self.path, e)
 
   def _try_create(self, owner: dict) -> bool:
+    if self.remote:
+      lock = epath.Path(self.path)
+      if lock.exists():
+        return False
+      lock.write_text(json.dumps({**owner, "time": time.time()}))
+      time.sleep(self.SETTLE_S)  # a racing trainer's write lands meanwhile
+      try:
+        return json.loads(lock.read_text()).get("token") == owner["token"]
+      except (FileNotFoundError, json.JSONDecodeError):
+        return False
     try:
       fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
@@ -170,6 +200,22 @@ class WorkdirLock:
     with os.fdopen(fd, "w") as f:
       json.dump(owner, f)
     return True
+
+  def _read(self) -> tuple[dict, float]:
+    """(the holder's record, seconds since it was refreshed); FileNotFoundError if gone."""
+    if self.remote:
+      text = epath.Path(self.path).read_text()
+      age = lambda other: time.time() - float(other.get("time", 0.0))
+    else:
+      with open(self.path) as f:
+        text = f.read()
+      mtime = os.path.getmtime(self.path)
+      age = lambda other: time.time() - mtime
+    try:
+      other = json.loads(text)
+    except json.JSONDecodeError:
+      other = {}
+    return other, age(other)
 
   def acquire(self) -> None:
     error = ""
@@ -186,63 +232,58 @@ class WorkdirLock:
       raise OSError(error)
 
   def _acquire_here(self) -> str:
-    owner = {"host": socket.gethostname(), "pid": os.getpid()}
+    owner = {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex}
+    workdir = os.path.dirname(self.path)
     for _ in range(3):
       if self._try_create(owner):
-        self.held = True
+        self.held, self._owner = True, owner
         self._thread = threading.Thread(target=self._heartbeat, daemon=True, name="lock")
         self._thread.start()
         return ""
       try:
-        with open(self.path) as f:
-          other = json.load(f)
+        other, age = self._read()
       except FileNotFoundError:
         continue  # released meanwhile
-      except (OSError, json.JSONDecodeError):
-        other = {}
       if not other:
-        # Being written right now, or left empty by a crash between create and write.
-        try:
-          if time.time() - os.path.getmtime(self.path) > 10:
-            os.remove(self.path)
-        except FileNotFoundError:
-          pass
+        # Being written right now, or left empty by a crash between create and write (an
+        # object store writes whole objects: there an unreadable lock has no time, so goes).
+        if age > 10:
+          self._remove()
         time.sleep(0.1)
-        continue
-      try:
-        age = time.time() - os.path.getmtime(self.path)
-      except FileNotFoundError:
         continue
       if other.get("host") == owner["host"] and isinstance(other.get("pid"), int):
         if _pid_alive(other["pid"]):
           return (
-            f"{os.path.dirname(self.path)} is in use by another trainer (pid {other['pid']} on "
-            f"this host, {self.path})"
+            f"{workdir} is in use by another trainer (pid {other['pid']} on this host, {self.path})"
           )
         logging.warning("Removing stale lock %s of dead pid %d", self.path, other["pid"])
       elif age < self.STALE_S:
         return (
-          f"{os.path.dirname(self.path)} is in use by a trainer on host {other.get('host')} "
+          f"{workdir} is in use by a trainer on host {other.get('host')} "
           f"(pid {other.get('pid')}, lock refreshed {age:.0f} s ago; taken over after "
           f"{self.STALE_S:.0f} s without refresh, or delete {self.path} if that run is dead)"
         )
       else:
         logging.warning("Removing stale lock %s, not refreshed for %.0f s", self.path, age)
-      try:
-        os.remove(self.path)
-      except FileNotFoundError:
-        pass
+      self._remove()
     return f"cannot take the lock {self.path}: it keeps changing (another trainer starting?)"
+
+  def _remove(self) -> None:
+    epath.Path(self.path).unlink(missing_ok=True)
 
   def release(self) -> None:
     if self.held:
       self.held = False
       self._stop.set()
       self._thread.join()
-      try:
-        os.remove(self.path)
-      except FileNotFoundError:
-        pass
+      if self.remote:
+        # Not a lock another trainer took over after a lost refresh.
+        try:
+          if json.loads(epath.Path(self.path).read_text()).get("token") != self._owner["token"]:
+            return
+        except (FileNotFoundError, json.JSONDecodeError):
+          return
+      self._remove()
 
   def __enter__(self) -> WorkdirLock:
     self.acquire()

@@ -13,6 +13,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from etils import epath
+
 # Config keys (or whole sections) whose change keeps a resume exact, or only changes how the
 # rest of the run is carried out. opt.total_steps: extending a run is the usual reason to
 # change it; the schedule is recomputed for the new total from the restored step on.
@@ -158,8 +160,16 @@ def check_built_data(metadata: dict[str, Any], wanted: dict[str, Any], data_dir:
 
 
 def record_changes(path: str, step: int, diffs: dict[str, tuple]) -> None:
-  """Appends {"step", "changes": {field: [checkpoint, now]}} to `path` (config_changes.jsonl):
-  config.json keeps the run's original config."""
+  """Adds {"step", "changes": {field: [checkpoint, now]}} to `path` (config_changes.jsonl):
+  config.json keeps the run's original config. The file is rewritten whole (atomically), not
+  appended to: object stores (gs://) have no append, and it gains one row per resume."""
+  from bert_jax import checkpoints  # the atomic write; orbax stays out of resume's imports
+
   row = {"step": int(step), "changes": {k: list(v) for k, v in diffs.items()}}
-  with open(path, "a") as f:
-    f.write(json.dumps(row) + "\n")
+  try:
+    old = epath.Path(path).read_text()
+  except FileNotFoundError:
+    old = ""
+  if old and not old.endswith("\n"):  # a torn last row of an older version's append
+    old = old[: old.rfind("\n") + 1]
+  checkpoints.write_atomic(path, old + json.dumps(row) + "\n")

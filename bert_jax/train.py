@@ -13,6 +13,8 @@ import dataclasses
 import json
 import math
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +26,7 @@ import ml_collections
 import numpy as np
 import optax
 from absl import logging
+from etils import epath
 
 from bert_jax import checkpoints as ckpt_lib
 from bert_jax import (
@@ -77,7 +80,24 @@ def model_and_optimizer(
 
 def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   """The dataset directory: `config.data.dir`, or build `config.data.input` into
-  `<workdir>/data` on first use (the bundled default does this)."""
+  `<workdir>/data` on first use (the bundled default does this).
+
+  ArrayRecord reads local files only, so data on an object store is refused with one line,
+  never copied to local disk behind the user's back; and under a gs:// workdir `<workdir>/data`
+  is not built (a local build would sit on process 0's disk only, invisible to the other hosts
+  and to the next run on another machine): set config.data.dir to a local create_data output.
+  """
+  if config.data.dir and ckpt_lib.is_remote(config.data.dir):
+    raise ValueError(
+      f"config.data.dir={config.data.dir}: ArrayRecord reads local files only; copy the data to "
+      "local disk on every host (e.g. gcloud storage cp -r) and set config.data.dir to the copy"
+    )
+  if not config.data.dir and ckpt_lib.is_remote(workdir):
+    raise ValueError(
+      f"workdir {workdir} is on an object store, where <workdir>/data cannot be built "
+      "(ArrayRecord reads local files only): build config.data.input with python -m "
+      "bert_jax.create_data into a local directory on every host and set config.data.dir to it"
+    )
   if config.data.dir:
     if not os.path.isfile(os.path.join(config.data.dir, "metadata.json")):
       raise FileNotFoundError(
@@ -357,10 +377,10 @@ def repair_metrics_log(path: str, resume_step: int) -> None:
   """Makes `path` (metrics.jsonl) the history up to `resume_step`: the rows a killed run wrote
   after its last checkpoint are replayed exactly by the resumed run, so they go; a torn last
   line (a kill or a full disk during the append) goes with a warning. Rewritten atomically."""
-  if not os.path.exists(path):
+  try:
+    lines = epath.Path(path).read_text().split("\n")
+  except FileNotFoundError:
     return
-  with open(path) as f:
-    lines = f.read().split("\n")
   kept = []
   for i, line in enumerate(lines):
     if not line.strip():
@@ -380,25 +400,54 @@ def repair_metrics_log(path: str, resume_step: int) -> None:
 
 
 class MetricLogger:
-  """metrics.jsonl + TensorBoard (process 0 only) + console."""
+  """metrics.jsonl + TensorBoard (process 0 only) + console.
+
+  On an object store (gs://; no append) metrics.jsonl is kept in memory and rewritten whole at
+  every row, an all-or-nothing object write (a few MB even for long runs); TensorBoard writes
+  its event files to a local temporary directory that is copied to `<workdir>/tb` at most every
+  `TB_SYNC_S` and at close (tensorboardX itself reaches gs:// only through tensorflow).
+  """
+
+  TB_SYNC_S = 60.0
 
   def __init__(self, workdir: str, resume_step: int):
     self.enabled = jax.process_index() == 0
-    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.path = str(epath.Path(workdir, "metrics.jsonl"))
+    self.remote = ckpt_lib.is_remote(workdir)
     self.tb = None
     if not self.enabled:
       return
     repair_metrics_log(self.path, resume_step)
     from tensorboardX import SummaryWriter
 
+    tb_dir = str(epath.Path(workdir, "tb"))
+    self._tb_remote, self._tb_synced = tb_dir, time.monotonic()
+    if self.remote:
+      p = epath.Path(self.path)
+      self._text = p.read_text() if p.exists() else ""
+      tb_dir = tempfile.mkdtemp(prefix="bert_jax_tb_")
     # purge_step hides the events a killed run logged after `resume_step` (TensorBoard would
     # show both runs' points at those steps).
-    self.tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=resume_step + 1)
+    self.tb = SummaryWriter(tb_dir, purge_step=resume_step + 1)
+
+  def _sync_tb(self) -> None:
+    """Copies the local event files to the object store (each a whole-object write)."""
+    self._tb_synced = time.monotonic()
+    try:
+      for f in epath.Path(self.tb.logdir).iterdir():
+        epath.Path(self._tb_remote, f.name).write_bytes(f.read_bytes())
+    except Exception as e:  # gcsfs raises its own types for HTTP errors
+      raise OSError(f"cannot write {self._tb_remote}: {e}") from None
 
   def write(self, step: int, split: str, values: dict[str, float]) -> None:
     if not self.enabled:
       return
     row = {"step": int(step), "split": split, **{k: float(v) for k, v in values.items()}}
+    if self.remote:
+      ckpt_lib.write_atomic(self.path, self._text + json.dumps(row) + "\n")
+      self._text += json.dumps(row) + "\n"
+      self._write_tb(step, split, values)
+      return
     data = (json.dumps(row) + "\n").encode()
     fd = None
     try:
@@ -415,16 +464,24 @@ class MetricLogger:
     finally:
       if fd is not None:
         os.close(fd)
+    self._write_tb(step, split, values)
+
+  def _write_tb(self, step: int, split: str, values: dict[str, float]) -> None:
     try:
       for k, v in values.items():
         self.tb.add_scalar(f"{split}/{k}", float(v), int(step))
       self.tb.flush()
     except OSError as e:
       raise OSError(f"cannot write {self.tb.logdir}: {e.strerror or e}") from None
+    if self.remote and time.monotonic() - self._tb_synced > self.TB_SYNC_S:
+      self._sync_tb()
 
   def close(self) -> None:
     if self.tb is not None:
       self.tb.close()
+      if self.remote:
+        self._sync_tb()
+        shutil.rmtree(self.tb.logdir, ignore_errors=True)
 
 
 def console(msg: str) -> None:
@@ -489,8 +546,11 @@ def show_fill_mask(params, cfg, tokenizer, texts) -> None:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains `config` in `workdir`, holding its lock; returns the step reached, the last train
-  and eval metrics, and `preempted` (a signal stopped it after saving: rerun to resume)."""
-  os.makedirs(workdir, exist_ok=True)
+  and eval metrics, and `preempted` (a signal stopped it after saving: rerun to resume).
+  `workdir` is a local path or gs://bucket/path (any other scheme, or gs:// without its
+  packages, is one line before any compute)."""
+  workdir = str(ckpt_lib.as_path(workdir, "workdir"))
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   with preemption_lib.WorkdirLock(workdir):
     return _train_and_evaluate(config, workdir)
 
@@ -516,7 +576,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   batch_sh = sh.batch_sharding(mesh)
 
   ckpt = ckpt_lib.Checkpointer(
-    os.path.join(workdir, "checkpoints"),
+    str(epath.Path(workdir, "checkpoints")),
     keep=config.ckpt.keep,
     every_steps=config.ckpt.every_steps,
     async_save=config.ckpt.async_save,
@@ -565,14 +625,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     # config.json is the run's original config; what a resume changed goes to its own file.
     if start_step:
       if changes:
-        resume.record_changes(os.path.join(workdir, "config_changes.jsonl"), start_step, changes)
+        path = str(epath.Path(workdir, "config_changes.jsonl"))
+        resume.record_changes(path, start_step, changes)
     else:
-      ckpt_lib.write_atomic(
-        os.path.join(workdir, "config.json"), json.dumps(meta_base["config"], indent=2)
-      )
-    tok_dir = os.path.join(workdir, "tokenizer")
-    if not os.path.isdir(tok_dir):
-      ckpt_lib.copytree_atomic(os.path.join(data_dir, "tokenizer"), tok_dir)
+      config_path = str(epath.Path(workdir, "config.json"))
+      ckpt_lib.write_atomic(config_path, json.dumps(meta_base["config"], indent=2))
+    tok_dir = str(epath.Path(workdir, "tokenizer"))
+    ckpt_lib.copytree_atomic(os.path.join(data_dir, "tokenizer"), tok_dir)
 
   with sh.mesh_context(mesh, rules):
     p_train_step = jit_train_step(
