@@ -79,7 +79,10 @@ PRESETS = {
     kind="classification", text_fields=("premise", "hypothesis"), label_field="label"
   ),
   "wnut16_ner": dict(kind="tagging", tokens_field="tokens", tags_field="tags"),
-  "brown_pos": dict(kind="tagging", tokens_field="tokens", tags_field="tags"),
+  # The base tags (no -TL/-HL/FW- decorations); 2 occur only in dev/test: labels from all splits.
+  "brown_pos": dict(
+    kind="tagging", tokens_field="tokens", tags_field="tags_base", labels_from="all"
+  ),
 }
 
 IGNORE = -100  # transformers' "no label" index
@@ -127,11 +130,11 @@ def read_split(path: str, args: argparse.Namespace) -> list[dict[str, Any]]:
   return out
 
 
-def label_list(train: Sequence[dict[str, Any]], kind: str) -> list[str]:
-  """Sorted unique train labels (tags for tagging), by their string form."""
+def label_list(examples: Sequence[dict[str, Any]], kind: str) -> list[str]:
+  """Sorted unique labels (tags for tagging) of `examples`, by their string form."""
   if kind == "tagging":
-    return sorted({t for ex in train for t in ex["tags"]})
-  return sorted({ex["label"] for ex in train})
+    return sorted({t for ex in examples for t in ex["tags"]})
+  return sorted({ex["label"] for ex in examples})
 
 
 def check_labels(examples: Sequence[dict[str, Any]], labels: Sequence[str], kind: str) -> None:
@@ -532,6 +535,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument("--tokens_field", default="tokens")
   p.add_argument("--tags_field", default="tags")
   p.add_argument(
+    "--labels_from", default="train", choices=["train", "all"], help="the label set's splits"
+  )
+  p.add_argument(
     "--data_dir", default="", help=f"has {{train,dev,test}}.jsonl(.gz) ({TASKS_DIR}/TASK)"
   )
   for split in ("train", "dev", "test"):
@@ -567,7 +573,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.text_fields = preset.get("text_fields", ("sentence",))
   if not 1 <= len(args.text_fields) <= 2:
     raise SystemExit(f"--text_fields: one or two fields, not {args.text_fields}")
-  for k in ("label_field", "tokens_field", "tags_field"):
+  for k in ("label_field", "tokens_field", "tags_field", "labels_from"):
     if k in preset and p.get_default(k) == getattr(args, k):
       setattr(args, k, preset[k])
   qa = args.kind == "span_qa"
@@ -592,8 +598,10 @@ def load_text(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], dict
   """Classification / tagging: (rows per split, labels, data counts)."""
   tok = load_tokenizer(args.init)
   examples = {s: read_split(getattr(args, s), args) for s in ("train", "dev", "test")}
-  # From the whole train split: a --max_train_examples run keeps the full run's label set.
-  labels = label_list(examples["train"], args.kind)
+  # From the whole train split (--labels_from=all: every split): a --max_train_examples run
+  # keeps the full run's label set.
+  splits = ("train", "dev", "test") if args.labels_from == "all" else ("train",)
+  labels = label_list([ex for s in splits for ex in examples[s]], args.kind)
   if args.max_train_examples:
     examples["train"] = examples["train"][: args.max_train_examples]
   for s in ("dev", "test"):
