@@ -144,7 +144,8 @@ def get_config(arg=None):
   if c.task.kind == "span_qa":  # the paper's SQuAD v1.1 recipe (Section 4.2)
     c.opt.lr, c.opt.epochs = 5e-5, 2
   if a.features:  # only a randomly initialised BiLSTM tagger trains: a larger step
-    c.opt.lr = 1e-3
+    # wnut16_ner, concat_last4 of all-MiniLM-L6-v2, 8 epochs: dev entity F1 peaked at epoch 5.
+    c.opt.lr, c.opt.epochs = 1e-3, 5
 
   c.grid = ml_collections.ConfigDict()
   c.grid.lr = (5e-5, 3e-5, 2e-5) if a.grid else ()
