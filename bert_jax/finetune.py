@@ -50,6 +50,7 @@ from bert_jax import preemption as preemption_lib
 from bert_jax import sharding as sh
 from bert_jax import tasks as tasks_lib
 from bert_jax import tokenizer as tokenizer_lib
+from bert_jax.tasks import features as features_lib
 
 RESULTS = "results.json"
 SEED_RESULT = "result.json"
@@ -223,6 +224,11 @@ def collate(
       for i, r in enumerate(picked):
         out[i, ..., : r[key].shape[-1]] = r[key]
       batch[key] = out
+    elif key == "features":  # frozen-encoder features [L_row, K, D]: pad the length axis
+      out = np.zeros((batch_size, length, *picked[0][key].shape[1:]), picked[0][key].dtype)
+      for i, r in enumerate(picked):
+        out[i, : len(r[key])] = r[key]
+      batch[key] = out
     elif key not in ("n_words",):
       batch[key] = np.stack([np.asarray(r[key]) for r in picked])
   lengths = np.array([r["input_ids"].shape[-1] for r in picked])
@@ -271,6 +277,11 @@ def eval_batches(rows, batch_size, bucket_lengths, pad_id) -> Iterator:
 MODEL_INPUTS = ("input_ids", "segment_ids", "input_mask")
 
 
+def model_inputs(model) -> tuple[str, ...]:
+  """The batch fields a model takes (the feature-based tagger: features, input_mask)."""
+  return getattr(model, "inputs", MODEL_INPUTS)
+
+
 def state_init_fn(model, tx, length: int = 8):
   """rng -> fine-tuning train state {step, params, opt_state} with LogicallyPartitioned leaves
   (`sharding.init_sharded` materialises it sharded)."""
@@ -278,7 +289,8 @@ def state_init_fn(model, tx, length: int = 8):
   def init(rng):
     shape = (1, 2, length) if model.kind == "multiple_choice" else (1, length)
     ids = jnp.zeros(shape, jnp.int32)
-    params = model.init({"params": rng}, ids, ids, jnp.ones_like(ids))["params"]
+    args = model.example_inputs(length) if hasattr(model, "example_inputs") else None
+    params = model.init({"params": rng}, *(args or (ids, ids, jnp.ones_like(ids))))["params"]
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
 
   return init
@@ -295,7 +307,7 @@ def make_train_step(model, tx, task: tasks_lib.Task, grad_accum_steps: int = 1):
     def loss_fn(params, micro, micro_rng):
       logits = model.apply(
         {"params": params},
-        *(micro[k] for k in MODEL_INPUTS),
+        *(micro[k] for k in model_inputs(model)),
         deterministic=False,
         rngs={"dropout": micro_rng},
       )
@@ -312,7 +324,8 @@ def make_train_step(model, tx, task: tasks_lib.Task, grad_accum_steps: int = 1):
 
 def make_eval_step(model, task: tasks_lib.Task):
   def eval_step(params, batch):
-    logits = model.apply({"params": params}, *(batch[k] for k in MODEL_INPUTS), deterministic=True)
+    inputs = (batch[k] for k in model_inputs(model))
+    logits = model.apply({"params": params}, *inputs, deterministic=True)
     loss_sum, count = task.losses(logits, batch)
     return {**task.predict(logits), "row": batch["row"], "loss_sum": loss_sum, "count": count}
 
@@ -466,6 +479,13 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
   }
   if extra_info:
     train.console(f"offset check: {json.dumps(extra_info)}")
+  if features_lib.enabled(config):  # the frozen encoder runs once per row, here
+    features_lib.check(config, task.kind)
+    info = features_lib.add_features(config, cfg, init_params, data, tokenizer.pad_id, mesh, rules)
+    train.console(
+      f"features: hidden states {info['layers']} of every row in {info['seconds']:.1f}s "
+      f"({info['bytes'] / 2**20:.0f} MiB, {config.features.dtype})"
+    )
   return Prepared(
     mesh, rules, cfg, tokenizer, init_params, task, data, counts, truncated, extra_info
   )
@@ -535,9 +555,11 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
   opt = optimizer_config(config, per_epoch)
   total_steps = opt.total_steps
   eval_every = config.eval.every_steps or per_epoch
-  model = task.model(
-    model_lib.resolve_kernels(cfg, mesh.devices.flat[0].platform), config.head.bilstm
-  )
+  run_cfg = model_lib.resolve_kernels(cfg, mesh.devices.flat[0].platform)
+  if features_lib.enabled(config):
+    model = features_lib.model(config, run_cfg, task)
+  else:
+    model = task.model(run_cfg, config.head.bilstm)
   tx = optim.make_optimizer(opt)
   init_rng, step_rng = jax.random.split(jax.random.key(seed))
   init_fn = state_init_fn(model, tx, min(8, cfg.max_position_embeddings))
@@ -556,7 +578,7 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
     train.console(f"seed {k}: resumed at step {start_step}")
   else:
     start_step = 0
-    if init_params is not None:
+    if init_params is not None and "bert" in abstract["params"]:
       placed = interop.place(
         interop.to_layout(init_params, cfg.scan_layers), abstract["params"]["bert"]
       )
@@ -680,6 +702,9 @@ def save_best(path, cfg, params, tokenizer, task: tasks_lib.Task, config) -> Non
     "max_seq_length": config.data.max_seq_length,
     "bilstm": bool(config.head.bilstm),
   }
+  if features_lib.enabled(config):  # head only: a params dir needs the encoder
+    features_lib.save_head(path, cfg, host, tokenizer, info, config)
+    return
   interop.save_params_dir(path, cfg, host, overwrite=True, tokenizer=tokenizer, task=info)
 
 
