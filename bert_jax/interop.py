@@ -1147,6 +1147,11 @@ def detect_format(path: PathLike) -> str:
     return "bert_jax"
   if (p / HF_CONFIG).is_file() and any((p / f).is_file() for f in _HF_WEIGHT_FILES):
     return "hf"
+  if (p / "feature_head.safetensors").is_file():  # bert_jax.tasks.features.HEAD_FILE
+    raise ValueError(
+      f"{p}: a feature-based head (a BiLSTM tagger over a frozen encoder's features) has no "
+      "HuggingFace form; its encoder is the checkpoint named in its task.json"
+    )
   raise FileNotFoundError(f"{p}: not a checkpoint (looked for {_LOOKED_FOR})")
 
 

@@ -138,7 +138,7 @@ def test_tagger_learns_on_frozen_features_computed_once(tmp_path, monkeypatch):
   mix = head["head"]["scalar_mix"]
   assert np.abs(mix["weights"]).max() > 1e-4 and abs(float(mix["gamma"]) - 1.0) > 1e-4
   assert not os.path.exists(best / interop.PARAMS_FILE)
-  with pytest.raises(FileNotFoundError, match="not a checkpoint") as e:
+  with pytest.raises(ValueError, match="feature-based head .* has no HuggingFace form") as e:
     interop.convert(str(best), str(tmp_path / "hf"), "auto")
   assert "\n" not in str(e.value)
   assert json.load(open(wd / "results.json"))["config"]["features"]["all_layers"] is True
