@@ -143,16 +143,37 @@ def expand(path: str, arg: str = "") -> list[Point]:
   return points
 
 
-def check_overrides(path: str, arg: str, overrides: list[str]) -> None:
-  """Every --config.a.b=v names an existing key (main.py would fail later, per point)."""
-  config = load_experiment(path).get_config(arg)
+def _check_keys(config: Any, overrides: list[str], where: str) -> None:
   for o in overrides:
     key = o.split("=", 1)[0][len("--config.") :]
     node = config
     for part in key.split("."):
       if not hasattr(node, "keys") or part not in node:
-        raise ValueError(f"{o.split('=', 1)[0]}: no such key in the config of {path}")
+        raise ValueError(f"{o.split('=', 1)[0]}: no such key in the config of {where}")
       node = node[part]
+
+
+def check_overrides(path: str, arg: str, overrides: list[str]) -> None:
+  """Every --config.a.b=v names an existing key (main.py would fail later, per point)."""
+  _check_keys(load_experiment(path).get_config(arg), overrides, path)
+
+
+FINETUNE_CONFIG = os.path.join(REPO, "configs", "finetune.py")
+
+
+def check_finetune_overrides(
+  runs: list[FinetuneRun], overrides: list[str], config_path: str = FINETUNE_CONFIG
+) -> None:
+  """Every fine-tuning run's --config.* names a key of its task's config, checked before any
+  pretraining starts (a typo would otherwise fail hours later)."""
+  spec = importlib.util.spec_from_file_location("sweep_finetune_config", config_path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  configs: dict[str, Any] = {}
+  for r in runs:
+    if r.task not in configs:
+      configs[r.task] = module.get_config(r.task)
+    _check_keys(configs[r.task], [*r.overrides, *overrides], f"{config_path}:{r.task}")
 
 
 def command(
@@ -237,7 +258,7 @@ def finetune_command(
     sys.executable,
     "-m",
     finetune_module,
-    f"--config={os.path.join(REPO, 'configs', 'finetune.py')}:{run.task}",
+    f"--config={FINETUNE_CONFIG}:{run.task}",
     f"--config.init={os.path.join(root, run.point)}",
     f"--workdir={run.workdir(root)}",
     *run.overrides,
@@ -334,6 +355,10 @@ def run(
   points = _selected(expand(path, arg), only)
   check_overrides(path, points[0].arg, overrides)
   extra = ["--distributed"] if distributed else []
+  if "finetune" in stages and os.path.exists(FINETUNE_CONFIG):
+    check_finetune_overrides(
+      [r for p in points for r in finetune_runs(path, p)], finetune_overrides
+    )
   failed = []
   for point in points:
     workdir = os.path.join(root, point.name)

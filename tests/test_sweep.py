@@ -391,3 +391,25 @@ def test_tpu_vm_dry_run_is_one_queued_resource_per_point(capsys, tmp_path):
   script = tmp_path / "tpu.sh"
   script.write_text(out)
   assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+def test_finetune_overrides_are_checked_against_the_task_config(tmp_path):
+  config = tmp_path / "finetune.py"
+  config.write_text(
+    "import ml_collections\n"
+    "def get_config(arg):\n"
+    "  c = ml_collections.ConfigDict({'opt': {'lr': 1e-3, 'epochs': 2}, 'seeds': 1})\n"
+    "  if arg == 'vitaminc':\n"
+    "    c.pairs = True\n"
+    "  return c\n"
+  )
+  point = sweep.expand(TABLE5, "scale=cpu")[0]
+  runs = [
+    sweep.FinetuneRun(point.name, "rotten_tomatoes", point.name, ("--config.opt.lr=1",)),
+    sweep.FinetuneRun(point.name, "vitaminc", point.name, ("--config.pairs=False",)),
+  ]
+  sweep.check_finetune_overrides(runs, ["--config.seeds=3"], str(config))
+  with pytest.raises(ValueError, match=r"--config.opt.lrr: no such key in the config of .*:vitam"):
+    sweep.check_finetune_overrides(runs[1:], ["--config.opt.lrr=3"], str(config))
+  with pytest.raises(ValueError, match=r"--config.pairs: no such key .*:rotten_tomatoes"):
+    sweep.check_finetune_overrides(runs[:1], ["--config.pairs=True"], str(config))
