@@ -2,7 +2,8 @@ r"""Whether every experiment point fits a TPU slice at paper scale: one AOT comp
 
   nice -n 10 python scripts/aot_fit_table.py --out=docs/aot_fit.md \
       [--topologies=v5e-16,v4-32,v6e-8] [--only=table5_pretraining_tasks] [--unrolled] \
-      [--rows=ROWS.json]   # also keep the raw rows; --from_rows=ROWS.json re-renders them
+      [--rows=ROWS.json]   # keep the raw rows (after every compile); --from_rows=ROWS.json
+                           # re-renders them; a rerun with --rows reuses the rows there
 
 For every point of every file in experiments/ at `scale=full` (BERT-Base or the Table 6 row's
 size, global batch 256 x 128, the paper's phase 1) plus the largest point at phase 2 (256 x 512,
@@ -91,13 +92,21 @@ def fit_rows(
   compile_fn: Callable[[Any, str], dict[str, Any]],
   log: Callable[[str], None] = lambda s: None,
   on_rows: Callable[[list[dict[str, Any]]], None] = lambda rows: None,
+  known: list[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
   """One row per point x topology: {experiment, point, topology, bytes, hbm_bytes, fits, mesh,
   same_as}. `compile_fn(config, topology)` is aot.compile_train_step's contract: its result
-  dict, or ValueError('does not fit ...'). Identical configs are compiled once."""
+  dict, or ValueError('does not fit ...'). Identical configs are compiled once; `known` rows
+  (an earlier run's, same point and topology) are not compiled again."""
   from bert_jax import aot
 
   done: dict[tuple[str, str], tuple[dict[str, Any], str]] = {}
+  fields = ("bytes", "fits", "mesh", "error")
+  earlier = {
+    (r["experiment"], r["point"], r["topology"]): {k: r[k] for k in fields if k in r}
+    for r in known
+    if not r["same_as"]
+  }
   rows = []
   for p in points:
     for topology in topologies:
@@ -107,6 +116,9 @@ def fit_rows(
       if key in done:
         row, first = done[key]
         same_as = first
+      elif (p.experiment, p.name, topology) in earlier:
+        row = earlier[(p.experiment, p.name, topology)]
+        done[key] = (row, f"{p.experiment} {p.name}")
       else:
         t0 = time.time()
         try:
@@ -221,12 +233,17 @@ def main(argv: list[str]) -> int:
         with open(opts["rows"], "w") as f:
           json.dump({"rows": rows, "seconds": time.time() - t0, "command": command}, f, indent=1)
 
+    known = []
+    if opts["rows"] and os.path.exists(opts["rows"]):
+      with open(opts["rows"]) as f:
+        known = json.load(f)["rows"]
     rows = fit_rows(
       points,
       topologies,
       lambda c, t: aot.compile_train_step(c, t),
       log=lambda s: print(s, flush=True),
       on_rows=save,
+      known=known,
     )
     save(rows)
     seconds = time.time() - t0

@@ -76,6 +76,13 @@ def test_rows_and_table_from_mocked_compiles():
   assert any(
     ln.endswith("| same config as table5_pretraining_tasks task=mlm_nsp |") for ln in lines
   )
+
+  # A rerun given these rows compiles nothing again.
+  def no_compile(config, topology):
+    raise AssertionError("compiled again")
+
+  again = fit.fit_rows(points, ("v5e-16", "v6e-8"), no_compile, known=rows)
+  assert fit.format_table(again, ("v5e-16", "v6e-8")) == table
   # A partial run (stopped after the first compile) still renders.
   partial = fit.format_table(rows[:1], ("v5e-16", "v6e-8"))
   assert partial.splitlines()[2].endswith("| not compiled | yes |")
