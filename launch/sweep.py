@@ -51,6 +51,7 @@ import importlib.util
 import inspect
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -351,7 +352,7 @@ def run(
   Per point: its pretraining, then its fine-tuning runs; after every point the report."""
   path, arg = split_experiment(experiment)
   overrides = _checked_overrides(overrides, "--config.")
-  finetune_overrides = _checked_overrides(finetune_overrides, "--config.")
+  finetune_overrides = _checked_overrides(finetune_overrides, "--finetune.")
   points = _selected(expand(path, arg), only)
   check_overrides(path, points[0].arg, overrides)
   extra = ["--distributed"] if distributed else []
@@ -497,7 +498,7 @@ def tpu_vm_script(experiment: str, root: str, points: list[Point], opts: Options
   """A bash script: per point one queued resource (a TPU VM slice of its own), set up with
   launch/tpu_pod.sh, running the point on every worker, then deleted; points in parallel."""
   name = os.path.splitext(os.path.basename(split_experiment(experiment)[0]))[0]
-  slug = name.replace("_", "-").lower()[:40]
+  slug = name.replace("_", "-").lower()[:24]
   opts = dataclasses.replace(opts, distributed=True)  # every worker joins one JAX job
   lines = [
     "#!/usr/bin/env bash",
@@ -515,18 +516,23 @@ def tpu_vm_script(experiment: str, root: str, points: list[Point], opts: Options
     'qr() { gcloud compute tpus queued-resources "$@" --zone="$ZONE" "${PROJECT_FLAG[@]}"; }',
     "pids=()",
   ]
-  for i, point in enumerate(points):
-    qr = f"bert-jax-{slug}-{i}"
+  for point in points:
+    # Named by the point (not its index) so launches with different --only never collide.
+    qr = f"bert-jax-{slug}-{re.sub('[^a-z0-9]+', '-', point.name.lower()).strip('-')}"[:63]
     remote = "cd bert_jax && ~/venv/bin/python " + _quote(
       _point_argv(experiment, root, point, opts, REPO)
     )
     lines += [
-      f"# point {i}: {point.name}",
+      f"# point {point.name}",
       "(",
       f'  qr create {qr} --node-id={qr} --accelerator-type="$ACCELERATOR" '
       '--runtime-version="$RUNTIME" ${SPOT:+--spot}',
-      f"  until [[ \"$(qr describe {qr} --format='value(state.state)')\" == ACTIVE ]]; do "
-      "sleep 60; done",
+      f"  until state=\"$(qr describe {qr} --format='value(state.state)')\"; "
+      '[[ "$state" == ACTIVE ]]; do',
+      '    if [[ "$state" == FAILED || "$state" == SUSPENDED ]]; then '
+      f'echo "{qr}: $state" >&2; exit 1; fi',
+      "    sleep 60",
+      "  done",
       f"  TPU_NAME={qr} launch/tpu_pod.sh setup",
       f'  gcloud compute tpus tpu-vm ssh {qr} --zone="$ZONE" "${{PROJECT_FLAG[@]}}" '
       f"--worker=all --command={shlex.quote(remote)}",

@@ -371,8 +371,8 @@ def test_tpu_vm_dry_run_is_one_queued_resource_per_point(capsys, tmp_path):
   lines = out.splitlines()
   creates = [ln for ln in lines if "qr create" in ln]
   assert [ln.split()[2] for ln in creates] == [
-    "bert-jax-table5-pretraining-tasks-0",
-    "bert-jax-table5-pretraining-tasks-1",
+    "bert-jax-table5-pretraining-tasks-task-mlm",
+    "bert-jax-table5-pretraining-tasks-task-ltr",
   ]
   ssh = [ln for ln in lines if "tpu-vm ssh" in ln]
   assert len(ssh) == 2
