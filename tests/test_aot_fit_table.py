@@ -83,9 +83,11 @@ def test_rows_and_table_from_mocked_compiles():
 
   again = fit.fit_rows(points, ("v5e-16", "v6e-8"), no_compile, known=rows)
   assert fit.format_table(again, ("v5e-16", "v6e-8")) == table
-  # A partial run (stopped after the first compile) still renders.
-  partial = fit.format_table(rows[:1], ("v5e-16", "v6e-8"))
-  assert partial.splitlines()[2].endswith("| not compiled | yes |")
+  # A partial run (stopped after the first compile) still lists every point.
+  partial = fit.format_table(rows[:1], ("v5e-16", "v6e-8"), points).splitlines()
+  assert len(partial) == 2 + len(points)
+  assert partial[2].endswith("| not compiled | yes |")
+  assert partial[3].endswith("| not compiled | not compiled | no |")
 
 
 def test_other_compile_errors_propagate():
