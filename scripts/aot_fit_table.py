@@ -171,6 +171,8 @@ def format_table(
         out.append("not compiled")
         continue
       used = "?" if r["bytes"] is None else f"{r['bytes'] / GiB:.2f}"
+      if "HLO temporaries" in r.get("error", ""):
+        used = ">" + used  # XLA's out-of-memory message counts the temporaries alone
       fits = "**fits**" if r["fits"] else "**does not fit**"
       out.append(f"{used} / {r['hbm_bytes'] / GiB:.0f} GiB, {fits}, mesh {_mesh(r['mesh'])}")
     same = {r["same_as"] for r in cells.values()} - {""}
@@ -202,8 +204,11 @@ donated aliases + temporaries, GiB) / the chip's HBM, whether it fits, and the m
 (the paper's phase 1) for every point; the largest model also at 256 x 512 (phase 2, 80
 predictions per sequence). fp32 params, AdamW, the point's own objective and masking.
 Layers are scanned (`model.scan_layers=True`): about twice the temporaries of the unrolled
-model, so a "fits" here also holds unrolled. Identical configs (each experiment's BERT-Base
-baseline) are compiled once. {versions}
+model, so a "fits" here also holds unrolled. No rematerialisation (the experiments keep the
+base recipe's `model.remat_policy="none"`; configs/bert_large.py's `minimal` policy would cut the
+temporaries of the big rows). ">X" marks a compile XLA stopped for lack of HBM: X counts its
+temporaries alone. Identical configs (each experiment's BERT-Base baseline) are compiled
+once. {versions}
 
 {table}
 """

@@ -66,6 +66,8 @@ def test_rows_and_table_from_mocked_compiles():
   assert static["same_as"] == "table5_pretraining_tasks task=mlm_nsp"
 
   table = fit.format_table(rows, ("v5e-16", "v6e-8"))
+  oom = dict(rows[0], bytes=29.05 * GiB, fits=False, mesh=None, error="... HLO temporaries ...")
+  assert "| >29.05 / 16 GiB, **does not fit**, mesh - |" in fit.format_table([oom], ("v5e-16",))
   lines = table.splitlines()
   assert lines[0] == "| experiment | point | v5e-16 | v6e-8 | compiled |"
   assert len(lines) == 2 + len(points)
