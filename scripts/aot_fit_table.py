@@ -19,6 +19,7 @@ unrolled model (NOTES-jax.md section 2), so "fits" here is the conservative answ
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import glob
 import importlib.util
@@ -71,7 +72,9 @@ def paper_points(scan_layers: bool = True, only: str | None = None) -> list[FitP
   if out:
     largest = max(out, key=lambda p: (p.config.model.hidden_size, p.config.model.num_layers))
     phase2 = config_lib.pretraining_phase(largest.config.copy_and_resolve_references(), 2)
-    out.append(FitPoint(largest.experiment, largest.name + " (256 x 512)", phase2))
+    out.insert(
+      out.index(largest) + 1, FitPoint(largest.experiment, largest.name + " (256 x 512)", phase2)
+    )
   return out
 
 
@@ -95,7 +98,7 @@ def _not_fitting_bytes(message: str) -> float | None:
 def fit_rows(
   points: list[FitPoint],
   topologies: tuple[str, ...],
-  compile_fn: Callable[[Any, str], dict[str, Any]],
+  compile_fn: Callable[[Any, str], dict[str, Any]] | None,
   log: Callable[[str], None] = lambda s: None,
   on_rows: Callable[[list[dict[str, Any]]], None] = lambda rows: None,
   known: list[dict[str, Any]] = (),
@@ -103,7 +106,8 @@ def fit_rows(
   """One row per point x topology: {experiment, point, topology, bytes, hbm_bytes, fits, mesh,
   same_as}. `compile_fn(config, topology)` is aot.compile_train_step's contract: its result
   dict, or ValueError('does not fit ...'). Identical configs are compiled once; `known` rows
-  (an earlier run's, same point and topology) are not compiled again."""
+  (an earlier run's, same point and topology) are not compiled again; with no compile_fn
+  nothing is, and a point x topology neither known nor identical to one known has no row."""
   from bert_jax import aot
 
   done: dict[tuple[str, str], tuple[dict[str, Any], str]] = {}
@@ -125,6 +129,8 @@ def fit_rows(
       elif (p.experiment, p.name, topology) in earlier:
         row = earlier[(p.experiment, p.name, topology)]
         done[key] = (row, f"{p.experiment} {p.name}")
+      elif compile_fn is None:
+        continue
       else:
         t0 = time.time()
         try:
@@ -143,6 +149,12 @@ def fit_rows(
       if not same_as:
         on_rows(rows)  # the rows so far: a long run leaves a partial table behind
   return rows
+
+
+def _error_mesh(message: str) -> dict[str, int] | None:
+  """The mesh aot's 'does not fit: TOPOLOGY mesh {...}, batch N: ...' names, if any."""
+  m = re.search(r"mesh (\{[^}]*\})", message)
+  return ast.literal_eval(m.group(1)) if m else None
 
 
 def _mesh(mesh: dict[str, int] | None) -> str:
@@ -174,7 +186,8 @@ def format_table(
       if "HLO temporaries" in r.get("error", ""):
         used = ">" + used  # XLA's out-of-memory message counts the temporaries alone
       fits = "**fits**" if r["fits"] else "**does not fit**"
-      out.append(f"{used} / {r['hbm_bytes'] / GiB:.0f} GiB, {fits}, mesh {_mesh(r['mesh'])}")
+      mesh = r["mesh"] or _error_mesh(r.get("error", ""))
+      out.append(f"{used} / {r['hbm_bytes'] / GiB:.0f} GiB, {fits}, mesh {_mesh(mesh)}")
     same = {r["same_as"] for r in cells.values()} - {""}
     note = f"same config as {same.pop()}" if same else "yes" if cells else "no"
     lines.append(f"| {experiment} | {point} | " + " | ".join(out) + f" | {note} |")
@@ -277,7 +290,8 @@ def main(argv: list[str]) -> int:
     )
     save(rows)
     seconds = time.time() - t0
-  table = format_table(rows, topologies, points)
+  # Every point in the table's order, identical configs sharing their rows.
+  table = format_table(fit_rows(points, topologies, None, known=rows), topologies, points)
   print(table)
   missing = table.count("not compiled")
   versions = f"jax {jax.__version__}, libtpu {getattr(libtpu, '__version__', '?')}."

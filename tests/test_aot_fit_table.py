@@ -48,7 +48,10 @@ def test_rows_and_table_from_mocked_compiles():
   def compile_fn(config, topology):
     calls.append((config.objective.ltr, config.masking.mode, topology))
     if topology == "v5e-16" and config.objective.ltr:
-      raise ValueError("does not fit: v5e-16 needs 17.25 GiB per device, HBM is 16 GiB")
+      raise ValueError(
+        "does not fit: v5e-16 mesh {'data': 1, 'fsdp': 16, 'tensor': 1}, batch 256: "
+        "RESOURCE_EXHAUSTED: ... required for HLO temporaries (17.25G) exceeds available HBM"
+      )
     n = {"v5e-16": 16, "v4-32": 16, "v6e-8": 8}[topology]
     return {"total_bytes": int(1.5 * GiB), "mesh": {"data": 1, "fsdp": n, "tensor": 1}}
 
@@ -72,7 +75,8 @@ def test_rows_and_table_from_mocked_compiles():
   assert lines[0] == "| experiment | point | v5e-16 | v6e-8 | compiled |"
   assert len(lines) == 2 + len(points)
   assert next(ln for ln in lines if "| task=ltr |" in ln) == (
-    "| table5_pretraining_tasks | task=ltr | 17.25 / 16 GiB, **does not fit**, mesh - | "
+    "| table5_pretraining_tasks | task=ltr | >17.25 / 16 GiB, **does not fit**, mesh data 1 x "
+    "fsdp 16 x tensor 1 | "
     "1.50 / 32 GiB, **fits**, mesh data 1 x fsdp 8 x tensor 1 | yes |"
   )
   assert any(
@@ -85,6 +89,13 @@ def test_rows_and_table_from_mocked_compiles():
 
   again = fit.fit_rows(points, ("v5e-16", "v6e-8"), no_compile, known=rows)
   assert fit.format_table(again, ("v5e-16", "v6e-8")) == table
+  # Rendering a stopped run's rows: identical configs share them, nothing is compiled.
+  first = fit.fit_rows(points, ("v5e-16", "v6e-8"), None, known=rows[:2])
+  assert {(r["point"], r["same_as"]) for r in first} == {
+    ("task=mlm_nsp", ""),
+    ("mode=static", "table5_pretraining_tasks task=mlm_nsp"),
+    ("whole_word=False", "table5_pretraining_tasks task=mlm_nsp"),
+  }
   # A partial run (stopped after the first compile) still lists every point.
   partial = fit.format_table(rows[:1], ("v5e-16", "v6e-8"), points).splitlines()
   assert len(partial) == 2 + len(points)
