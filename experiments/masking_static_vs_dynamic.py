@@ -9,12 +9,16 @@ Rows (`mode=`), changing only `config.masking.mode` from the BERT-Base recipe (M
   dynamic  RoBERTa: mask = f(seed, example id, epoch), a new mask every pass
 Both rows read the same data; eval always uses static masks so the numbers are comparable.
 
+Downstream suite (`finetune_suite`, experiments/_downstream.py, the same for every point):
+rotten_tomatoes, vitaminc, squadshifts, brown_pos; at cpu scale 1,500 training examples,
+2 epochs, 3 seeds; at full scale the paper's recipe with 5 seeds.
+
 Command (full scale):
   python launch/sweep.py --experiment=experiments/masking_static_vs_dynamic.py --root=$WD \
       --config.data.dir=$DATA/wiki_books_128
 CPU scale (bundled corpus with dupe_factor 5, 300 steps: several epochs, so the masks differ):
   python launch/sweep.py --experiment=experiments/masking_static_vs_dynamic.py:scale=cpu \
-      --root=/tmp/masking && python -m bert_jax.report --root=/tmp/masking
+      --root=/tmp/masking   # pretrain, fine-tune, report (in /tmp/masking/report)
 
 Hardware and time: full scale, each point is a BERT-Base pretraining run (the paper's 4 Cloud
 TPUs for 4 days); CPU scale, 2 CPU cores, not yet
@@ -30,8 +34,12 @@ from bert_jax import config_lib
 MODES = ("static", "dynamic")
 
 
+def _parse(arg):
+  return config_lib.parse_arg(arg, mode="static", scale="full")
+
+
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, mode="static", scale="full")
+  a = _parse(arg)
   if a.mode not in MODES:
     raise ValueError(f"mode must be one of {', '.join(MODES)}, not {a.mode!r}")
   c = config_lib.scaled_base(a.scale)
@@ -42,3 +50,9 @@ def get_config(arg=None):
 def sweep(add):
   for mode in MODES:
     add(mode=mode)
+
+
+def finetune_suite(arg=None):
+  from experiments import _downstream
+
+  return _downstream.suite(_parse(arg).scale)

@@ -12,8 +12,13 @@ Rows (`task=`), each changing only `config.objective` from the base recipe:
            off, RoBERTa's FULL-SENTENCES), built automatically from `data.input` or given
            as --config.data.dir
   ltr      "LTR & No NSP": left-to-right LM (causal attention, next-token loss), no NSP
-The paper's "+ BiLSTM" row (a BiLSTM on top of the LTR model for fine-tuning) is not
-implemented.
+The paper's "+ BiLSTM" row is not a pretraining point: it is the ltr checkpoint fine-tuned with
+a randomly initialised BiLSTM between encoder and head (`head.bilstm=True`), reported as the
+row `task=ltr_bilstm` (its runs are in <root>/task=ltr_bilstm/finetune/).
+
+Downstream suite (`finetune_suite`, experiments/_downstream.py, the same for every point):
+rotten_tomatoes, vitaminc, squadshifts, brown_pos; at cpu scale 1,500 training examples,
+2 epochs, 3 seeds; at full scale the paper's recipe with 5 seeds.
 
 Command (full scale, BERT-Base recipe of config_lib.base_config; NSP rows need NSP data,
 the others packed data):
@@ -23,7 +28,7 @@ the others packed data):
       --only=task=mlm --config.data.dir=$DATA/wiki_books_128_packed   # likewise task=ltr
 CPU scale (tiny model, bundled corpus, 300 steps; each run builds its own data):
   python launch/sweep.py --experiment=experiments/table5_pretraining_tasks.py:scale=cpu \
-      --root=/tmp/table5 && python -m bert_jax.report --root=/tmp/table5
+      --root=/tmp/table5   # pretrain, fine-tune, report (in /tmp/table5/report)
 
 Hardware and time: full scale, each point is a BERT-Base pretraining run (the paper's 4 Cloud
 TPUs for 4 days); CPU scale, 2 CPU cores, not yet
@@ -41,8 +46,12 @@ from bert_jax import config_lib
 TASKS = ("mlm_nsp", "mlm", "ltr")
 
 
+def _parse(arg):
+  return config_lib.parse_arg(arg, task="mlm_nsp", scale="full")
+
+
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, task="mlm_nsp", scale="full")
+  a = _parse(arg)
   if a.task not in TASKS:
     raise ValueError(f"task must be one of {', '.join(TASKS)}, not {a.task!r}")
   c = config_lib.scaled_base(a.scale)
@@ -56,3 +65,17 @@ def get_config(arg=None):
 def sweep(add):
   for task in TASKS:
     add(task=task)
+
+
+def finetune_suite(arg=None):
+  from experiments import _downstream
+
+  a = _parse(arg)
+  runs = _downstream.suite(a.scale)
+  if a.task == "ltr":
+    # "LTR & No NSP + BiLSTM": the same checkpoint, no second pretraining.
+    runs += [
+      {**r, "overrides": {**r["overrides"], "head.bilstm": True}, "row": {"task": "ltr_bilstm"}}
+      for r in _downstream.suite(a.scale)
+    ]
+  return runs

@@ -7,9 +7,14 @@ Rows (`row=`, the paper's #L/#H/#A; names from bert_jax.model.SIZES), each chang
 the model's depth, width and heads (intermediate = 4 x hidden) from the base recipe:
   L3_H768_A12, L6_H768_A3, L6_H768_A12, L12_H768_A12 (= BERT-Base), L12_H1024_A16,
   L24_H1024_A16 (= BERT-Large)
-At `scale=cpu` each row is a scaled-down analogue with the same head count, a third of the
-layers and an eighth of the width: L3_H768_A12 -> 1 layer, hidden 96, 12 heads; ...;
-L24_H1024_A16 -> 8 layers, hidden 128, 16 heads (head dims 8 to 32, as the rows' ratios).
+At `scale=cpu` the rows are four sizes of bert_jax.model.SIZES at the same token budget
+(300 steps x 32 x 128): tiny (2 layers, hidden 128), mini (4, 256), small (4, 512), medium
+(8, 512): 0.4M to 25M non-embedding parameters, a 64x span (the paper's rows span 14x), so a
+size effect has room to show on 2 CPU cores.
+
+Downstream suite (`finetune_suite`, experiments/_downstream.py, the same for every point):
+rotten_tomatoes, vitaminc, squadshifts, brown_pos; at cpu scale 1,500 training examples,
+2 epochs, 3 seeds; at full scale the paper's recipe with 5 seeds.
 
 Command (full scale; the big rows may want --config.model.scan_layers=True, and
 `python -m bert_jax.aot` tells whether a row fits a slice):
@@ -17,7 +22,7 @@ Command (full scale; the big rows may want --config.model.scan_layers=True, and
       --config.data.dir=$DATA/wiki_books_128
 CPU scale (bundled corpus, 300 steps):
   python launch/sweep.py --experiment=experiments/table6_model_size.py:scale=cpu \
-      --root=/tmp/table6 && python -m bert_jax.report --root=/tmp/table6
+      --root=/tmp/table6   # pretrain, fine-tune, report (in /tmp/table6/report)
 
 Hardware and time: full scale, each point is a pretraining run of its size (BERT-Base: the
 paper's 4 Cloud TPUs for 4 days); CPU scale, 2 CPU cores, not yet
@@ -29,6 +34,7 @@ CPU scale: not yet run.
 """
 
 from bert_jax import config_lib
+from bert_jax import model as model_lib
 
 ROWS = (
   "L3_H768_A12",
@@ -40,22 +46,36 @@ ROWS = (
 )
 
 
+# At cpu scale: four of bert_jax.model.SIZES, 0.4M to 25M non-embedding parameters.
+CPU_ROWS = ("tiny", "mini", "small", "medium")
+
+
+def _rows(scale: str) -> tuple[str, ...]:
+  return CPU_ROWS if scale == "cpu" else ROWS
+
+
+def _parse(arg):
+  return config_lib.parse_arg(arg, row="", scale="full")
+
+
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, row="L12_H768_A12", scale="full")
-  if a.row not in ROWS:
-    raise ValueError(f"row must be one of {', '.join(ROWS)}, not {a.row!r}")
+  a = _parse(arg)
   c = config_lib.scaled_base(a.scale)
+  # The baseline: BERT-Base, or at cpu scale the size scaled_base trains.
+  a.row = a.row or ("tiny" if a.scale == "cpu" else "L12_H768_A12")
+  if a.row not in _rows(a.scale):
+    raise ValueError(f"row must be one of {', '.join(_rows(a.scale))}, not {a.row!r}")
   # The ablated fields.
-  layers, hidden, heads = (int(p[1:]) for p in a.row.split("_"))
-  if a.scale == "cpu":
-    layers, hidden = layers // 3, hidden // 8
-  c.model.num_layers = layers
-  c.model.hidden_size = hidden
-  c.model.num_heads = heads
-  c.model.intermediate_size = 4 * hidden
+  c.model.update(model_lib.size_fields(a.row))
   return c
 
 
-def sweep(add):
-  for row in ROWS:
+def sweep(add, arg=None):
+  for row in _rows(_parse(arg).scale):
     add(row=row)
+
+
+def finetune_suite(arg=None):
+  from experiments import _downstream
+
+  return _downstream.suite(_parse(arg).scale)

@@ -10,12 +10,16 @@ Rows (`whole_word=`), changing only `config.masking.whole_word` from the BERT-Ba
 Eval uses each run's own masking, so its MLM accuracy is expected to be lower with whole
 words (a harder task); compare the rows by fine-tuning, or by eval loss at equal masking.
 
+Downstream suite (`finetune_suite`, experiments/_downstream.py, the same for every point):
+rotten_tomatoes, vitaminc, squadshifts, brown_pos; at cpu scale 1,500 training examples,
+2 epochs, 3 seeds; at full scale the paper's recipe with 5 seeds.
+
 Command (full scale):
   python launch/sweep.py --experiment=experiments/whole_word_masking.py --root=$WD \
       --config.data.dir=$DATA/wiki_books_128
 CPU scale (bundled corpus, 300 steps):
   python launch/sweep.py --experiment=experiments/whole_word_masking.py:scale=cpu \
-      --root=/tmp/wwm && python -m bert_jax.report --root=/tmp/wwm
+      --root=/tmp/wwm   # pretrain, fine-tune, report (in /tmp/wwm/report)
 
 Hardware and time: full scale, each point is a BERT-Base pretraining run (the paper's 4 Cloud
 TPUs for 4 days); CPU scale, 2 CPU cores, not yet
@@ -27,8 +31,12 @@ Result: not run at full scale here (no TPU). CPU scale: not yet run.
 from bert_jax import config_lib
 
 
+def _parse(arg):
+  return config_lib.parse_arg(arg, whole_word=False, scale="full")
+
+
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, whole_word=False, scale="full")
+  a = _parse(arg)
   c = config_lib.scaled_base(a.scale)
   c.masking.whole_word = a.whole_word  # the ablated field
   return c
@@ -37,3 +45,9 @@ def get_config(arg=None):
 def sweep(add):
   for whole_word in (False, True):
     add(whole_word=whole_word)
+
+
+def finetune_suite(arg=None):
+  from experiments import _downstream
+
+  return _downstream.suite(_parse(arg).scale)

@@ -1,43 +1,69 @@
-"""Runs every point of an experiment's sweep, one workdir per point.
+r"""Runs every point of an experiment: its pretraining, then its fine-tuning suite; then the report.
 
   python launch/sweep.py --experiment=experiments/table5_pretraining_tasks.py:scale=cpu \
-      --root=/tmp/table5 [--dry_run] [--only=task=mlm] [--config.opt.total_steps=100 ...]
+      --root=/tmp/table5 [--dry_run] [--only=task=mlm] [--config.opt.total_steps=100 ...] \
+      [--finetune.opt.epochs=1 ...] [--stages=pretrain,finetune,report] \
+      [--backend=local|slurm|tpu_vm] [--distributed]
 
 --only takes a point's name or just its values (`--only=mlm`), several separated by ';'.
+--config.KEY=VALUE goes to every pretraining run, --finetune.KEY=VALUE (as --config.KEY=VALUE)
+to every fine-tuning run. --stages picks what runs (default: all three).
 
-Convention: an experiment file defines `get_config(arg)` and `sweep(add)`; `sweep` calls
+Convention: an experiment file defines `get_config(arg)` and `sweep(add)` (or `sweep(add,
+arg)`, given the --experiment ARG, to list other points per scale); `sweep` calls
 `add(key=value, ...)` once per point, with keys of the file's own `:ARG` (the values
 `config_lib.parse_arg` accepts). A point's ARG is the `--experiment` ARG with the point's keys
 set on top (the point wins), so every point is reproducible by hand as
 `python -m bert_jax.main --config=FILE:ARG`. Its name, and its workdir under --root, is the
 point's own `key=value[,key=value]` (e.g. `task=mlm`). Any `--config.x=y` flags are passed on
-to every point (checked against the config first).
+to every point (checked against the config first). An optional `finetune_suite(arg)` lists the
+point's fine-tuning runs (experiments/_downstream.py describes a run): each is
+`python -m bert_jax.finetune --config=configs/finetune.py:TASK --config.init=<root>/<point>
+--workdir=<root>/<row>/finetune/<TASK> --config.KEY=VALUE ...`, where the row is the point
+unless the run names its own (Table 5's `task=ltr_bilstm`: the ltr checkpoint, fine-tuned
+with a BiLSTM). After every point, `python -m bert_jax.report --root=<root>`.
 
-Points run locally one after another (`python -m bert_jax.main ...`). A point is finished
-only when its run exited 0 and its own record (`run_status.json`) says it reached its last
-step; it then gets `sweep_done.json` in its workdir and is skipped (delete it to rerun). A
-point stopped any other way resumes from its checkpoints next time. A preempted point (exit
-75, or SIGTERM/SIGINT/SIGHUP to this script, which it passes on to the running point) stops
-the sweep with exit status 75: rerun the same command to resume. Failures are reported at the
-end and make the exit status 1.
+Locally (--backend=local) points run one after another. A pretraining run is finished only
+when it exited 0 and its own record (`run_status.json`) says it reached its last step; a
+fine-tuning run when it exited 0 and wrote results.json. Either then gets `sweep_done.json`
+in its workdir and is skipped (delete it to rerun); a point whose pretraining is not finished
+is not fine-tuned. A run stopped any other way resumes from its checkpoints next time. A
+preempted run (exit 75, or SIGTERM/SIGINT/SIGHUP to this script, which it passes on to the
+running command) stops the sweep with exit status 75: rerun the same command to resume.
+Failures are reported at the end, skip the report and make the exit status 1.
+
+--backend=slurm: an sbatch job array, task i = point i (its pretraining and fine-tuning, via
+this script with --only), requeued (`scontrol requeue`) when a task exits 75, then the report
+as a job depending on the array (afterok). --backend=tpu_vm: per point one Cloud TPU queued
+resource, set up with launch/tpu_pod.sh, running the point on every worker (--distributed),
+then deleted; the report after all. With --dry_run both print their script and submit
+nothing; without, the script is written to <root>/<backend>.sh and submitted (sbatch; bash).
+Neither scheduler path has run against a real cluster here (no SLURM or TPU available): they
+are written from the sbatch/scontrol and gcloud references and tested by their printed
+scripts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
+import inspect
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bert_jax import preemption
 
 DONE = "sweep_done.json"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Preempted(Exception):
@@ -96,7 +122,11 @@ def expand(path: str, arg: str = "") -> list[Point]:
       raise ValueError(f"{path}: sweep() called add() without arguments")
     raw.append(point)
 
-  module.sweep(add)
+  # sweep(add, arg) may list different points per scale (Table 6's sizes).
+  if len(inspect.signature(module.sweep).parameters) > 1:
+    module.sweep(add, arg)
+  else:
+    module.sweep(add)
   if not raw:
     raise ValueError(f"{path}: sweep() added no points")
   points = []
@@ -114,16 +144,37 @@ def expand(path: str, arg: str = "") -> list[Point]:
   return points
 
 
-def check_overrides(path: str, arg: str, overrides: list[str]) -> None:
-  """Every --config.a.b=v names an existing key (main.py would fail later, per point)."""
-  config = load_experiment(path).get_config(arg)
+def _check_keys(config: Any, overrides: list[str], where: str) -> None:
   for o in overrides:
     key = o.split("=", 1)[0][len("--config.") :]
     node = config
     for part in key.split("."):
       if not hasattr(node, "keys") or part not in node:
-        raise ValueError(f"{o.split('=', 1)[0]}: no such key in the config of {path}")
+        raise ValueError(f"{o.split('=', 1)[0]}: no such key in the config of {where}")
       node = node[part]
+
+
+def check_overrides(path: str, arg: str, overrides: list[str]) -> None:
+  """Every --config.a.b=v names an existing key (main.py would fail later, per point)."""
+  _check_keys(load_experiment(path).get_config(arg), overrides, path)
+
+
+FINETUNE_CONFIG = os.path.join(REPO, "configs", "finetune.py")
+
+
+def check_finetune_overrides(
+  runs: list[FinetuneRun], overrides: list[str], config_path: str = FINETUNE_CONFIG
+) -> None:
+  """Every fine-tuning run's --config.* names a key of its task's config, checked before any
+  pretraining starts (a typo would otherwise fail hours later)."""
+  spec = importlib.util.spec_from_file_location("sweep_finetune_config", config_path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  configs: dict[str, Any] = {}
+  for r in runs:
+    if r.task not in configs:
+      configs[r.task] = module.get_config(r.task)
+    _check_keys(configs[r.task], [*r.overrides, *overrides], f"{config_path}:{r.task}")
 
 
 def command(
@@ -156,6 +207,132 @@ def _values(name: str) -> str:
   return ",".join(item.split("=", 1)[1] for item in name.split(","))
 
 
+STAGES = ("pretrain", "finetune", "report")
+BACKENDS = ("local", "slurm", "tpu_vm")
+RESULTS = "results.json"  # what bert_jax.finetune writes last, once every seed is done
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneRun:
+  point: str  # the pretraining point whose checkpoint (<root>/<point>) it starts from
+  task: str  # a preset of configs/finetune.py
+  row: str  # its report row: the point's name, or the suite's own (e.g. task=ltr_bilstm)
+  overrides: tuple[str, ...]  # --config.KEY=VALUE for bert_jax.finetune
+
+  def workdir(self, root: str) -> str:
+    return os.path.join(root, self.row, "finetune", self.task)
+
+
+def finetune_runs(path: str, point: Point) -> list[FinetuneRun]:
+  """The point's downstream suite: the experiment's `finetune_suite(point.arg)`, checked."""
+  module = load_experiment(path)
+  if not callable(getattr(module, "finetune_suite", None)):
+    return []
+  # Experiment files share their suite through the `experiments` package of their checkout.
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+  if repo not in sys.path:
+    sys.path.insert(0, repo)
+  runs = []
+  for i, r in enumerate(module.finetune_suite(point.arg)):
+    where = f"{path}: finetune_suite({point.arg!r}) run {i}"
+    if not isinstance(r, dict) or not isinstance(r.get("task"), str):
+      raise ValueError(f"{where}: expected a dict with a task name, got {r!r}")
+    unknown = set(r) - {"task", "overrides", "row"}
+    if unknown:
+      raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    row = ",".join(f"{k}={_fmt(v)}" for k, v in r.get("row", {}).items()) or point.name
+    flags_ = tuple(f"--config.{k}={_fmt(v)}" for k, v in r.get("overrides", {}).items())
+    runs.append(FinetuneRun(point.name, r["task"], row, flags_))
+  seen = [(r.row, r.task) for r in runs]
+  if len(set(seen)) != len(seen):
+    raise ValueError(f"{path}: finetune_suite({point.arg!r}) lists a task twice for one row")
+  return runs
+
+
+def finetune_command(
+  run: FinetuneRun,
+  root: str,
+  overrides: list[str] = (),
+  finetune_module: str = "bert_jax.finetune",
+) -> list[str]:
+  return [
+    sys.executable,
+    "-m",
+    finetune_module,
+    f"--config={FINETUNE_CONFIG}:{run.task}",
+    f"--config.init={os.path.join(root, run.point)}",
+    f"--workdir={run.workdir(root)}",
+    *run.overrides,
+    *overrides,
+  ]
+
+
+def report_command(root: str, report_module: str = "bert_jax.report") -> list[str]:
+  return [sys.executable, "-m", report_module, f"--root={root}"]
+
+
+def _quote(cmd: list[str]) -> str:
+  return " ".join(shlex.quote(c) for c in cmd)
+
+
+def _run_step(
+  name: str,
+  cmd: list[str],
+  done: str,
+  env: dict[str, str] | None,
+  unfinished: Callable[[], str | None],
+) -> bool:
+  """Runs one pretraining or fine-tuning command unless `done` exists, and marks it done when
+  it exited 0 and `unfinished()` finds nothing missing. Returns whether it is done; raises
+  Preempted on exit 75 or a signal to this script (then nothing is marked)."""
+  if os.path.exists(done):
+    print(f"skip {name}: finished ({done} exists; delete it to rerun)", flush=True)
+    return True
+  print(f"run {name}: {_quote(cmd)}", flush=True)
+  start = time.time()
+  rc, signalled = _call_passing_signals(cmd, env)
+  if rc == preemption.EXIT_PREEMPTED or signalled:
+    raise Preempted(f"{name} was preempted (exit {rc}): rerun the sweep to resume")
+  why = f"exit {rc}" if rc else unfinished()
+  if why:
+    print(f"FAILED {name} ({why})", flush=True)
+    return False
+  tmp = done + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump({"command": cmd, "seconds": round(time.time() - start, 1)}, f, indent=2)
+  os.replace(tmp, done)
+  return True
+
+
+def _pretraining_unfinished(workdir: str) -> str | None:
+  state = (preemption.read_status(workdir) or {}).get("state")
+  return None if state == "finished" else f"exit 0, run status {state}"
+
+
+def _results_missing(results: str) -> str | None:
+  return None if os.path.exists(results) else f"exit 0 without {results}"
+
+
+def _checked_overrides(overrides: list[str], flag: str = "--config.") -> list[str]:
+  for o in overrides:
+    if not o.startswith("--config.") or "=" not in o:
+      raise ValueError(f"unexpected argument {o!r}: only {flag}KEY=VALUE overrides pass on")
+  return list(overrides)
+
+
+@dataclasses.dataclass
+class Options:
+  """What a sweep runs: every flag of the command line but --experiment and --root."""
+
+  overrides: list[str] = dataclasses.field(default_factory=list)  # --config.* (pretraining)
+  finetune_overrides: list[str] = dataclasses.field(default_factory=list)  # --finetune.*
+  only: str | None = None
+  stages: tuple[str, ...] = STAGES
+  backend: str = "local"
+  distributed: bool = False  # multi-host: --distributed to every pretraining/fine-tuning run
+  dry_run: bool = False
+
+
 def run(
   experiment: str,
   root: str,
@@ -164,40 +341,72 @@ def run(
   dry_run: bool = False,
   env: dict[str, str] | None = None,
   main_module: str = "bert_jax.main",
+  stages: tuple[str, ...] = STAGES,
+  finetune_overrides: list[str] = (),
+  finetune_module: str = "bert_jax.finetune",
+  report_module: str = "bert_jax.report",
+  distributed: bool = False,
 ) -> list[str]:
-  """Runs (or prints) the sweep; returns the names of points that failed."""
+  """Runs (or prints) the sweep on this machine; returns the names of what failed.
+
+  Per point: its pretraining, then its fine-tuning runs; after every point the report."""
   path, arg = split_experiment(experiment)
-  overrides = list(overrides)
-  for o in overrides:
-    if not o.startswith("--config.") or "=" not in o:
-      raise ValueError(f"unexpected argument {o!r}: only --config.KEY=VALUE overrides pass on")
+  overrides = _checked_overrides(overrides, "--config.")
+  finetune_overrides = _checked_overrides(finetune_overrides, "--finetune.")
   points = _selected(expand(path, arg), only)
   check_overrides(path, points[0].arg, overrides)
+  extra = ["--distributed"] if distributed else []
+  if "finetune" in stages and os.path.exists(FINETUNE_CONFIG):
+    check_finetune_overrides(
+      [r for p in points for r in finetune_runs(path, p)], finetune_overrides
+    )
   failed = []
   for point in points:
     workdir = os.path.join(root, point.name)
-    cmd = command(path, point, root, overrides, main_module)
-    if dry_run:
-      print(" ".join(shlex.quote(c) for c in cmd))
+    cmd = command(path, point, root, overrides, main_module) + extra
+    if "pretrain" in stages:
+      if dry_run:
+        print(_quote(cmd))
+      elif not _run_step(
+        point.name,
+        cmd,
+        os.path.join(workdir, DONE),
+        env,
+        functools.partial(_pretraining_unfinished, workdir),
+      ):
+        failed.append(point.name)
+        continue
+    if "finetune" not in stages:
       continue
-    done = os.path.join(workdir, DONE)
-    if os.path.exists(done):
-      print(f"skip {point.name}: finished ({done} exists; delete it to rerun)", flush=True)
-      continue
-    print(f"run {point.name}: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
-    start = time.time()
-    rc, signalled = _call_passing_signals(cmd, env)
-    if rc == preemption.EXIT_PREEMPTED or signalled:
-      raise Preempted(f"{point.name} was preempted (exit {rc}): rerun the sweep to resume")
-    status = preemption.read_status(workdir) or {}
-    if rc or status.get("state") != "finished":
-      print(f"FAILED {point.name} (exit {rc}, run status {status.get('state')})", flush=True)
+    if not dry_run and not os.path.exists(os.path.join(workdir, DONE)):
+      print(f"FAILED {point.name}: not pretrained ({workdir}/{DONE} missing)", flush=True)
       failed.append(point.name)
       continue
-    tmp = done + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump({"command": cmd, "seconds": round(time.time() - start, 1)}, f, indent=2)
-    os.replace(tmp, done)
+    for ft in finetune_runs(path, point):
+      name = f"{ft.row}/finetune/{ft.task}"
+      ft_cmd = finetune_command(ft, root, finetune_overrides, finetune_module) + extra
+      if dry_run:
+        print(_quote(ft_cmd))
+        continue
+      results = os.path.join(ft.workdir(root), RESULTS)
+      if not _run_step(
+        name,
+        ft_cmd,
+        os.path.join(ft.workdir(root), DONE),
+        env,
+        functools.partial(_results_missing, results),
+      ):
+        failed.append(name)
+  if "report" in stages:
+    cmd = report_command(root, report_module)
+    if dry_run:
+      print(_quote(cmd))
+    elif failed:
+      print(f"no report: {len(failed)} run(s) failed", flush=True)
+    else:
+      print(f"report: {_quote(cmd)}", flush=True)
+      if subprocess.run(cmd, env=env).returncode:
+        failed.append("report")
   return failed
 
 
@@ -222,41 +431,214 @@ def _call_passing_signals(cmd: list[str], env: dict[str, str] | None) -> tuple[i
   return rc, bool(got)
 
 
-def _parse(argv: list[str]) -> dict[str, Any]:
+def _point_argv(experiment: str, root: str, point: Point, opts: Options, repo: str) -> list[str]:
+  """The command that runs one point (pretraining and fine-tuning) on a scheduler's machine."""
+  path, arg = split_experiment(experiment)
+  if os.path.abspath(path).startswith(repo + os.sep):
+    path = os.path.relpath(os.path.abspath(path), repo)  # the repo may live elsewhere there
+  return [
+    "launch/sweep.py",
+    f"--experiment={path}:{arg}" if arg else f"--experiment={path}",
+    f"--root={root}",
+    f"--only={point.name}",
+    "--stages=" + ",".join(s for s in opts.stages if s != "report"),
+    *opts.overrides,
+    *(o.replace("--config.", "--finetune.", 1) for o in opts.finetune_overrides),
+    *(["--distributed"] if opts.distributed else []),
+  ]
+
+
+def slurm_script(experiment: str, root: str, points: list[Point], opts: Options) -> str:
+  """An sbatch script: a job array, task i = point i (its pretraining, then its fine-tuning).
+
+  A task preempted (SLURM's SIGTERM, or the time limit: --signal sends it 5 min early) exits
+  75 after its runs saved checkpoints and is requeued (`scontrol requeue`); the requeued task
+  resumes, skipping what is done. Resources (GPUs, time, partition) go on sbatch's command
+  line, which overrides the #SBATCH lines."""
+  root = os.path.abspath(root)
+  name = os.path.splitext(os.path.basename(split_experiment(experiment)[0]))[0]
+  report = shlex.quote(_quote(["python", "-m", "bert_jax.report", f"--root={root}"]))
+  lines = [
+    "#!/usr/bin/env bash",
+    f"# {len(points)} points of {experiment}, one array task each; then the report:",
+    f"#   sbatch --dependency=afterok:<this job's id> --wrap={report}",
+    f"# The output directory must exist first: mkdir -p {shlex.quote(root)}",
+    f"#SBATCH --job-name=bert_jax-{name}",
+    f"#SBATCH --array=0-{len(points) - 1}",
+    "#SBATCH --requeue",
+    "#SBATCH --open-mode=append",
+    "#SBATCH --signal=B:TERM@300",
+    f'#SBATCH --output="{root}/slurm-%A_%a.out"',
+    "set -uo pipefail",
+    f"cd {shlex.quote(REPO)}",
+    f'PYTHON="${{PYTHON:-{sys.executable}}}"',
+    'case "$SLURM_ARRAY_TASK_ID" in',
+  ]
+  for i, point in enumerate(points):
+    argv = _point_argv(experiment, root, point, opts, REPO)
+    lines.append(f'  {i}) cmd=("$PYTHON" {_quote(argv)}) ;;')
+  lines += [
+    '  *) echo "no point for array index $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;',
+    "esac",
+    '"${cmd[@]}" &',
+    "pid=$!",
+    "# sweep.py passes SIGTERM on: the running point saves a checkpoint and exits 75.",
+    "trap 'kill -TERM \"$pid\"' TERM",
+    'wait "$pid"; rc=$?',
+    'if ((rc > 128)); then wait "$pid"; rc=$?; fi  # wait itself was interrupted by the trap',
+    f"if ((rc == {preemption.EXIT_PREEMPTED})); then",
+    '  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
+    "fi",
+    'exit "$rc"',
+  ]
+  return "\n".join(lines) + "\n"
+
+
+def tpu_vm_script(experiment: str, root: str, points: list[Point], opts: Options) -> str:
+  """A bash script: per point one queued resource (a TPU VM slice of its own), set up with
+  launch/tpu_pod.sh, running the point on every worker, then deleted; points in parallel."""
+  name = os.path.splitext(os.path.basename(split_experiment(experiment)[0]))[0]
+  slug = name.replace("_", "-").lower()[:24]
+  opts = dataclasses.replace(opts, distributed=True)  # every worker joins one JAX job
+  lines = [
+    "#!/usr/bin/env bash",
+    f"# {len(points)} points of {experiment}, one queued resource each. --root must be storage",
+    "# every worker sees (a gcsfuse or Filestore mount). A point whose slice was preempted:",
+    "# run its block again (it resumes from its checkpoints). Afterwards, the report:",
+    f"#   {_quote(['python', '-m', 'bert_jax.report', f'--root={root}'])}",
+    "set -euo pipefail",
+    f"cd {shlex.quote(REPO)}",
+    ': "${ZONE:?set ZONE}"',
+    'ACCELERATOR="${ACCELERATOR:-v5litepod-16}"',
+    'RUNTIME="${RUNTIME:-v2-alpha-tpuv5-lite}"',
+    "PROJECT_FLAG=()",
+    'if [[ -n "${PROJECT:-}" ]]; then PROJECT_FLAG=(--project="$PROJECT"); fi',
+    'qr() { gcloud compute tpus queued-resources "$@" --zone="$ZONE" "${PROJECT_FLAG[@]}"; }',
+    "pids=()",
+  ]
+  for point in points:
+    # Named by the point (not its index) so launches with different --only never collide.
+    qr = f"bert-jax-{slug}-{re.sub('[^a-z0-9]+', '-', point.name.lower()).strip('-')}"[:63]
+    remote = "cd bert_jax && ~/venv/bin/python " + _quote(
+      _point_argv(experiment, root, point, opts, REPO)
+    )
+    lines += [
+      f"# point {point.name}",
+      "(",
+      f'  qr create {qr} --node-id={qr} --accelerator-type="$ACCELERATOR" '
+      '--runtime-version="$RUNTIME" ${SPOT:+--spot}',
+      f"  until state=\"$(qr describe {qr} --format='value(state.state)')\"; "
+      '[[ "$state" == ACTIVE ]]; do',
+      '    if [[ "$state" == FAILED || "$state" == SUSPENDED ]]; then '
+      f'echo "{qr}: $state" >&2; exit 1; fi',
+      "    sleep 60",
+      "  done",
+      f"  TPU_NAME={qr} launch/tpu_pod.sh setup",
+      f'  gcloud compute tpus tpu-vm ssh {qr} --zone="$ZONE" "${{PROJECT_FLAG[@]}}" '
+      f"--worker=all --command={shlex.quote(remote)}",
+      f"  qr delete {qr} --force --quiet",
+      ") &",
+      "pids+=($!)",
+    ]
+  lines += ["rc=0", 'for pid in "${pids[@]}"; do wait "$pid" || rc=1; done', 'exit "$rc"']
+  return "\n".join(lines) + "\n"
+
+
+SCHEDULERS = {"slurm": slurm_script, "tpu_vm": tpu_vm_script}
+
+
+def launch(experiment: str, root: str, opts: Options) -> None:
+  """Prints (--dry_run) or submits the scheduler script of `opts.backend`."""
+  path, arg = split_experiment(experiment)
+  points = _selected(expand(path, arg), opts.only)
+  check_overrides(path, points[0].arg, opts.overrides)
+  script = SCHEDULERS[opts.backend](experiment, root, points, opts)
+  if opts.dry_run:
+    print(script, end="")
+    return
+  os.makedirs(root, exist_ok=True)
+  file = os.path.join(root, f"{opts.backend}.sh")
+  with open(file, "w") as f:
+    f.write(script)
+  if opts.backend == "tpu_vm":
+    subprocess.run(["bash", file], check=True)
+    subprocess.run(report_command(root), check=True)
+    return
+  job = subprocess.run(
+    ["sbatch", "--parsable", file], check=True, capture_output=True, text=True
+  ).stdout.strip()
+  report = subprocess.run(
+    ["sbatch", "--parsable", f"--dependency=afterok:{job.split(';')[0]}",
+     f"--output={root}/slurm-report-%j.out", "--wrap=" + _quote(report_command(root))],
+    check=True, capture_output=True, text=True,
+  ).stdout.strip()  # fmt: skip
+  print(f"submitted array job {job} ({len(points)} points) and report job {report}")
+
+
+def _parse(argv: list[str]) -> tuple[str, str, Options]:
   """A small parser: --config.* overrides are not flags of this script (absl would reject
   them), so it is simpler than splitting them out before absl."""
-  opts: dict[str, Any] = {"overrides": [], "dry_run": False, "only": None}
+  opts = Options()
+  named: dict[str, str] = {}
   for a in argv:
     if a.startswith("--config."):
-      opts["overrides"].append(a)
+      opts.overrides.append(a)
+    elif a.startswith("--finetune."):
+      opts.finetune_overrides.append("--config." + a[len("--finetune.") :])
     elif a in ("--dry_run", "--dry-run"):
-      opts["dry_run"] = True
-    elif a.startswith(("--experiment=", "--root=", "--only=")):
+      opts.dry_run = True
+    elif a == "--distributed":
+      opts.distributed = True
+    elif a.startswith(("--experiment=", "--root=", "--only=", "--stages=", "--backend=")):
       k, v = a[2:].split("=", 1)
-      opts[k] = v
+      named[k] = v
     elif a in ("-h", "--help"):
       print(__doc__)
       sys.exit(0)
     else:
       raise ValueError(f"unknown argument {a!r}; see --help")
   for k in ("experiment", "root"):
-    if not opts.get(k):
+    if not named.get(k):
       raise ValueError(f"--{k} is required")
-  return opts
+  opts.only = named.get("only")
+  if "stages" in named:
+    opts.stages = tuple(filter(None, named["stages"].split(",")))
+    bad = [s for s in opts.stages if s not in STAGES] or not opts.stages
+    if bad:
+      raise ValueError(f"--stages={named['stages']}: choose from {','.join(STAGES)}")
+  opts.backend = named.get("backend", "local")
+  if opts.backend not in BACKENDS:
+    raise ValueError(f"--backend={opts.backend}: choose from {', '.join(BACKENDS)}")
+  return named["experiment"], named["root"], opts
 
 
 def main(argv: list[str]) -> int:
   try:
-    opts = _parse(argv)
-    failed = run(opts["experiment"], opts["root"], opts["overrides"], opts["only"], opts["dry_run"])
-  except (ValueError, FileNotFoundError) as e:
+    experiment, root, opts = _parse(argv)
+    if opts.backend != "local":
+      launch(experiment, root, opts)
+      return 0
+    failed = run(
+      experiment,
+      root,
+      opts.overrides,
+      opts.only,
+      opts.dry_run,
+      stages=opts.stages,
+      finetune_overrides=opts.finetune_overrides,
+      distributed=opts.distributed,
+    )
+  except (ValueError, OSError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   except Preempted as e:
     print(f"preempted: {e}", file=sys.stderr)
     return preemption.EXIT_PREEMPTED
+  except subprocess.CalledProcessError as e:
+    print(f"error: {_quote([str(c) for c in e.cmd])} exited {e.returncode}", file=sys.stderr)
+    return 1
   if failed:
-    print(f"error: {len(failed)} point(s) failed: {', '.join(failed)}", file=sys.stderr)
+    print(f"error: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
     return 1
   return 0
 

@@ -7,6 +7,7 @@ without NSP pairs), given to every run as config.data.dir.
 
 import glob
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -20,7 +21,8 @@ from bert_jax import sharding as sh
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "*.py")))
-EXPERIMENTS = sorted(glob.glob(os.path.join(REPO, "experiments", "*.py")))
+# experiments/_*.py are shared pieces (the downstream suite), not experiments.
+EXPERIMENTS = sorted(glob.glob(os.path.join(REPO, "experiments", "[!_]*.py")))
 # What each experiment may change between its points (everything else must agree).
 ABLATED = {
   "table5_pretraining_tasks": {"objective.mlm", "objective.nsp", "objective.ltr"},
@@ -43,9 +45,13 @@ def _load(path):
   return module
 
 
-def _points(module):
+def _points(module, scale="full"):
+  """The sweep's points; a sweep(add, arg) may list other points at cpu scale (Table 6)."""
   points = []
-  module.sweep(lambda **p: points.append(p))
+  if len(inspect.signature(module.sweep).parameters) > 1:
+    module.sweep(lambda **p: points.append(p), f"scale={scale}")
+  else:
+    module.sweep(lambda **p: points.append(p))
   return points
 
 
@@ -102,9 +108,9 @@ def test_experiment_points_change_only_ablated_fields(path):
   name = os.path.basename(path)[:-3]
   for section in ("Hypothesis", "Command", "Result", "not run at full scale"):
     assert section.lower() in module.__doc__.lower(), f"{name}: docstring lacks {section}"
-  points = _points(module)
-  assert len(points) >= 2
   for scale in ("full", "cpu"):
+    points = _points(module, scale)
+    assert len(points) >= 2
     configs = [module.get_config(_arg(p, scale=scale)) for p in points]
     for c in configs:
       _check_buildable(c)
@@ -122,7 +128,7 @@ def test_experiment_points_change_only_ablated_fields(path):
       assert all(train.bert_config(c).num_layers <= 8 for c in configs)
   # The default ARG is one of the points (the baseline).
   default = repr(_flat(module.get_config()))
-  assert any(default == repr(_flat(module.get_config(_arg(p)))) for p in points)
+  assert any(default == repr(_flat(module.get_config(_arg(p)))) for p in _points(module))
 
 
 def test_experiment_specifics():
@@ -137,14 +143,68 @@ def test_experiment_specifics():
   assert [(c.num_layers, c.hidden_size, c.num_heads) for c in rows] == [
     (3, 768, 12), (6, 768, 3), (6, 768, 12), (12, 768, 12), (12, 1024, 16), (24, 1024, 16),
   ]  # fmt: skip
-  cpu = [train.bert_config(t6.get_config(f"row={r},scale=cpu")) for r in t6.ROWS]
-  assert [(c.num_layers, c.hidden_size, c.num_heads) for c in cpu] == [
-    (1, 96, 12), (2, 96, 3), (2, 96, 12), (4, 96, 12), (4, 128, 16), (8, 128, 16),
+  # cpu scale: tiny / mini / small / medium, at one token budget (steps x batch x length).
+  cpu = [t6.get_config(_arg(p, scale="cpu")) for p in _points(t6, "cpu")]
+  assert [(c.model.num_layers, c.model.hidden_size, c.model.num_heads) for c in cpu] == [
+    (2, 128, 2), (4, 256, 4), (4, 512, 8), (8, 512, 8),
   ]  # fmt: skip
+  budgets = {c.opt.total_steps * c.data.batch_size * c.data.max_seq_length for c in cpu}
+  assert budgets == {300 * 32 * 128}
+  assert t6.get_config("scale=cpu").model.hidden_size == 128  # the cpu baseline is tiny
+  with pytest.raises(ValueError, match="row must be one of tiny, mini, small, medium"):
+    t6.get_config("row=L3_H768_A12,scale=cpu")
   with pytest.raises(ValueError, match="task must be one of"):
     t5.get_config("task=bilstm")
   with pytest.raises(ValueError, match="scale must be full or cpu"):
     t6.get_config("scale=gpu")
+
+
+# ----------------------------------------------------------------------------- downstream
+
+TASKS = ["rotten_tomatoes", "vitaminc", "squadshifts", "brown_pos"]
+
+
+def _suite(module, point, scale):
+  sys.path.insert(0, REPO)  # experiments/_downstream.py, as launch/sweep.py provides
+  try:
+    return module.finetune_suite(_arg(point, scale=scale))
+  finally:
+    sys.path.remove(REPO)
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=os.path.basename)
+def test_every_point_gets_the_same_downstream_suite(path):
+  module = _load(path)
+  for scale in ("full", "cpu"):
+    suites = [_suite(module, p, scale) for p in _points(module, scale)]
+    # Rows of their own (Table 5's ltr_bilstm) aside, every point runs the same suite.
+    own = [[r for r in s if "row" not in r] for s in suites]
+    assert all(s == own[0] for s in own)
+    assert [r["task"] for r in own[0]] == TASKS
+    for r in own[0]:
+      o = r["overrides"]
+      assert o["seeds"] >= 3 and o["data.max_seq_length"] <= 512
+      if scale == "cpu":
+        # Affordable on 2 cores: a subset, few epochs, lengths the cpu pretraining saw.
+        assert o["data.max_train_examples"] <= 2000 and o["opt.epochs"] <= 2
+        assert o["data.max_seq_length"] <= 128
+      else:
+        assert "data.max_train_examples" not in o and o["seeds"] == 5
+  squad = next(r for r in _suite(module, _points(module)[0], "full") if r["task"] == "squadshifts")
+  assert squad["overrides"]["data.max_seq_length"] == 384
+
+
+def test_table5_ltr_bilstm_reuses_the_ltr_checkpoint():
+  t5 = _load(os.path.join(REPO, "experiments", "table5_pretraining_tasks.py"))
+  ltr = _suite(t5, {"task": "ltr"}, "cpu")
+  plain, bilstm = ltr[:4], ltr[4:]
+  assert [r["task"] for r in bilstm] == TASKS
+  for p, b in zip(plain, bilstm, strict=True):
+    assert b["row"] == {"task": "ltr_bilstm"}
+    assert b["overrides"] == {**p["overrides"], "head.bilstm": True}
+  assert all(len(_suite(t5, {"task": t}, "cpu")) == 4 for t in ("mlm_nsp", "mlm"))
+  # No pretraining point of its own: the sweep has three.
+  assert [p["task"] for p in _points(t5)] == ["mlm_nsp", "mlm", "ltr"]
 
 
 # ----------------------------------------------------------------------------- training
@@ -201,7 +261,7 @@ def _rows(workdir, split):
 @pytest.mark.parametrize(
   "name,arg,nsp",
   [
-    ("table6_model_size", "row=L3_H768_A12,scale=cpu", True),
+    ("table6_model_size", "row=mini,scale=cpu", True),
     ("masking_static_vs_dynamic", "mode=dynamic,scale=cpu", True),
     ("whole_word_masking", "whole_word=True,scale=cpu", True),
   ],
@@ -230,6 +290,7 @@ def test_sweep_and_report_end_to_end(datasets, tmp_path):
     f"--experiment={REPO}/experiments/table5_pretraining_tasks.py:scale=cpu",
     f"--root={root}",
     "--only=ltr",
+    "--stages=pretrain,report",
     f"--config.data.dir={datasets[False]}",
     *(f"--config.{k}={v}" for k, v in TRAIN_OVERRIDES.items()),
   ]

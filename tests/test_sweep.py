@@ -7,6 +7,7 @@ what it was asked to run.
 import importlib.util
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -48,6 +49,7 @@ def test_dry_run_prints_commands(capsys, tmp_path):
     ["--config.opt.total_steps=2"],
     only="mlm;task=ltr",
     dry_run=True,
+    stages=("pretrain",),
   )
   assert failed == []
   lines = capsys.readouterr().out.strip().splitlines()
@@ -89,7 +91,7 @@ sys.exit(0 if mode == "exit_0_unfinished" else 1)
 def _fake(tmp_path, **modes):
   (tmp_path / "fake_main.py").write_text(FAKE_MAIN)
   env = {**os.environ, "PYTHONPATH": str(tmp_path), "FAKE_MODES": json.dumps(modes)}
-  return dict(overrides=["--config.seed=3"], env=env, main_module="fake_main")
+  return dict(overrides=["--config.seed=3"], env=env, main_module="fake_main", stages=("pretrain",))
 
 
 def _calls(workdir):
@@ -144,7 +146,8 @@ def test_sigterm_to_the_sweep_reaches_the_point_and_exits_preempted(tmp_path):
   code = (
     f"import sys; sys.path.insert(0, {os.path.join(REPO, 'launch')!r}); import sweep\n"
     f"sys.argv = ['sweep.py']\n"
-    f"try:\n  sweep.run({TABLE5 + ':scale=cpu'!r}, {str(root)!r}, main_module='fake_main')\n"
+    f"try:\n  sweep.run({TABLE5 + ':scale=cpu'!r}, {str(root)!r}, main_module='fake_main',"
+    " stages=('pretrain',))\n"
     f"except sweep.Preempted as e:\n  print(e); sys.exit(sweep.preemption.EXIT_PREEMPTED)\n"
   )
   proc = subprocess.Popen(
@@ -198,5 +201,215 @@ def test_cli_one_line_errors(tmp_path):
   assert r.stderr.strip().splitlines() == [f"error: --experiment: no such file {tmp_path}/nope.py"]
   r = cli(f"--root={tmp_path}")
   assert r.returncode == 1 and r.stderr.strip() == "error: --experiment is required"
-  r = cli(f"--experiment={TABLE5}:scale=cpu", f"--root={tmp_path}", "--dry_run")
+  r = cli(
+    f"--experiment={TABLE5}:scale=cpu", f"--root={tmp_path}", "--dry_run", "--stages=pretrain"
+  )
   assert r.returncode == 0 and len(r.stdout.strip().splitlines()) == 3
+  r = cli(f"--experiment={TABLE5}", f"--root={tmp_path}", "--stages=pretrain,eval")
+  assert r.returncode == 1
+  assert r.stderr.strip() == "error: --stages=pretrain,eval: choose from pretrain,finetune,report"
+  r = cli(f"--experiment={TABLE5}", f"--root={tmp_path}", "--backend=k8s")
+  assert r.stderr.strip() == "error: --backend=k8s: choose from local, slurm, tpu_vm"
+
+
+# ----------------------------------------------------------------------------- fine-tuning
+
+TASKS = ["rotten_tomatoes", "vitaminc", "squadshifts", "brown_pos"]
+
+
+def test_dry_run_lists_pretraining_then_finetuning_then_report(capsys, tmp_path):
+  assert sweep.run(f"{TABLE5}:scale=cpu", str(tmp_path), only="ltr", dry_run=True) == []
+  lines = capsys.readouterr().out.strip().splitlines()
+  # ltr: its pretraining, 4 tasks, the same 4 tasks with a BiLSTM (row task=ltr_bilstm), report.
+  assert len(lines) == 1 + 4 + 4 + 1
+  assert lines[0].split()[2] == "bert_jax.main"
+  init = f"--config.init={tmp_path}/task=ltr"
+  finetune = os.path.join(REPO, "configs", "finetune.py")
+  for line, task in zip(lines[1:9], TASKS + TASKS, strict=True):
+    argv = line.split()
+    assert argv[1:5] == ["-m", "bert_jax.finetune", f"--config={finetune}:{task}", init]
+    assert "--config.seeds=3" in argv and "--config.data.max_train_examples=1500" in argv
+  for line, task in zip(lines[1:5], TASKS, strict=True):
+    assert f"--workdir={tmp_path}/task=ltr/finetune/{task}" in line.split()
+    assert "bilstm" not in line
+  for line, task in zip(lines[5:9], TASKS, strict=True):
+    argv = line.split()
+    assert f"--workdir={tmp_path}/task=ltr_bilstm/finetune/{task}" in argv
+    assert "--config.head.bilstm=True" in argv
+  assert lines[-1] == f"{sys.executable} -m bert_jax.report --root={tmp_path}"
+  assert not os.listdir(tmp_path)
+
+
+FAKE_FINETUNE = """
+import json, os, sys
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+os.makedirs(args["workdir"], exist_ok=True)
+with open(os.path.join(args["workdir"], "calls.jsonl"), "a") as f:
+  f.write(json.dumps(args) + "\\n")
+task = args["config"].rsplit(":", 1)[1]
+mode = json.loads(os.environ.get("FAKE_FT_MODES", "{}")).get(task, "finish")
+if mode == "finish":
+  with open(os.path.join(args["workdir"], "results.json"), "w") as f:
+    json.dump({"task": task}, f)
+sys.exit({"finish": 0, "no_results": 0, "preempted": 75, "fail": 1}[mode])
+"""
+
+FAKE_REPORT = """
+import sys
+root = sys.argv[1].split("=", 1)[1]
+open(root + "/report.md", "a").write("report\\n")
+"""
+
+
+def _fake_all(tmp_path, **ft_modes):
+  kwargs = _fake(tmp_path)
+  (tmp_path / "fake_finetune.py").write_text(FAKE_FINETUNE)
+  (tmp_path / "fake_report.py").write_text(FAKE_REPORT)
+  kwargs["env"]["FAKE_FT_MODES"] = json.dumps(ft_modes)
+  kwargs.update(
+    stages=sweep.STAGES,
+    finetune_overrides=["--config.opt.epochs=1"],
+    finetune_module="fake_finetune",
+    report_module="fake_report",
+  )
+  return kwargs
+
+
+def test_finetuning_runs_after_pretraining_and_resumes(tmp_path, capsys):
+  root = tmp_path / "root"
+  kwargs = _fake_all(tmp_path, squadshifts="no_results", brown_pos="fail")
+  failed = sweep.run(f"{TABLE5}:scale=cpu", str(root), only="mlm;ltr", **kwargs)
+  # Exit 0 without results.json is not finished; nor is a failed run; no report then.
+  rows = ["task=mlm", "task=ltr", "task=ltr_bilstm"]
+  assert failed == [f"{r}/finetune/{t}" for r in rows for t in ("squadshifts", "brown_pos")]
+  assert not (root / "report.md").exists()
+  assert "no report: 6 run(s) failed" in capsys.readouterr().out
+  call = _calls(root / "task=ltr_bilstm" / "finetune" / "vitaminc")[0]
+  assert call["config.init"] == str(root / "task=ltr")  # no pretraining of its own
+  assert call["config.head.bilstm"] == "True" and call["config.opt.epochs"] == "1"
+  assert not (root / "task=ltr_bilstm" / sweep.DONE).exists()
+  for r in rows:
+    for t in TASKS:
+      done = (root / r / "finetune" / t / sweep.DONE).exists()
+      assert done == (t in ("rotten_tomatoes", "vitaminc")), (r, t)
+  # The rerun runs only what is not done, then the report.
+  assert sweep.run(f"{TABLE5}:scale=cpu", str(root), only="mlm;ltr", **_fake_all(tmp_path)) == []
+  for r in rows:
+    assert len(_calls(root / r / "finetune" / "rotten_tomatoes")) == 1
+    assert len(_calls(root / r / "finetune" / "brown_pos")) == 2
+  assert len(_calls(root / "task=ltr")) == 1  # pretraining ran once
+  assert (root / "report.md").read_text() == "report\n"
+
+
+def test_preempted_finetuning_stops_the_sweep_unmarked(tmp_path):
+  root = tmp_path / "root"
+  kwargs = _fake_all(tmp_path, vitaminc="preempted")
+  with pytest.raises(sweep.Preempted, match=r"task=mlm_nsp/finetune/vitaminc was preempted"):
+    sweep.run(f"{TABLE5}:scale=cpu", str(root), **kwargs)
+  assert (root / "task=mlm_nsp" / "finetune" / "rotten_tomatoes" / sweep.DONE).exists()
+  assert not (root / "task=mlm_nsp" / "finetune" / "vitaminc" / sweep.DONE).exists()
+  assert not (root / "task=mlm").exists() and not (root / "report.md").exists()
+
+
+def test_finetune_stage_alone_needs_pretrained_points(tmp_path):
+  kwargs = _fake_all(tmp_path)
+  kwargs["stages"] = ("finetune",)
+  assert sweep.run(f"{TABLE5}:scale=cpu", str(tmp_path / "r"), only="mlm", **kwargs) == ["task=mlm"]
+
+
+# ----------------------------------------------------------------------------- schedulers
+
+TABLE6 = os.path.join(REPO, "experiments", "table6_model_size.py")
+
+
+def _launch(capsys, *args):
+  assert sweep.main(list(args)) == 0
+  return capsys.readouterr().out
+
+
+def test_slurm_dry_run_is_one_array_task_per_point(capsys, tmp_path):
+  root = tmp_path / "a root"  # a path that needs quoting
+  out = _launch(
+    capsys,
+    f"--experiment={TABLE6}:scale=cpu",
+    f"--root={root}",
+    "--backend=slurm",
+    "--dry_run",
+    "--config.opt.total_steps=7",
+    "--finetune.opt.epochs=1",
+  )
+  lines = out.splitlines()
+  assert lines[0] == "#!/usr/bin/env bash"
+  assert "#SBATCH --array=0-3" in lines and "#SBATCH --requeue" in lines
+  tasks = [ln for ln in lines if ln.startswith("  ") and ") cmd=(" in ln]
+  assert len(tasks) == 4
+  for i, (ln, row) in enumerate(zip(tasks, ("tiny", "mini", "small", "medium"), strict=True)):
+    assert ln.startswith(f'  {i}) cmd=("$PYTHON" launch/sweep.py ')
+    assert (
+      f"--experiment=experiments/table6_model_size.py:scale=cpu '--root={root}' "
+      f"--only=row={row} --stages=pretrain,finetune --config.opt.total_steps=7 "
+      "--finetune.opt.epochs=1) ;;"
+    ) in ln
+  assert '  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in lines
+  assert "if ((rc == 75)); then" in lines
+  assert not root.exists()
+  # The script is valid bash.
+  script = tmp_path / "job.sbatch"
+  script.write_text(out)
+  assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+def test_tpu_vm_dry_run_is_one_queued_resource_per_point(capsys, tmp_path):
+  out = _launch(
+    capsys,
+    f"--experiment={TABLE5}:scale=full",
+    "--root=/mnt/shared/my table5",
+    "--backend=tpu_vm",
+    "--dry_run",
+    "--only=mlm;ltr",
+  )
+  lines = out.splitlines()
+  creates = [ln for ln in lines if "qr create" in ln]
+  assert [ln.split()[2] for ln in creates] == [
+    "bert-jax-table5-pretraining-tasks-task-mlm",
+    "bert-jax-table5-pretraining-tasks-task-ltr",
+  ]
+  ssh = [ln for ln in lines if "tpu-vm ssh" in ln]
+  assert len(ssh) == 2
+  for ln, point in zip(ssh, ("task=mlm", "task=ltr"), strict=True):
+    assert "--worker=all" in ln
+    # The remote command is one quoted word; the root inside it quoted again.
+    remote = shlex.split(ln.split("--command=", 1)[1])[0]
+    assert shlex.split(remote)[4:] == [
+      "launch/sweep.py",
+      "--experiment=experiments/table5_pretraining_tasks.py:scale=full",
+      "--root=/mnt/shared/my table5",
+      f"--only={point}",
+      "--stages=pretrain,finetune",
+      "--distributed",
+    ]
+  script = tmp_path / "tpu.sh"
+  script.write_text(out)
+  assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+def test_finetune_overrides_are_checked_against_the_task_config(tmp_path):
+  config = tmp_path / "finetune.py"
+  config.write_text(
+    "import ml_collections\n"
+    "def get_config(arg):\n"
+    "  c = ml_collections.ConfigDict({'opt': {'lr': 1e-3, 'epochs': 2}, 'seeds': 1})\n"
+    "  if arg == 'vitaminc':\n"
+    "    c.pairs = True\n"
+    "  return c\n"
+  )
+  point = sweep.expand(TABLE5, "scale=cpu")[0]
+  runs = [
+    sweep.FinetuneRun(point.name, "rotten_tomatoes", point.name, ("--config.opt.lr=1",)),
+    sweep.FinetuneRun(point.name, "vitaminc", point.name, ("--config.pairs=False",)),
+  ]
+  sweep.check_finetune_overrides(runs, ["--config.seeds=3"], str(config))
+  with pytest.raises(ValueError, match=r"--config.opt.lrr: no such key in the config of .*:vitam"):
+    sweep.check_finetune_overrides(runs[1:], ["--config.opt.lrr=3"], str(config))
+  with pytest.raises(ValueError, match=r"--config.pairs: no such key .*:rotten_tomatoes"):
+    sweep.check_finetune_overrides(runs[:1], ["--config.pairs=True"], str(config))

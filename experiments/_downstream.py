@@ -1,0 +1,61 @@
+"""The downstream suite every experiment fine-tunes its points on (issue #21).
+
+Not an experiment itself: each experiment file's `finetune_suite(arg)` returns `suite(scale)`,
+so every point of every experiment gets the same tasks, recipe and seeds. A run is a dict:
+
+  {"task": "rotten_tomatoes",          # a preset of configs/finetune.py
+   "overrides": {"opt.lr": 1e-4, ...}, # --config.KEY=VALUE for bert_jax.finetune, seeds included
+   "row": {"task": "ltr_bilstm"}}      # optional: report under this row instead of the point's
+
+launch/sweep.py runs `python -m bert_jax.finetune --config=configs/finetune.py:TASK
+--config.init=<root>/<point> --workdir=<root>/<row or point>/finetune/<task> --config.KEY=VALUE`.
+
+Tasks stand in for the paper's (issue #21): rotten_tomatoes for SST-2, vitaminc for MNLI,
+squadshifts for SQuAD (the preset trains on three domains and evaluates on the fourth), and
+brown_pos as the token-level task (POS accuracy separates small models; WNUT-16 entity F1 is
+near zero for all of them at this scale, so it could not decide anything).
+
+cpu scale: the models are tiny and the budget is 2 CPU cores for every point of four
+experiments, so each task trains on its first 1,500 examples for 2 epochs at lr 1e-4 (tiny
+BERTs want a larger lr than the paper's 2e-5..5e-5; Turc et al. 2019 use up to 1e-4 for their
+smallest) and is scored on its first 1,000 dev and test examples, 3 seeds. full scale: the
+paper's recipe (A.3: batch 32, 3 epochs, lr 3e-5 from its {5e-5, 3e-5, 2e-5}), 5 seeds, whole
+sets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TASKS = ("rotten_tomatoes", "vitaminc", "squadshifts", "brown_pos")
+# Longest input each task needs (pretraining at cpu scale is 128 tokens, so nothing longer).
+MAX_SEQ_LENGTH = {"rotten_tomatoes": 64, "vitaminc": 128, "squadshifts": 128, "brown_pos": 64}
+FULL_SQUAD_LENGTH = 384  # the paper's SQuAD length
+
+
+def recipe(scale: str) -> dict[str, Any]:
+  """The fine-tuning recipe shared by every task at `scale` (config keys of bert_jax.finetune)."""
+  if scale == "cpu":
+    return {
+      "opt.lr": 1e-4,
+      "data.batch_size": 32,
+      "opt.epochs": 2,
+      "data.max_train_examples": 1500,
+      "data.max_eval_examples": 1000,
+      "seeds": 3,
+    }
+  if scale == "full":
+    return {"opt.lr": 3e-5, "data.batch_size": 32, "opt.epochs": 3, "seeds": 5}
+  raise ValueError(f"scale must be full or cpu, not {scale!r}")
+
+
+def suite(scale: str, **extra: Any) -> list[dict[str, Any]]:
+  """One run per task: the shared recipe, the task's length, and `extra` overrides on top."""
+  runs = []
+  for task in TASKS:
+    length = MAX_SEQ_LENGTH[task]
+    if scale == "full" and task == "squadshifts":
+      length = FULL_SQUAD_LENGTH
+    overrides = {**recipe(scale), "data.max_seq_length": length, **extra}
+    runs.append({"task": task, "overrides": overrides})
+  return runs
