@@ -98,8 +98,9 @@ def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_
         splits[split] = None
         continue
       examples, stats = squad.read_squad(t[split].split(","), t.max_examples)
-      if split == "train" and t.max_train_examples:
-        examples = examples[: t.max_train_examples]
+      limit = t.max_train_examples if split == "train" else t.max_eval_examples
+      if limit:
+        examples = examples[:limit]
       enc, metas = squad.encode_squad(
         examples,
         tokenizer,
@@ -114,8 +115,13 @@ def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_
   examples = {
     s: readers.read_split(t, s) if readers.has_split(t, s) or s == "train" else None for s in SPLITS
   }
-  if t.max_train_examples:
-    examples["train"] = examples["train"][: t.max_train_examples]
+  for s, limit in (
+    ("train", t.max_train_examples),
+    ("dev", t.max_eval_examples),
+    ("test", t.max_eval_examples),
+  ):
+    if limit and examples[s] is not None:
+      examples[s] = examples[s][:limit]
   # brown_pos's dev and test hold a few rare tags train lacks: task.labels_from="all" takes
   # the label set from every split (otherwise an unseen dev/test label is an error).
   extra = [examples[s] for s in ("dev", "test") if examples[s]] if t.labels_from == "all" else []

@@ -62,6 +62,7 @@ def _task(name: str, data_root: str, glue_dir: str) -> ml_collections.ConfigDict
   t.tfds_data_dir = ""
   t.max_examples = 0  # read only the first N of each split (quick runs)
   t.max_train_examples = 0  # train on the first N training examples only
+  t.max_eval_examples = 0  # score the first N dev and test examples only
   split = lambda s: os.path.join(data_root, name, f"{s}.jsonl.gz")
   if name == "rotten_tomatoes":
     t.train, t.dev, t.test = split("train"), split("dev"), split("test")

@@ -40,8 +40,8 @@ def recipe(scale: str) -> dict[str, Any]:
       "opt.lr": 1e-4,
       "data.batch_size": 32,
       "opt.epochs": 2,
-      "data.max_train_examples": 1500,
-      "data.max_eval_examples": 1000,
+      "task.max_train_examples": 1500,
+      "task.max_eval_examples": 1000,
       "seeds": 3,
     }
   if scale == "full":

@@ -355,3 +355,11 @@ def test_grid_selects_the_best_mean_dev_point(tmp_path, monkeypatch):
   assert len(seen) == 18 and len({s[3] for s in seen}) == 18
   assert res["recipe"] == {"lr": 3e-5} and len(res["grid"]) == 18
   assert json.load(open(tmp_path / "results.json"))["recipe"] == {"lr": 3e-5}
+
+
+@pytest.mark.parametrize("task", [*finetune_config.SHARED, *finetune_config.GLUE, "custom"])
+def test_every_preset_builds(task):
+  c = finetune_config.get_config(f"{task},size=tiny")
+  assert c.task.kind in finetune.tasks_lib.KINDS
+  cfg, tok = finetune.model_config(c)
+  assert cfg.num_layers == 2 and tok.vocab_size == cfg.vocab_size

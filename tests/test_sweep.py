@@ -228,7 +228,7 @@ def test_dry_run_lists_pretraining_then_finetuning_then_report(capsys, tmp_path)
   for line, task in zip(lines[1:9], TASKS + TASKS, strict=True):
     argv = line.split()
     assert argv[1:5] == ["-m", "bert_jax.finetune", f"--config={finetune}:{task}", init]
-    assert "--config.seeds=3" in argv and "--config.data.max_train_examples=1500" in argv
+    assert "--config.seeds=3" in argv and "--config.task.max_train_examples=1500" in argv
   for line, task in zip(lines[1:5], TASKS, strict=True):
     assert f"--workdir={tmp_path}/task=ltr/finetune/{task}" in line.split()
     assert "bilstm" not in line
