@@ -201,8 +201,8 @@ def write_doc(
   if missing:
     partial = (
       f"\n**Partial**: {missing} cells are not compiled yet (the run was stopped: each compile "
-      "took minutes on the shared CPU). The same command with `--rows=docs/aot_fit_rows.json` "
-      "compiles only those and rewrites this file.\n"
+      "took minutes on the shared CPU). The same command with `--rows=FILE` (a rows file it "
+      "saved) compiles only those and rewrites this file.\n"
     )
   text = f"""# Ahead-of-time fit of every experiment point on TPU slices
 
