@@ -88,13 +88,24 @@ class FinetuneModel(nn.Module):
     if choices:  # one row per (example, choice)
       flat = lambda x: x.reshape(-1, x.shape[-1])
       input_ids, segment_ids, input_mask = map(flat, (input_ids, segment_ids, input_mask))
-    out = self.bert(input_ids, segment_ids, input_mask, deterministic=deterministic)
-    out["lengths"] = jnp.sum(input_mask, -1).astype(jnp.int32)
-    if self.cfg.causal and self.kind in POOLED:
-      # A left-to-right model's [CLS] has seen only itself: pool its last real token instead
-      # (as GPT classifies), through the same pooler.
-      last = jnp.maximum(out["lengths"] - 1, 0)[:, None, None]
-      h_BD = jnp.take_along_axis(out["sequence_output"], last, axis=1)[:, 0]
+    lengths_B = jnp.sum(input_mask, -1).astype(jnp.int32)
+    # The pooled token: [CLS]; a left-to-right model's [CLS] has seen only itself, so it pools
+    # its last real token instead (as GPT classifies), through the same pooler.
+    pooled_BQ = (jnp.maximum(lengths_B - 1, 0) if self.cfg.causal else 0 * lengths_B)[:, None]
+    pooled_only = self.kind in POOLED and not self.bilstm
+    # A pooled head reads one position of the last layer: run that layer's queries there only
+    # (BertConfig.prune_last_layer, as pretraining does at the masked positions).
+    prune = pooled_only and self.cfg.last_layer_prunable
+    out = self.bert(
+      input_ids,
+      segment_ids,
+      input_mask,
+      deterministic=deterministic,
+      output_positions_BQ=pooled_BQ if prune else None,
+    )
+    out["lengths"] = lengths_B
+    if pooled_only and self.cfg.causal and not prune:
+      h_BD = jnp.take_along_axis(out["sequence_output"], pooled_BQ[:, :, None], axis=1)[:, 0]
       out["pooled_output"] = jnp.tanh(self.bert.pooler(h_BD))
     logits = self.head(out, deterministic).astype(jnp.float32)
     if self.kind == "multiple_choice":
