@@ -33,7 +33,6 @@ import os
 import ml_collections
 
 from bert_jax import config_lib
-from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax.tasks import features, readers
 
@@ -118,10 +117,7 @@ def get_config(arg=None):
 
   # The checkpoint's architecture wins; dropout, dtype, kernels, scan_layers and remat_policy
   # apply on top of it (the other fields only shape a random init).
-  fields = {f.name: f.default for f in __import__("dataclasses").fields(model_lib.BertConfig)}
-  fields.pop("causal")
-  fields.update(model_lib.size_fields(a.size))
-  c.model = ml_collections.ConfigDict(fields)
+  c.model = config_lib.base_config(a.size).model
   c.model.dtype = "float32"
   c.head = ml_collections.ConfigDict(dict(bilstm=False))  # Table 5's "+ BiLSTM" row
   # Table 7's feature-based mode (bert_jax/tasks/features.py): features=ROW picks a row.
