@@ -110,6 +110,16 @@ def _kvstore_for_gcs(path: str) -> dict:
   return {"driver": "file", "path": os.path.join(os.environ[ROOT_ENV], rest)}
 
 
+def _module(name: str, patch: pytest.MonkeyPatch) -> types.ModuleType:
+  try:
+    return importlib.import_module(name)
+  except ImportError:
+    module = types.ModuleType(name)
+    module.__path__ = []  # a package, so submodules can sit under it
+    patch.setitem(sys.modules, name, module)
+    return module
+
+
 def install(root: str, patch: pytest.MonkeyPatch) -> None:
   """Routes this process's gs:// paths to `root`; `patch.undo()` takes it all back."""
   from etils.epath import backend
@@ -122,8 +132,10 @@ def install(root: str, patch: pytest.MonkeyPatch) -> None:
   backend.fsspec_backend._get_filesystem.cache_clear()  # epath caches the gcsfs instance
   patch.setattr(gcs_utils, "get_kvstore_for_gcs", _kvstore_for_gcs)
 
-  import google.cloud
-
+  # google-cloud-storage need not be installed: stand-ins for the namespace packages too.
+  google = sys.modules.get("google") or _module("google", patch)
+  cloud = sys.modules.get("google.cloud") or _module("google.cloud", patch)
+  patch.setattr(google, "cloud", cloud, raising=False)
   storage = types.ModuleType("google.cloud.storage")
 
   class Client:
