@@ -146,7 +146,7 @@ def _preempt_process_1(workdir, data_dir, steps, sig, env=None):
 @pytest.mark.slow
 def test_sigterm_to_one_of_two_processes_saves_the_same_step_on_both(tiny_data_dir, tmp_path):
   """JAX's preemption sync; the rerun ends bit-identical to an uninterrupted 2-process run."""
-  steps = 60
+  steps = 30
   ref = tmp_path / "ref"
   rcs, errs = _finish(_start(_two_process_cmds(ref, tiny_data_dir, steps)))
   assert rcs == [0, 0], errs[0][-2000:] + errs[1][-2000:]

@@ -174,53 +174,53 @@ def test_bad_batch_size_is_one_line(tmp_path):
     finetune.finetune(c, str(tmp_path / "run"))
 
 
-def _cli(tmp_path, wd, *extra):
-  paths = _splits(tmp_path, sentiment)
-  return [
-    sys.executable,
-    "-m",
-    "bert_jax.finetune",
-    "--config=configs/finetune.py:custom,seeds=2,size=tiny",
-    f"--workdir={wd}",
-    "--num_cpu_devices=8",
-    "--config.task.kind=classification",
-    f"--config.task.train={paths[0]}",
-    f"--config.task.dev={paths[1]}",
-    f"--config.task.test={paths[2]}",
-    "--config.data.max_seq_length=16",
-    "--config.data.buckets=(8,)",
-    "--config.data.batch_size=16",
-    "--config.data.eval_batch_size=16",
-    "--config.opt.lr=0.002",
-    "--config.opt.epochs=4",
-    "--config.log.every_steps=1",
-    "--config.ckpt.async_save=False",
-    *extra,
-  ]
+CLI_FIELDS = {
+  "task.kind": "classification",
+  "data.max_seq_length": 16,
+  "data.buckets": (8,),
+  "data.batch_size": 16,
+  "data.eval_batch_size": 16,
+  "opt.lr": 0.002,
+  "opt.epochs": 2,
+  "log.every_steps": 1,
+  "ckpt.async_save": False,
+}
 
 
 @pytest.mark.slow
 def test_preempted_run_resumes_to_the_same_results(tmp_path):
-  """SIGTERM in the middle of seed 0: exit 75 after saving; the rerun finishes with results
-  identical to an uninterrupted run."""
+  """SIGTERM in the middle of seed 0 (dropout on): exit 75 after saving; the rerun finishes
+  both seeds with results identical to an uninterrupted run."""
+  paths = _splits(tmp_path, sentiment)
+  fields = {**CLI_FIELDS, "task.train": paths[0], "task.dev": paths[1], "task.test": paths[2]}
+  c = finetune_config.get_config("custom,seeds=2,size=tiny")
+  for key, value in fields.items():
+    section, name = key.split(".")
+    c[section][name] = value
+  full = finetune.finetune(c, str(tmp_path / "full"))
+
+  flags = [f"--config.{k}={v}" for k, v in fields.items()]
+  cmd = [
+    sys.executable,
+    "-m",
+    "bert_jax.finetune",
+    "--config=configs/finetune.py:custom,seeds=2,size=tiny",
+  ]
+  cmd += [f"--workdir={tmp_path / 'cut'}", "--num_cpu_devices=8", *flags]
   env = {**os.environ, "PYTHONPATH": REPO}
-  full = tmp_path / "full"
-  subprocess.run(_cli(tmp_path, full), cwd=REPO, env=env, check=True, capture_output=True)
-  cut = tmp_path / "cut"
-  p = subprocess.Popen(_cli(tmp_path, cut), cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+  p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
   for line in p.stdout:
-    if "step 20/" in line:
+    if "step 10/" in line:
       p.send_signal(signal.SIGTERM)
       break
   p.stdout.read()
   assert p.wait() == 75
-  assert not (cut / "results.json").exists()
-  subprocess.run(_cli(tmp_path, cut), cwd=REPO, env=env, check=True, capture_output=True)
-  a = json.load(open(full / "results.json"))
-  b = json.load(open(cut / "results.json"))
+  assert not (tmp_path / "cut" / "results.json").exists()
+  subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True)
+  cut = json.load(open(tmp_path / "cut" / "results.json"))
   strip = lambda r: [{k: v for k, v in s.items() if k != "train_seconds"} for s in r["seeds"]]
-  assert strip(a) == strip(b)
-  assert a["dev"] == b["dev"] and a["test"] == b["test"]
+  assert strip(full) == strip(cut)
+  assert full["dev"] == cut["dev"] and full["test"] == cut["test"]
 
 
 def test_multiple_choice(tmp_path):
