@@ -615,39 +615,52 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
   def evaluate_split(split):
     return evaluate(p_eval, state["params"], task, data[split], config, mesh, tokenizer.pad_id)
 
+  def consume(step: int, m) -> None:
+    """Host side of a finished step (read after the next one is dispatched, so the device
+    never waits on the host): the non-finite check and the log window."""
+    nonlocal pending, window_start
+    m = jax.device_get(m)
+    if m["nonfinite"]:
+      if config.opt.nonfinite != "skip":
+        raise FloatingPointError(
+          f"seed {k}: non-finite gradient at step {step}; stopped without applying it"
+        )
+      logging.warning("seed %d: non-finite gradient at step %d: update skipped", k, step)
+    pending["loss_sum"] += float(m["loss_sum"])
+    pending["count"] += float(m["count"])
+    pending["steps"] += 1
+    if step % config.log.every_steps and step != total_steps:
+      return
+    now = time.perf_counter()
+    sps = pending["steps"] / max(now - window_start, 1e-9)
+    loss = pending["loss_sum"] / max(pending["count"], 1.0)
+    lr = float(optim.learning_rate_schedule(opt)(step - 1))
+    logger.write(
+      step, "train", {"loss": loss, "learning_rate": lr, "grad_norm": float(m["grad_norm"])}
+    )
+    logger.write(step, "perf", {"steps_per_sec": sps, "examples_per_sec": sps * batch_size})
+    eta = (total_steps - step) * (now - run_start) / max(step - start_step, 1)
+    train.console(
+      f"{train._bar(step / total_steps)} seed {k + 1}/{config.seeds} | epoch "
+      f"{(step - 1) // per_epoch + 1}/{config.opt.epochs} | step {step}/{total_steps} | "
+      f"loss {loss:.4f} | {sps * batch_size:.1f} ex/s | ETA {train._fmt_time(eta)}"
+    )
+    pending = {"loss_sum": 0.0, "count": 0.0, "steps": 0}
+    window_start = now
+
+  prev = None  # (step, metrics) dispatched last, consumed after the next dispatch
   with preemption_lib.Preemption() as preempt:
     while step < total_steps and not stop:
       batch = input_pipeline.to_global(host_slice(next(batches)), mesh)
       state, m = p_train(state, batch, step_rng)
       step += 1
-      m = jax.device_get(m)
-      if m["nonfinite"]:
-        if config.opt.nonfinite != "skip":
-          raise FloatingPointError(
-            f"seed {k}: non-finite gradient at step {step}; stopped without applying it"
-          )
-        logging.warning("seed %d: non-finite gradient at step %d: update skipped", k, step)
-      pending["loss_sum"] += float(m["loss_sum"])
-      pending["count"] += float(m["count"])
-      pending["steps"] += 1
+      if prev is not None:
+        consume(*prev)
+      prev = (step, m)
       stop = preempt.should_stop(step)
-      if step % config.log.every_steps == 0 or step == total_steps:
-        now = time.perf_counter()
-        sps = pending["steps"] / max(now - window_start, 1e-9)
-        loss = pending["loss_sum"] / max(pending["count"], 1.0)
-        lr = float(optim.learning_rate_schedule(opt)(step - 1))
-        logger.write(
-          step, "train", {"loss": loss, "learning_rate": lr, "grad_norm": float(m["grad_norm"])}
-        )
-        logger.write(step, "perf", {"steps_per_sec": sps, "examples_per_sec": sps * batch_size})
-        eta = (total_steps - step) * (now - run_start) / max(step - start_step, 1)
-        train.console(
-          f"{train._bar(step / total_steps)} seed {k + 1}/{config.seeds} | epoch "
-          f"{(step - 1) // per_epoch + 1}/{config.opt.epochs} | step {step}/{total_steps} | "
-          f"loss {loss:.4f} | {sps * batch_size:.1f} ex/s | ETA {train._fmt_time(eta)}"
-        )
-        pending = {"loss_sum": 0.0, "count": 0.0, "steps": 0}
-        window_start = now
+      if step % eval_every == 0 or step == total_steps or stop:
+        consume(*prev)  # the checkpoint and the eval follow every step's host side
+        prev = None
       if step % eval_every == 0 or step == total_steps:
         dev = evaluate_split("dev")
         logger.write(step, "dev", dev)
