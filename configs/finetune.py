@@ -25,7 +25,11 @@ feature-based mode, the encoder frozen and a two-layer BiLSTM tagger trained on 
 hidden states (bert_jax/tasks/features.py), e.g. wnut16_ner,features=concat_last4.
 
 `config.init` is any checkpoint the loader reads (empty: a randomly initialised model of
-config.model, a no-pretraining baseline). Results, hardware and times: README "Fine-tuning".
+config.model, a no-pretraining baseline).
+
+Result: all-MiniLM-L6-v2, rotten_tomatoes, first 2,000 training sentences,
+`--config.opt.lr=5e-5 --config.opt.epochs=2`, 5 seeds, 2 CPU cores (AMD EPYC, 2026-11-24):
+test accuracy 78.7 ± 1.1 (README, Results). Other presets: not yet measured here.
 """
 
 import os
