@@ -75,6 +75,15 @@ def scaled_base(scale: str) -> ml_collections.ConfigDict:
   return c
 
 
+def use_data(c: ml_collections.ConfigDict, data: str) -> ml_collections.ConfigDict:
+  """An experiment's `data=DIR` argument: DIR holds two create_data outputs of one corpus,
+  DIR/nsp (sentence pairs) and DIR/packed (--nsp=False), built once and shared by every point;
+  a point reads the one its objective needs. Empty: the config's own data.dir / data.input."""
+  if data:
+    c.data.dir = os.path.join(data, "nsp" if c.objective.nsp else "packed")
+  return c
+
+
 def pretraining_phase(c: ml_collections.ConfigDict, phase: int) -> ml_collections.ConfigDict:
   """The paper's two phases: 900k steps at length 128, then 100k at 512 (80 predictions)."""
   if phase == 1:

@@ -19,6 +19,7 @@ V vocab, P predicted positions, N layers. A 1 is a size-1 axis.
 from __future__ import annotations
 
 import dataclasses
+import re
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -142,10 +143,18 @@ SIZES = {
 
 
 def size_fields(name: str) -> dict[str, int]:
-  """BertConfig fields for a named size ('tiny' ... 'large', or a Table 6 row)."""
-  if name not in SIZES:
-    raise ValueError(f"unknown model size {name!r}; choose from {', '.join(SIZES)}")
-  n, d, h = SIZES[name]
+  """BertConfig fields for a named size ('tiny' ... 'large', a Table 6 row, or any size named
+  as the paper names them, 'L{layers}_H{hidden}_A{heads}')."""
+  m = re.fullmatch(r"L(\d+)_H(\d+)_A(\d+)", name)
+  if name in SIZES:
+    n, d, h = SIZES[name]
+  elif m and int(m[2]) % int(m[3]) == 0 and min(map(int, m.groups())) > 0:
+    n, d, h = map(int, m.groups())
+  else:
+    raise ValueError(
+      f"unknown model size {name!r}; choose from {', '.join(SIZES)} or L<layers>_H<hidden>_A<heads>"
+      " (hidden a multiple of heads)"
+    )
   return dict(num_layers=n, hidden_size=d, num_heads=h, intermediate_size=4 * d)
 
 

@@ -99,7 +99,7 @@ def find_runs(root: str, required: bool = True) -> list[Run]:
   error."""
   _check_root(root)
   runs = []
-  for d, dirs, files in os.walk(root):
+  for d, dirs, files in os.walk(root, followlinks=True):
     if FINETUNE_RESULTS in files:  # a fine-tuning workdir: its seeds are not pretraining runs
       dirs[:] = []
       continue
@@ -263,7 +263,7 @@ def find_finetune_runs(root: str) -> list[FinetuneRun]:
   """Every results.json below root (a grid's top-level one stands for its points)."""
   _check_root(root)
   runs = []
-  for d, dirs, files in os.walk(root):
+  for d, dirs, files in os.walk(root, followlinks=True):
     dirs[:] = sorted(x for x in dirs if x not in _SKIPPED_DIRS and not _SEED_DIR.fullmatch(x))
     if FINETUNE_RESULTS not in files:
       continue

@@ -37,9 +37,9 @@ def recipe(scale: str) -> dict[str, Any]:
   """The fine-tuning recipe shared by every task at `scale` (config keys of bert_jax.finetune)."""
   if scale == "cpu":
     return {
-      "opt.lr": 1e-4,
+      "opt.lr": 1e-3,
       "data.batch_size": 32,
-      "opt.epochs": 2,
+      "opt.epochs": 3,
       "task.max_train_examples": 1500,
       "task.max_eval_examples": 1000,
       "seeds": 3,

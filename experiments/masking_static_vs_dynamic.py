@@ -35,7 +35,7 @@ MODES = ("static", "dynamic")
 
 
 def _parse(arg):
-  return config_lib.parse_arg(arg, mode="static", scale="full")
+  return config_lib.parse_arg(arg, mode="static", scale="full", data="")
 
 
 def get_config(arg=None):
@@ -44,7 +44,7 @@ def get_config(arg=None):
     raise ValueError(f"mode must be one of {', '.join(MODES)}, not {a.mode!r}")
   c = config_lib.scaled_base(a.scale)
   c.masking.mode = a.mode  # the ablated field
-  return c
+  return config_lib.use_data(c, a.data)
 
 
 def sweep(add):

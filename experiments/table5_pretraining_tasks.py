@@ -47,7 +47,7 @@ TASKS = ("mlm_nsp", "mlm", "ltr")
 
 
 def _parse(arg):
-  return config_lib.parse_arg(arg, task="mlm_nsp", scale="full")
+  return config_lib.parse_arg(arg, task="mlm_nsp", scale="full", data="")
 
 
 def get_config(arg=None):
@@ -59,7 +59,7 @@ def get_config(arg=None):
   c.objective.mlm = a.task != "ltr"
   c.objective.ltr = a.task == "ltr"
   c.objective.nsp = a.task == "mlm_nsp"
-  return c
+  return config_lib.use_data(c, a.data)
 
 
 def sweep(add):

@@ -47,7 +47,7 @@ ROWS = (
 
 
 # At cpu scale: four of bert_jax.model.SIZES, 0.4M to 25M non-embedding parameters.
-CPU_ROWS = ("tiny", "mini", "small", "medium")
+CPU_ROWS = ("tiny", "mini", "L4_H384_A6", "small")
 
 
 def _rows(scale: str) -> tuple[str, ...]:
@@ -55,7 +55,7 @@ def _rows(scale: str) -> tuple[str, ...]:
 
 
 def _parse(arg):
-  return config_lib.parse_arg(arg, row="", scale="full")
+  return config_lib.parse_arg(arg, row="", scale="full", data="")
 
 
 def get_config(arg=None):
@@ -67,7 +67,7 @@ def get_config(arg=None):
     raise ValueError(f"row must be one of {', '.join(_rows(a.scale))}, not {a.row!r}")
   # The ablated fields.
   c.model.update(model_lib.size_fields(a.row))
-  return c
+  return config_lib.use_data(c, a.data)
 
 
 def sweep(add, arg=None):

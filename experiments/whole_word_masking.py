@@ -32,14 +32,14 @@ from bert_jax import config_lib
 
 
 def _parse(arg):
-  return config_lib.parse_arg(arg, whole_word=False, scale="full")
+  return config_lib.parse_arg(arg, whole_word=False, scale="full", data="")
 
 
 def get_config(arg=None):
   a = _parse(arg)
   c = config_lib.scaled_base(a.scale)
   c.masking.whole_word = a.whole_word  # the ablated field
-  return c
+  return config_lib.use_data(c, a.data)
 
 
 def sweep(add):

@@ -3,7 +3,7 @@ r"""Runs every point of an experiment: its pretraining, then its fine-tuning sui
   python launch/sweep.py --experiment=experiments/table5_pretraining_tasks.py:scale=cpu \
       --root=/tmp/table5 [--dry_run] [--only=task=mlm] [--config.opt.total_steps=100 ...] \
       [--finetune.opt.epochs=1 ...] [--stages=pretrain,finetune,report] \
-      [--backend=local|slurm|tpu_vm] [--distributed]
+      [--backend=local|slurm|tpu_vm] [--distributed] [--reuse=ROOT[,ROOT]]
 
 --only takes a point's name or just its values (`--only=mlm`), several separated by ';'.
 --config.KEY=VALUE goes to every pretraining run, --finetune.KEY=VALUE (as --config.KEY=VALUE)
@@ -32,6 +32,13 @@ preempted run (exit 75, or SIGTERM/SIGINT/SIGHUP to this script, which it passes
 running command) stops the sweep with exit status 75: rerun the same command to resume.
 Failures are reported at the end, skip the report and make the exit status 1.
 
+--reuse=ROOT[,ROOT] (local): a point whose pretraining config (its experiment's config for the
+point's ARG, with the --config.* overrides) equals that of a finished point under one of these
+roots is not run again: its workdir becomes a symbolic link to that point, fine-tuning runs
+included (they are skipped where finished, and refuse to mix if the suites differ). The
+experiments' cpu-scale baselines are one config (tiny, MLM+NSP, static masks, no whole-word
+masking), so Table 6, masking and whole-word masking reuse Table 5's mlm_nsp point.
+
 --backend=slurm: an sbatch job array, task i = point i (its pretraining and fine-tuning, via
 this script with --only), requeued (`scontrol requeue`) when a task exits 75, then the report
 as a job depending on the array (afterok). --backend=tpu_vm: per point one Cloud TPU queued
@@ -47,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import importlib.util
 import inspect
 import json
@@ -190,6 +198,34 @@ def command(
   ]
 
 
+def pretraining_key(path: str, point: Point, overrides: list[str]) -> str:
+  """What decides a pretraining run's result: the point's config and the overrides on it."""
+  config = load_experiment(path).get_config(point.arg)
+  payload = {"config": json.loads(config.to_json_best_effort()), "overrides": sorted(overrides)}
+  return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _reuse(key: str, workdir: str, roots: list[str]) -> str | None:
+  """Links `workdir` to a finished point with the same pretraining key under `roots`."""
+  if os.path.lexists(workdir):
+    return None
+  for root in roots:
+    if not os.path.isdir(root):
+      continue
+    for name in sorted(os.listdir(root)):
+      found = os.path.join(root, name)
+      try:
+        with open(os.path.join(found, DONE)) as f:
+          same = json.load(f).get("key") == key
+      except (OSError, ValueError):
+        continue
+      if same and os.path.realpath(found) != os.path.realpath(workdir):
+        os.makedirs(os.path.dirname(os.path.abspath(workdir)), exist_ok=True)
+        os.symlink(os.path.realpath(found), workdir)
+        return found
+  return None
+
+
 def _selected(points: list[Point], only: str | None) -> list[Point]:
   if not only:
     return points
@@ -281,6 +317,7 @@ def _run_step(
   done: str,
   env: dict[str, str] | None,
   unfinished: Callable[[], str | None],
+  extra: dict[str, Any] | None = None,
 ) -> bool:
   """Runs one pretraining or fine-tuning command unless `done` exists, and marks it done when
   it exited 0 and `unfinished()` finds nothing missing. Returns whether it is done; raises
@@ -299,7 +336,8 @@ def _run_step(
     return False
   tmp = done + ".tmp"
   with open(tmp, "w") as f:
-    json.dump({"command": cmd, "seconds": round(time.time() - start, 1)}, f, indent=2)
+    record = {"command": cmd, "seconds": round(time.time() - start, 1), **(extra or {})}
+    json.dump(record, f, indent=2)
   os.replace(tmp, done)
   return True
 
@@ -328,6 +366,7 @@ class Options:
   finetune_overrides: list[str] = dataclasses.field(default_factory=list)  # --finetune.*
   only: str | None = None
   stages: tuple[str, ...] = STAGES
+  reuse: tuple[str, ...] = ()
   backend: str = "local"
   distributed: bool = False  # multi-host: --distributed to every pretraining/fine-tuning run
   dry_run: bool = False
@@ -346,6 +385,7 @@ def run(
   finetune_module: str = "bert_jax.finetune",
   report_module: str = "bert_jax.report",
   distributed: bool = False,
+  reuse: tuple[str, ...] = (),
 ) -> list[str]:
   """Runs (or prints) the sweep on this machine; returns the names of what failed.
 
@@ -365,14 +405,18 @@ def run(
     workdir = os.path.join(root, point.name)
     cmd = command(path, point, root, overrides, main_module) + extra
     if "pretrain" in stages:
+      key = pretraining_key(path, point, overrides)
       if dry_run:
         print(_quote(cmd))
+      elif (found := _reuse(key, workdir, list(reuse))) is not None:
+        print(f"reuse {point.name}: {workdir} -> {found} (the same pretraining config)", flush=True)
       elif not _run_step(
         point.name,
         cmd,
         os.path.join(workdir, DONE),
         env,
         functools.partial(_pretraining_unfinished, workdir),
+        {"key": key},
       ):
         failed.append(point.name)
         continue
@@ -589,7 +633,7 @@ def _parse(argv: list[str]) -> tuple[str, str, Options]:
       opts.dry_run = True
     elif a == "--distributed":
       opts.distributed = True
-    elif a.startswith(("--experiment=", "--root=", "--only=", "--stages=", "--backend=")):
+    elif a.startswith(("--experiment=", "--root=", "--only=", "--stages=", "--backend=", "--reuse=")):
       k, v = a[2:].split("=", 1)
       named[k] = v
     elif a in ("-h", "--help"):
@@ -606,6 +650,7 @@ def _parse(argv: list[str]) -> tuple[str, str, Options]:
     bad = [s for s in opts.stages if s not in STAGES] or not opts.stages
     if bad:
       raise ValueError(f"--stages={named['stages']}: choose from {','.join(STAGES)}")
+  opts.reuse = tuple(filter(None, named.get("reuse", "").split(",")))
   opts.backend = named.get("backend", "local")
   if opts.backend not in BACKENDS:
     raise ValueError(f"--backend={opts.backend}: choose from {', '.join(BACKENDS)}")
@@ -627,6 +672,7 @@ def main(argv: list[str]) -> int:
       stages=opts.stages,
       finetune_overrides=opts.finetune_overrides,
       distributed=opts.distributed,
+      reuse=opts.reuse,
     )
   except (ValueError, OSError) as e:
     print(f"error: {e}", file=sys.stderr)

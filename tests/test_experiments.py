@@ -146,15 +146,15 @@ def test_experiment_specifics():
   assert [(c.num_layers, c.hidden_size, c.num_heads) for c in rows] == [
     (3, 768, 12), (6, 768, 3), (6, 768, 12), (12, 768, 12), (12, 1024, 16), (24, 1024, 16),
   ]  # fmt: skip
-  # cpu scale: tiny / mini / small / medium, at one token budget (steps x batch x length).
+  # cpu scale: tiny / mini / L4_H384_A6 / small, at one token budget (steps x batch x length).
   cpu = [t6.get_config(_arg(p, scale="cpu")) for p in _points(t6, "cpu")]
   assert [(c.model.num_layers, c.model.hidden_size, c.model.num_heads) for c in cpu] == [
-    (2, 128, 2), (4, 256, 4), (4, 512, 8), (8, 512, 8),
+    (2, 128, 2), (4, 256, 4), (4, 384, 6), (4, 512, 8),
   ]  # fmt: skip
   budgets = {c.opt.total_steps * c.data.batch_size * c.data.max_seq_length for c in cpu}
   assert budgets == {300 * 32 * 128}
   assert t6.get_config("scale=cpu").model.hidden_size == 128  # the cpu baseline is tiny
-  with pytest.raises(ValueError, match="row must be one of tiny, mini, small, medium"):
+  with pytest.raises(ValueError, match="row must be one of tiny, mini, L4_H384_A6, small"):
     t6.get_config("row=L3_H768_A12,scale=cpu")
   with pytest.raises(ValueError, match="task must be one of"):
     t5.get_config("task=bilstm")
@@ -189,7 +189,7 @@ def test_every_point_gets_the_same_downstream_suite(path):
       assert o["seeds"] >= 3 and o["data.max_seq_length"] <= 512
       if scale == "cpu":
         # Affordable on 2 cores: a subset, few epochs, lengths the cpu pretraining saw.
-        assert o["task.max_train_examples"] <= 2000 and o["opt.epochs"] <= 2
+        assert o["task.max_train_examples"] <= 2000 and o["opt.epochs"] <= 3
         assert o["data.max_seq_length"] <= 128
       else:
         assert "task.max_train_examples" not in o and o["seeds"] == 5
