@@ -122,12 +122,20 @@ def _verbose() -> bool:
 class _OrbaxTracebacks(py_logging.Filter):
   """orbax logs each failed background write with its traceback before the error reaches
   `Checkpointer`, which raises it as one line: keep orbax's one-line messages, and their
-  tracebacks only when logging is verbose (`--verbosity=0`)."""
+  tracebacks only when logging is verbose (`--verbosity=0`). Its two warnings per read-only
+  manager (that it is read-only) are dropped unless verbose."""
 
   def filter(self, record: py_logging.LogRecord) -> bool:
-    if record.exc_info and "/orbax/" in record.pathname and not _verbose():
-      record.exc_info = record.exc_text = None
+    if "/orbax/" in record.pathname and not _verbose():
+      if record.exc_info:
+        record.exc_info = record.exc_text = None
+      # Every read-only manager (each restore, read_meta, all_steps) warns that it is one.
+      if _READ_ONLY_NOTICES.search(str(record.msg)):
+        return False
     return True
+
+
+_READ_ONLY_NOTICES = re.compile(r"Given directory is read only|read_only=True, setting")
 
 
 def _storage_leftover(error: BaseException | None, obj: Any = None) -> bool:

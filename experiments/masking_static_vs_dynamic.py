@@ -11,7 +11,7 @@ Both rows read the same data; eval always uses static masks so the numbers are c
 
 Downstream suite (`finetune_suite`, experiments/_downstream.py, the same for every point):
 rotten_tomatoes, vitaminc, squadshifts, brown_pos; at cpu scale 1,500 training examples,
-2 epochs, 3 seeds; at full scale the paper's recipe with 5 seeds.
+3 epochs at lr 1e-3, 3 seeds; at full scale the paper's recipe with 5 seeds.
 
 Command (full scale):
   python launch/sweep.py --experiment=experiments/masking_static_vs_dynamic.py --root=$WD \

@@ -18,7 +18,7 @@ row `task=ltr_bilstm` (its runs are in <root>/task=ltr_bilstm/finetune/).
 
 Downstream suite (`finetune_suite`, experiments/_downstream.py, the same for every point):
 rotten_tomatoes, vitaminc, squadshifts, brown_pos; at cpu scale 1,500 training examples,
-2 epochs, 3 seeds; at full scale the paper's recipe with 5 seeds.
+3 epochs at lr 1e-3, 3 seeds; at full scale the paper's recipe with 5 seeds.
 
 Command (full scale, BERT-Base recipe of config_lib.base_config; NSP rows need NSP data,
 the others packed data):

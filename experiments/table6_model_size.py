@@ -7,14 +7,15 @@ Rows (`row=`, the paper's #L/#H/#A; names from bert_jax.model.SIZES), each chang
 the model's depth, width and heads (intermediate = 4 x hidden) from the base recipe:
   L3_H768_A12, L6_H768_A3, L6_H768_A12, L12_H768_A12 (= BERT-Base), L12_H1024_A16,
   L24_H1024_A16 (= BERT-Large)
-At `scale=cpu` the rows are four sizes of bert_jax.model.SIZES at the same token budget
-(300 steps x 32 x 128): tiny (2 layers, hidden 128), mini (4, 256), small (4, 512), medium
-(8, 512): 0.4M to 25M non-embedding parameters, a 64x span (the paper's rows span 14x), so a
-size effect has room to show on 2 CPU cores.
+At `scale=cpu` the rows are four sizes at the same token budget (300 steps x 32 x 128):
+tiny (2 layers, hidden 128), mini (4, 256), L4_H384_A6 (4, 384) and small (4, 512): 0.4M to
+12.6M non-embedding parameters, a 32x span (the paper's rows span 14x), so a size effect has
+room to show; BERT's "medium" (8, 512) would double the cost of the whole replication on 2
+CPU cores.
 
 Downstream suite (`finetune_suite`, experiments/_downstream.py, the same for every point):
 rotten_tomatoes, vitaminc, squadshifts, brown_pos; at cpu scale 1,500 training examples,
-2 epochs, 3 seeds; at full scale the paper's recipe with 5 seeds.
+3 epochs at lr 1e-3, 3 seeds; at full scale the paper's recipe with 5 seeds.
 
 Command (full scale; the big rows may want --config.model.scan_layers=True, and
 `python -m bert_jax.aot` tells whether a row fits a slice):

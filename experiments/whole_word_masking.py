@@ -12,7 +12,7 @@ words (a harder task); compare the rows by fine-tuning, or by eval loss at equal
 
 Downstream suite (`finetune_suite`, experiments/_downstream.py, the same for every point):
 rotten_tomatoes, vitaminc, squadshifts, brown_pos; at cpu scale 1,500 training examples,
-2 epochs, 3 seeds; at full scale the paper's recipe with 5 seeds.
+3 epochs at lr 1e-3, 3 seeds; at full scale the paper's recipe with 5 seeds.
 
 Command (full scale):
   python launch/sweep.py --experiment=experiments/whole_word_masking.py --root=$WD \

@@ -413,3 +413,28 @@ def test_finetune_overrides_are_checked_against_the_task_config(tmp_path):
     sweep.check_finetune_overrides(runs[1:], ["--config.opt.lrr=3"], str(config))
   with pytest.raises(ValueError, match=r"--config.pairs: no such key .*:rotten_tomatoes"):
     sweep.check_finetune_overrides(runs[:1], ["--config.pairs=True"], str(config))
+
+
+def test_reuse_links_points_with_the_same_pretraining_config(tmp_path, capsys):
+  # Every cpu-scale experiment's baseline is Table 5's mlm_nsp config: pretrained and
+  # fine-tuned once, linked from Table 6's tiny row.
+  t5, t6 = tmp_path / "t5", tmp_path / "t6"
+  data = "data=/corpus"
+  assert sweep.run(f"{TABLE5}:scale=cpu,{data}", str(t5), only="mlm_nsp", **_fake_all(tmp_path)) == []
+  capsys.readouterr()
+  kwargs = _fake_all(tmp_path)
+  assert sweep.run(f"{TABLE6}:scale=cpu,{data}", str(t6), only="tiny", reuse=(str(t5),), **kwargs) == []
+  out = capsys.readouterr().out
+  assert f"reuse row=tiny: {t6 / 'row=tiny'} -> {t5 / 'task=mlm_nsp'}" in out
+  assert os.path.realpath(t6 / "row=tiny") == str(t5 / "task=mlm_nsp")
+  assert len(_calls(t5 / "task=mlm_nsp")) == 1  # pretrained once
+  assert len(_calls(t5 / "task=mlm_nsp" / "finetune" / "vitaminc")) == 1  # fine-tuned once
+  assert (t6 / "report.md").exists()
+  # data=DIR picks DIR/nsp or DIR/packed by objective; other configs have other keys.
+  t5m = sweep.load_experiment(TABLE5)
+  assert t5m.get_config(f"task=mlm,scale=cpu,{data}").data.dir == "/corpus/packed"
+  assert t5m.get_config(f"task=mlm_nsp,scale=cpu,{data}").data.dir == "/corpus/nsp"
+  key = sweep.pretraining_key
+  p5, p6 = sweep.expand(TABLE5, f"scale=cpu,{data}")[0], sweep.expand(TABLE6, "scale=cpu")[0]
+  assert key(TABLE5, p5, []) != key(TABLE6, p6, [])
+  assert key(TABLE5, p5, []) != key(TABLE5, p5, ["--config.seed=1"])
