@@ -1,6 +1,6 @@
 """Paper-style results tables and plots for a directory of runs (e.g. a sweep's --root).
 
-  python -m bert_jax.report --root=/tmp/table5 [--paper=table5|table6] [--split=test|dev]
+  python -m bert_jax.report --root=/tmp/table5 [--paper=table5|table6|masking|wwm] [--split=test|dev]
 
 Pretraining: every directory under --root holding a `metrics.jsonl` (written by train.py) is a
 run; its `config.json` says what it was. The table has one row per run: the config fields
@@ -14,8 +14,10 @@ run's workdir) or given directly (--root = a fine-tuning workdir, or a directory
 point is then the checkpoint the run started from, its `init`). The table is the paper's
 layout: one row per pretraining point (its ablated fields, its held-out MLM perplexity and
 accuracy), one column per task with the main metric's "mean ± std (n seeds)" x 100 on --split,
-and their average. `--paper` adds Devlin et al. (2019)'s published rows (Table 5 or 6) under
-ours; PAPER_COLUMNS says which paper column each of our stand-in tasks fills.
+and their average. `--paper` adds published rows under ours (Devlin et al. 2019's Table 5 or
+6; RoBERTa's static/dynamic masking; the BERT repository's whole-word masking) and a line per
+claim judged against the seed spread; PAPER_COLUMNS says which paper column each of our
+stand-in tasks fills.
 
 The tables are printed as markdown and written, with plots (loss curves; per-task bars with
 std error bars; score vs model size when the points differ in size), to --root/report/. The
@@ -232,6 +234,25 @@ PAPER_TABLES: dict[str, list[tuple[str, dict[str, int], dict[str, float]]]] = {
       (24, 1024, 16, {_LM_PPL: 3.23, "MNLI-m": 86.6, "MRPC": 87.8, "SST-2": 93.7}),
     )
   ],
+  # Not Devlin et al.: RoBERTa (Liu et al. 2019) Table 1, BERT-Base size, dev: SQuAD 2.0 F1,
+  # MNLI-m, SST-2 accuracy.
+  "masking": [
+    ("static (RoBERTa Table 1; SQuAD 2.0)", {}, {"SQuAD": 78.3, "MNLI-m": 84.3, "SST-2": 92.5}),
+    ("dynamic (RoBERTa Table 1; SQuAD 2.0)", {}, {"SQuAD": 78.7, "MNLI-m": 84.0, "SST-2": 92.9}),
+  ],
+  # The BERT repository's README (2019-05-31 whole-word release), BERT-Large uncased, dev:
+  # SQuAD 1.1 F1, MultiNLI accuracy.
+  "wwm": [
+    ("BERT-Large (BERT README)", {}, {"SQuAD": 91.0, "MNLI-m": 86.05}),
+    ("+ whole-word masking (BERT README)", {}, {"SQuAD": 92.8, "MNLI-m": 87.07}),
+  ],
+}
+# What each --paper table is, for the table's title.
+PAPER_SOURCES = {
+  "table5": "Devlin et al. 2019 Table 5, dev sets",
+  "table6": "Devlin et al. 2019 Table 6, dev sets",
+  "masking": "Liu et al. 2019 (RoBERTa) Table 1, dev sets",
+  "wwm": "the BERT repository's whole-word masking table, BERT-Large, dev sets",
 }
 
 
@@ -456,7 +477,7 @@ def finetune_markdown(
     "point's last held-out pretraining eval"
   )
   if paper:
-    title += f"; paper rows: Devlin et al. 2019 {paper.replace('table', 'Table ')}, dev sets"
+    title += f"; paper rows: {PAPER_SOURCES[paper]}"
   notes = [
     f"\n- {r.point} / {r.task}: {len(r.others) + 1} runs, the best on dev shown ({r.path})"
     for r in ft_runs
@@ -489,6 +510,41 @@ def verdict(better: dict[str, float], worse: dict[str, float]) -> str:
   return f"{word}: difference {diff:+.1f}, seed spread {spread:.1f} ({n})"
 
 
+def comparable(new: dict[str, float], old: dict[str, float]) -> str:
+  """Whether `new` is at least as good as `old` up to the seed spread ("comparable or
+  better"): not reproduced only when it is worse by more than the spread."""
+  diff = new["mean"] - old["mean"]
+  spread = max(new["std"], old["std"])
+  n = f"n = {new['n']}/{old['n']}"
+  if min(new["n"], old["n"]) < 2:
+    return f"inconclusive: difference {diff:+.1f}, one seed ({n}): no spread to judge it by"
+  word = "not reproduced" if diff < -spread else "reproduced"
+  return f"{word}: difference {diff:+.1f}, seed spread {spread:.1f} ({n})"
+
+
+def _pairwise(
+  columns: list[Column],
+  role: dict[Any, Point],
+  pairs: tuple[tuple[Any, Any, str], ...],
+  judge: Any = verdict,
+  only: str | None = None,
+) -> list[str]:
+  """A claim line per task column (or the `only` paper column) for each (better, worse) pair
+  of roles present."""
+  lines = []
+  for better, worse, text in pairs:
+    if better not in role or worse not in role:
+      continue
+    a, b = role[better], role[worse]
+    for c in columns:
+      if only and PAPER_COLUMNS.get(c.task) != only:
+        continue
+      if c.task in a.cells and c.task in b.cells:
+        where = f"{c.header} ({a.name} vs {b.name})"
+        lines.append(f"{text}, {where}: {judge(a.cells[c.task], b.cells[c.task])}")
+  return lines
+
+
 def _objective(p: Point) -> str | None:
   """Table 5's row of a point, from its pretraining config."""
   mlm, nsp, ltr = (p.config.get(f"objective.{k}") for k in ("mlm", "nsp", "ltr"))
@@ -504,17 +560,30 @@ def claims(paper: str, columns: list[Column], points: list[Point]) -> list[str]:
   lines = []
   if paper == "table5":
     role = {_objective(p): p for p in points if _objective(p)}
-    for better, worse, text in (
-      ("mlm", "ltr", "No NSP (MLM) beats LTR & No NSP (the bidirectional LM matters)"),
-      ("mlm_nsp", "mlm", "BERT-Base (MLM + NSP) beats No NSP (NSP helps)"),
-    ):
-      if better not in role or worse not in role:
-        continue
-      a, b = role[better], role[worse]
-      for c in columns:
-        if c.task in a.cells and c.task in b.cells:
-          where = f"{c.header} ({a.name} vs {b.name})"
-          lines.append(f"{text}, {where}: {verdict(a.cells[c.task], b.cells[c.task])}")
+    # The "+ BiLSTM" row has no pretraining of its own: found by its name.
+    role.update({"ltr_bilstm": p for p in points if "bilstm" in p.name})
+    lines += _pairwise(
+      columns,
+      role,
+      (
+        ("mlm", "ltr", "No NSP (MLM) beats LTR & No NSP (the bidirectional LM matters)"),
+        ("mlm_nsp", "mlm", "BERT-Base (MLM + NSP) beats No NSP (NSP helps)"),
+      ),
+    )
+    lines += _pairwise(
+      columns,
+      role,
+      (("ltr_bilstm", "ltr", "a BiLSTM on the LTR model improves SQuAD"),),
+      only="SQuAD",
+    )
+  elif paper == "masking":
+    role = {p.config.get("masking.mode"): p for p in points}
+    text = "dynamic masking is comparable to or better than static"
+    lines += _pairwise(columns, role, (("dynamic", "static", text),), judge=comparable)
+  elif paper == "wwm":
+    role = {bool(p.config.get("masking.whole_word")): p for p in points if p.pretrain}
+    text = "whole-word masking beats masking WordPieces independently"
+    lines += _pairwise(columns, role, ((True, False, text),))
   elif paper == "table6":
     with_size = [(n, p) for p in points if (n := param_count(p.config)) is not None]
     sized = [p for _, p in sorted(with_size, key=lambda t: t[0])]

@@ -359,7 +359,7 @@ def test_finetune_errors(tmp_path):
   (d / "results.json").write_text('{"task": "t"}')
   with pytest.raises(ValueError, match="not a fine-tuning results.json"):
     report.report(str(tmp_path))
-  with pytest.raises(ValueError, match="--paper=table9: one of table5, table6"):
+  with pytest.raises(ValueError, match="--paper=table9: one of table5, table6, masking, wwm"):
     report.report(str(tmp_path), paper="table9")
 
 
@@ -404,3 +404,53 @@ def test_table5_claims_against_the_seed_spread(finetune_root):
   assert report.verdict({"mean": 50.0, "std": 1.0, "n": 3}, {"mean": 53.0, "std": 2.0, "n": 3}) == (
     "not reproduced: difference -3.0, seed spread 2.0 (n = 3/3)"
   )
+
+
+def test_masking_wwm_and_bilstm_claims(tmp_path):
+  root = str(tmp_path)
+
+  def point(name, masking, rt):
+    cfg = _config(True, True, False)
+    cfg["masking"] = masking
+    _write_run(root, name, cfg, [{"step": 30, "split": "eval", "mlm_perplexity": 400.0}])
+    _write_results(os.path.join(root, name, "finetune", "rotten_tomatoes"), "rotten_tomatoes",
+                   "classification", "accuracy", rt)  # fmt: skip
+
+  point("mode=static", {"mode": "static", "whole_word": False}, [0.80, 0.81, 0.82])
+  point("mode=dynamic", {"mode": "dynamic", "whole_word": False}, [0.795, 0.805, 0.815])
+  md, _ = report.report(root, paper="masking")
+  assert "RoBERTa) Table 1" in md and "| paper: dynamic (RoBERTa Table 1; SQuAD 2.0) |" in md
+  # 80.5 vs 81.0, spread 1.0: comparable, so the claim holds.
+  assert (
+    "- dynamic masking is comparable to or better than static, rotten_tomatoes (SST-2) accuracy"
+    " (mode=dynamic vs mode=static): reproduced: difference -0.5, seed spread 1.0 (n = 3/3)"
+  ) in md
+  assert report.comparable({"mean": 78.0, "std": 1.0, "n": 3}, {"mean": 81.0, "std": 1.0, "n": 3}
+                           ).startswith("not reproduced: difference -3.0")  # fmt: skip
+  wwm = str(tmp_path / "wwm")
+  os.makedirs(wwm)
+  root = wwm
+  point("whole_word=False", {"mode": "static", "whole_word": False}, [0.80, 0.81, 0.82])
+  point("whole_word=True", {"mode": "static", "whole_word": True}, [0.70, 0.71, 0.72])
+  md, _ = report.report(wwm, paper="wwm")
+  assert (
+    "whole-word masking beats masking WordPieces independently, rotten_tomatoes (SST-2) "
+    "accuracy (whole_word=True vs whole_word=False): not reproduced: difference -10.0"
+  ) in md
+
+
+def test_bilstm_claim_is_squad_only(finetune_root):
+  for task, kind, metric, vals in (
+    ("squadshifts", "span_qa", "f1", [50.0, 52.0, 54.0]),
+    ("rotten_tomatoes", "classification", "accuracy", [0.5, 0.5, 0.5]),
+  ):
+    _write_results(os.path.join(finetune_root, "task=ltr_bilstm", "finetune", task), task, kind,
+                   metric, vals)  # fmt: skip
+  _write_results(os.path.join(finetune_root, "task=ltr", "finetune", "squadshifts"),
+                 "squadshifts", "span_qa", "f1", [40.0, 41.0, 42.0])  # fmt: skip
+  md, _ = report.report(finetune_root, paper="table5")
+  lines = [ln for ln in md.splitlines() if "BiLSTM" in ln and ln.startswith("- ")]
+  assert lines == [
+    "- a BiLSTM on the LTR model improves SQuAD, squadshifts (SQuAD) f1 (task=ltr_bilstm vs "
+    "task=ltr): reproduced: difference +11.0, seed spread 2.0 (n = 3/3)"
+  ]
