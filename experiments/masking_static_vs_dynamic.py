@@ -35,6 +35,9 @@ from bert_jax import config_lib
 
 MODES = ("static", "dynamic")
 
+# The published rows and claims the report puts beside ours (bert_jax.report --paper).
+PAPER = "masking"
+
 
 def _parse(arg):
   return config_lib.parse_arg(arg, mode="static", scale="full", data="")

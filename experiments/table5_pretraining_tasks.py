@@ -45,6 +45,9 @@ from bert_jax import config_lib
 
 TASKS = ("mlm_nsp", "mlm", "ltr")
 
+# The published rows and claims the report puts beside ours (bert_jax.report --paper).
+PAPER = "table5"
+
 
 def _parse(arg):
   return config_lib.parse_arg(arg, task="mlm_nsp", scale="full", data="")

@@ -37,6 +37,9 @@ CPU scale: not yet run.
 from bert_jax import config_lib
 from bert_jax import model as model_lib
 
+# The published rows and claims the report puts beside ours (bert_jax.report --paper).
+PAPER = "table6"
+
 ROWS = (
   "L3_H768_A12",
   "L6_H768_A3",

@@ -31,6 +31,9 @@ Result: not run at full scale here (no TPU). CPU scale: not yet run.
 from bert_jax import config_lib
 
 
+# The published rows and claims the report puts beside ours (bert_jax.report --paper).
+PAPER = "wwm"
+
 def _parse(arg):
   return config_lib.parse_arg(arg, whole_word=False, scale="full", data="")
 

@@ -21,7 +21,8 @@ point's fine-tuning runs (experiments/_downstream.py describes a run): each is
 `python -m bert_jax.finetune --config=configs/finetune.py:TASK --config.init=<root>/<point>
 --workdir=<root>/<row>/finetune/<TASK> --config.KEY=VALUE ...`, where the row is the point
 unless the run names its own (Table 5's `task=ltr_bilstm`: the ltr checkpoint, fine-tuned
-with a BiLSTM). After every point, `python -m bert_jax.report --root=<root>`.
+with a BiLSTM). After every point, `python -m bert_jax.report --root=<root>
+[--paper=PAPER]`, where the experiment's `PAPER` names its published rows and claims.
 
 Locally (--backend=local) points run one after another. A pretraining run is finished only
 when it exited 0 and its own record (`run_status.json`) says it reached its last step; a
@@ -303,8 +304,18 @@ def finetune_command(
   ]
 
 
-def report_command(root: str, report_module: str = "bert_jax.report") -> list[str]:
-  return [sys.executable, "-m", report_module, f"--root={root}"]
+def report_command(
+  root: str, report_module: str = "bert_jax.report", paper: str | None = None
+) -> list[str]:
+  """The report, with the published rows the experiment declares (its `PAPER`, a --paper of
+  bert_jax.report)."""
+  return [sys.executable, "-m", report_module, f"--root={root}"] + (
+    [f"--paper={paper}"] if paper else []
+  )
+
+
+def experiment_paper(path: str) -> str | None:
+  return getattr(load_experiment(path), "PAPER", None)
 
 
 def _quote(cmd: list[str]) -> str:
@@ -442,7 +453,7 @@ def run(
       ):
         failed.append(name)
   if "report" in stages:
-    cmd = report_command(root, report_module)
+    cmd = report_command(root, report_module, experiment_paper(path))
     if dry_run:
       print(_quote(cmd))
     elif failed:
@@ -501,7 +512,8 @@ def slurm_script(experiment: str, root: str, points: list[Point], opts: Options)
   line, which overrides the #SBATCH lines."""
   root = os.path.abspath(root)
   name = os.path.splitext(os.path.basename(split_experiment(experiment)[0]))[0]
-  report = shlex.quote(_quote(["python", "-m", "bert_jax.report", f"--root={root}"]))
+  paper = experiment_paper(split_experiment(experiment)[0])
+  report = shlex.quote(_quote(["python", *report_command(root, paper=paper)[1:]]))
   lines = [
     "#!/usr/bin/env bash",
     f"# {len(points)} points of {experiment}, one array task each; then the report:",
@@ -543,13 +555,14 @@ def tpu_vm_script(experiment: str, root: str, points: list[Point], opts: Options
   launch/tpu_pod.sh, running the point on every worker, then deleted; points in parallel."""
   name = os.path.splitext(os.path.basename(split_experiment(experiment)[0]))[0]
   slug = name.replace("_", "-").lower()[:24]
+  paper = experiment_paper(split_experiment(experiment)[0])
   opts = dataclasses.replace(opts, distributed=True)  # every worker joins one JAX job
   lines = [
     "#!/usr/bin/env bash",
     f"# {len(points)} points of {experiment}, one queued resource each. --root must be storage",
     "# every worker sees (a gcsfuse or Filestore mount). A point whose slice was preempted:",
     "# run its block again (it resumes from its checkpoints). Afterwards, the report:",
-    f"#   {_quote(['python', '-m', 'bert_jax.report', f'--root={root}'])}",
+    f"#   {_quote(['python', *report_command(root, paper=paper)[1:]])}",
     "set -euo pipefail",
     f"cd {shlex.quote(REPO)}",
     ': "${ZONE:?set ZONE}"',
@@ -606,14 +619,14 @@ def launch(experiment: str, root: str, opts: Options) -> None:
     f.write(script)
   if opts.backend == "tpu_vm":
     subprocess.run(["bash", file], check=True)
-    subprocess.run(report_command(root), check=True)
+    subprocess.run(report_command(root, paper=experiment_paper(path)), check=True)
     return
   job = subprocess.run(
     ["sbatch", "--parsable", file], check=True, capture_output=True, text=True
   ).stdout.strip()
   report = subprocess.run(
     ["sbatch", "--parsable", f"--dependency=afterok:{job.split(';')[0]}",
-     f"--output={root}/slurm-report-%j.out", "--wrap=" + _quote(report_command(root))],
+     f"--output={root}/slurm-report-%j.out", "--wrap=" + _quote(report_command(root, paper=experiment_paper(path)))],
     check=True, capture_output=True, text=True,
   ).stdout.strip()  # fmt: skip
   print(f"submitted array job {job} ({len(points)} points) and report job {report}")

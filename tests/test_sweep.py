@@ -236,7 +236,7 @@ def test_dry_run_lists_pretraining_then_finetuning_then_report(capsys, tmp_path)
     argv = line.split()
     assert f"--workdir={tmp_path}/task=ltr_bilstm/finetune/{task}" in argv
     assert "--config.head.bilstm=True" in argv
-  assert lines[-1] == f"{sys.executable} -m bert_jax.report --root={tmp_path}"
+  assert lines[-1] == f"{sys.executable} -m bert_jax.report --root={tmp_path} --paper=table5"
   assert not os.listdir(tmp_path)
 
 
@@ -351,6 +351,7 @@ def test_slurm_dry_run_is_one_array_task_per_point(capsys, tmp_path):
       "--finetune.opt.epochs=1) ;;"
     ) in ln
   assert '  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in lines
+  assert any("bert_jax.report" in ln and "--paper=table6" in ln for ln in lines)
   assert "if ((rc == 75)); then" in lines
   assert not root.exists()
   # The script is valid bash.
