@@ -32,4 +32,4 @@ done
 # Static vs dynamic masking reads the bundled corpus (see the experiment's docstring).
 "$PY" launch/sweep.py --experiment=experiments/masking_static_vs_dynamic.py:scale=cpu \
   --root="$ROOT/masking"
-echo "reports: $ROOT/{table5,wwm,table6,masking}/report/report.md"
+echo "reports: $ROOT/{table5,wwm,table6,masking}/report/results.md"
