@@ -167,7 +167,7 @@ def check_config(path: str, config_json: dict, allow_changes: str) -> None:
     }
     if diffs:
       raise ValueError(
-        f"{os.path.dirname(path)} holds a run of another config ({resume._fmt(diffs)}): use "
+        f"{os.path.dirname(path)} holds a run of another config ({resume.format_changes(diffs)}): use "
         "another --workdir, or allow it with --config.resume_allow_changes=FIELD"
       )
   elif jax.process_index() == 0:
@@ -644,9 +644,9 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
     logger.write(step, "perf", {"steps_per_sec": sps, "examples_per_sec": sps * batch_size})
     eta = (total_steps - step) * (now - run_start) / max(step - start_step, 1)
     train.console(
-      f"{train._bar(step / total_steps)} seed {k + 1}/{config.seeds} | epoch "
+      f"{train.progress_bar(step / total_steps)} seed {k + 1}/{config.seeds} | epoch "
       f"{(step - 1) // per_epoch + 1}/{config.opt.epochs} | step {step}/{total_steps} | "
-      f"loss {loss:.4f} | {sps * batch_size:.1f} ex/s | ETA {train._fmt_time(eta)}"
+      f"loss {loss:.4f} | {sps * batch_size:.1f} ex/s | ETA {train.format_duration(eta)}"
     )
     pending = {"loss_sum": 0.0, "count": 0.0, "steps": 0}
     window_start = now

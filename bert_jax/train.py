@@ -490,12 +490,12 @@ def console(msg: str) -> None:
     print(msg, flush=True)
 
 
-def _bar(frac: float, width: int = 20) -> str:
+def progress_bar(frac: float, width: int = 20) -> str:
   n = int(round(frac * width))
   return "[" + "#" * n + "." * (width - n) + "]"
 
 
-def _fmt_time(s: float) -> str:
+def format_duration(s: float) -> str:
   s = int(s)
   return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
@@ -696,7 +696,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     eta = (total_steps - step) * (now - run_start) / max(step - run_start_step, 1)
     lm = "ltr" if obj.ltr else "mlm"
     msg = (
-      f"{_bar(step / total_steps)} step {step}/{total_steps} | loss "
+      f"{progress_bar(step / total_steps)} step {step}/{total_steps} | loss "
       f"{summary.get(f'{lm}_loss', float('nan')) + summary.get('nsp_loss', 0.0):.4f} | "
       f"{lm}_acc {summary.get(f'{lm}_accuracy', 0.0):.3f}"
     )
@@ -705,7 +705,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     msg += f" | {sps:.2f} steps/s | {perf['tokens_per_sec']:.0f} tok/s"
     if "mfu" in perf:
       msg += f" | MFU {100 * perf['mfu']:.1f}%"
-    msg += f" | ETA {_fmt_time(eta)}"
+    msg += f" | ETA {format_duration(eta)}"
     console(msg)
     last_train = summary
     pending = {}
