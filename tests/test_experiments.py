@@ -146,15 +146,15 @@ def test_experiment_specifics():
   assert [(c.num_layers, c.hidden_size, c.num_heads) for c in rows] == [
     (3, 768, 12), (6, 768, 3), (6, 768, 12), (12, 768, 12), (12, 1024, 16), (24, 1024, 16),
   ]  # fmt: skip
-  # cpu scale: tiny / L2_H256_A4 / mini / L4_H384_A6, at one token budget (steps x batch x length).
+  # cpu scale: tiny / L4_H128_A2 / L2_H256_A4 / mini, at one token budget (steps x batch x length).
   cpu = [t6.get_config(_arg(p, scale="cpu")) for p in _points(t6, "cpu")]
   assert [(c.model.num_layers, c.model.hidden_size, c.model.num_heads) for c in cpu] == [
-    (2, 128, 2), (2, 256, 4), (4, 256, 4), (4, 384, 6),
+    (2, 128, 2), (4, 128, 2), (2, 256, 4), (4, 256, 4),
   ]  # fmt: skip
   budgets = {c.opt.total_steps * c.data.batch_size * c.data.max_seq_length for c in cpu}
   assert budgets == {300 * 32 * 128}
   assert t6.get_config("scale=cpu").model.hidden_size == 128  # the cpu baseline is tiny
-  with pytest.raises(ValueError, match="row must be one of tiny, L2_H256_A4, mini, L4_H384_A6"):
+  with pytest.raises(ValueError, match="row must be one of tiny, L4_H128_A2, L2_H256_A4, mini"):
     t6.get_config("row=L3_H768_A12,scale=cpu")
   with pytest.raises(ValueError, match="task must be one of"):
     t5.get_config("task=bilstm")

@@ -343,7 +343,7 @@ def test_slurm_dry_run_is_one_array_task_per_point(capsys, tmp_path):
   assert "#SBATCH --array=0-3" in lines and "#SBATCH --requeue" in lines
   tasks = [ln for ln in lines if ln.startswith("  ") and ") cmd=(" in ln]
   assert len(tasks) == 4
-  for i, (ln, row) in enumerate(zip(tasks, ("tiny", "L2_H256_A4", "mini", "L4_H384_A6"), strict=True)):
+  for i, (ln, row) in enumerate(zip(tasks, ("tiny", "L4_H128_A2", "L2_H256_A4", "mini"), strict=True)):
     assert ln.startswith(f'  {i}) cmd=("$PYTHON" launch/sweep.py ')
     assert (
       f"--experiment=experiments/table6_model_size.py:scale=cpu '--root={root}' "
