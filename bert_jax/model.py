@@ -19,8 +19,8 @@ V vocab, P predicted positions, N layers. A 1 is a size-1 axis.
 from __future__ import annotations
 
 import dataclasses
-import re
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 

@@ -27,6 +27,7 @@ written and the command says the plots were skipped.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -499,26 +500,19 @@ def finetune_markdown(
 # The paper's claims, judged against the seed spread.
 
 
-def verdict(better: dict[str, float], worse: dict[str, float]) -> str:
-  """Whether `better` beats `worse` by more than the seed spread (the larger of the stds)."""
+def verdict(better: dict[str, float], worse: dict[str, float], comparable: bool = False) -> str:
+  """Whether `better` beats `worse` by more than the seed spread (the larger of the stds); with
+  `comparable`, whether it is at least as good up to the spread ("comparable or better": not
+  reproduced only when worse by more than the spread)."""
   diff = better["mean"] - worse["mean"]
   spread = max(better["std"], worse["std"])
   n = f"n = {better['n']}/{worse['n']}"
   if min(better["n"], worse["n"]) < 2:
     return f"inconclusive: difference {diff:+.1f}, one seed ({n}): no spread to judge it by"
-  word = "reproduced" if diff > spread else "not reproduced" if diff < -spread else "inconclusive"
-  return f"{word}: difference {diff:+.1f}, seed spread {spread:.1f} ({n})"
-
-
-def comparable(new: dict[str, float], old: dict[str, float]) -> str:
-  """Whether `new` is at least as good as `old` up to the seed spread ("comparable or
-  better"): not reproduced only when it is worse by more than the spread."""
-  diff = new["mean"] - old["mean"]
-  spread = max(new["std"], old["std"])
-  n = f"n = {new['n']}/{old['n']}"
-  if min(new["n"], old["n"]) < 2:
-    return f"inconclusive: difference {diff:+.1f}, one seed ({n}): no spread to judge it by"
-  word = "not reproduced" if diff < -spread else "reproduced"
+  if comparable:
+    word = "not reproduced" if diff < -spread else "reproduced"
+  else:
+    word = "reproduced" if diff > spread else "not reproduced" if diff < -spread else "inconclusive"
   return f"{word}: difference {diff:+.1f}, seed spread {spread:.1f} ({n})"
 
 
@@ -579,7 +573,8 @@ def claims(paper: str, columns: list[Column], points: list[Point]) -> list[str]:
   elif paper == "masking":
     role = {p.config.get("masking.mode"): p for p in points}
     text = "dynamic masking is comparable to or better than static"
-    lines += _pairwise(columns, role, (("dynamic", "static", text),), judge=comparable)
+    judge = functools.partial(verdict, comparable=True)
+    lines += _pairwise(columns, role, (("dynamic", "static", text),), judge=judge)
   elif paper == "wwm":
     role = {bool(p.config.get("masking.whole_word")): p for p in points if p.pretrain}
     text = "whole-word masking beats masking WordPieces independently"

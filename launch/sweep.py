@@ -38,7 +38,7 @@ point's ARG, with the --config.* overrides) equals that of a finished point unde
 roots is not run again: its workdir becomes a symbolic link to that point, fine-tuning runs
 included (they are skipped where finished, and refuse to mix if the suites differ). The
 experiments' cpu-scale baselines are one config (tiny, MLM+NSP, static masks, no whole-word
-masking), so Table 6, masking and whole-word masking reuse Table 5's mlm_nsp point.
+masking, the 62 MB corpus), so Table 6 and whole-word masking reuse Table 5's mlm_nsp point.
 
 --backend=slurm: an sbatch job array, task i = point i (its pretraining and fine-tuning, via
 this script with --only), requeued (`scontrol requeue`) when a task exits 75, then the report
@@ -665,6 +665,8 @@ def _parse(argv: list[str]) -> tuple[str, str, Options]:
       raise ValueError(f"--stages={named['stages']}: choose from {','.join(STAGES)}")
   opts.reuse = tuple(filter(None, named.get("reuse", "").split(",")))
   opts.backend = named.get("backend", "local")
+  if opts.reuse and opts.backend != "local":
+    raise ValueError(f"--reuse links points on this machine: not with --backend={opts.backend}")
   if opts.backend not in BACKENDS:
     raise ValueError(f"--backend={opts.backend}: choose from {', '.join(BACKENDS)}")
   return named["experiment"], named["root"], opts

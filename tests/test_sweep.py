@@ -439,3 +439,5 @@ def test_reuse_links_points_with_the_same_pretraining_config(tmp_path, capsys):
   p5, p6 = sweep.expand(TABLE5, f"scale=cpu,{data}")[0], sweep.expand(TABLE6, "scale=cpu")[0]
   assert key(TABLE5, p5, []) != key(TABLE6, p6, [])
   assert key(TABLE5, p5, []) != key(TABLE5, p5, ["--config.seed=1"])
+  assert sweep.main([f"--experiment={TABLE5}", f"--root={t5}", f"--reuse={t5}", "--backend=slurm"]) == 1
+  assert "--reuse links points on this machine: not with --backend=slurm" in capsys.readouterr().err
