@@ -167,7 +167,8 @@ def check_config(path: str, config_json: dict, allow_changes: str) -> None:
     }
     if diffs:
       raise ValueError(
-        f"{os.path.dirname(path)} holds a run of another config ({resume.format_changes(diffs)}): use "
+        f"{os.path.dirname(path)} holds a run of another config "
+        f"({resume.format_changes(diffs)}): use "
         "another --workdir, or allow it with --config.resume_allow_changes=FIELD"
       )
   elif jax.process_index() == 0:

@@ -1,6 +1,7 @@
 """Paper-style results tables and plots for a directory of runs (e.g. a sweep's --root).
 
-  python -m bert_jax.report --root=/tmp/table5 [--paper=table5|table6|masking|wwm] [--split=test|dev]
+  python -m bert_jax.report --root=/tmp/table5 [--paper=table5|table6|masking|wwm] \
+      [--split=test|dev]
 
 Pretraining: every directory under --root holding a `metrics.jsonl` (written by train.py) is a
 run; its `config.json` says what it was. The table has one row per run: the config fields
@@ -555,7 +556,7 @@ def claims(paper: str, columns: list[Column], points: list[Point]) -> list[str]:
   if paper == "table5":
     role = {_objective(p): p for p in points if _objective(p)}
     # The "+ BiLSTM" row has no pretraining of its own: found by its name.
-    role.update({"ltr_bilstm": p for p in points if "bilstm" in p.name})
+    role.update(("ltr_bilstm", p) for p in points if "bilstm" in p.name)
     lines += _pairwise(
       columns,
       role,

@@ -135,7 +135,8 @@ def check(
   refused = {k: v for k, v in diffs.items() if k not in harmless and k not in permitted}
   if refused:
     raise ValueError(
-      f"resuming {source} would not be exact: {format_changes(refused)} (checkpoint -> now); restore the "
+      f"resuming {source} would not be exact: {format_changes(refused)} (checkpoint -> now); "
+      "restore the "
       f"old values, use a new workdir, or allow it with "
       f"--config.resume_allow_changes={','.join(refused)}"
     )
@@ -143,7 +144,9 @@ def check(
   if harmless:
     lines.append(f"Resume changes that keep it exact: {format_changes(harmless)}")
   if permitted:
-    lines.append(f"Resume changes allowed by config.resume_allow_changes: {format_changes(permitted)}")
+    lines.append(
+      f"Resume changes allowed by config.resume_allow_changes: {format_changes(permitted)}"
+    )
   return lines
 
 
@@ -154,7 +157,8 @@ def check_built_data(metadata: dict[str, Any], wanted: dict[str, Any], data_dir:
   diffs = {k: (have.get(k), v) for k, v in wanted.items() if have.get(k) != v}
   if diffs:
     raise ValueError(
-      f"{data_dir} was built with other options: {format_changes(diffs)} (built -> config); delete it to "
+      f"{data_dir} was built with other options: {format_changes(diffs)} (built -> config); "
+      "delete it to "
       "rebuild, or set config.data.dir to the data you want"
     )
 

@@ -20,9 +20,9 @@ experiments, so each task trains on its first 1,500 examples for 3 epochs at lr 
 scored on its first 1,000 dev and test examples, 3 seeds. Tiny BERTs pretrained for minutes
 want a far larger lr than the paper's 2e-5..5e-5: from the tiny MLM+NSP point, 2 epochs at
 1e-4 left rotten_tomatoes and vitaminc at the majority class for every seed; 3 epochs at 5e-4
-gave rotten_tomatoes 0.597 / brown_pos 0.706 test, at 1e-3 0.666 / 0.784 (1 seed each). full scale: the
-paper's recipe (A.3: batch 32, 3 epochs, lr 3e-5 from its {5e-5, 3e-5, 2e-5}), 5 seeds, whole
-sets.
+gave rotten_tomatoes 0.597 / brown_pos 0.706 test, at 1e-3 0.666 / 0.784 (1 seed each).
+full scale: the paper's recipe (A.3: batch 32, 3 epochs, lr 3e-5 from its {5e-5, 3e-5,
+2e-5}), 5 seeds, whole sets.
 """
 
 from __future__ import annotations

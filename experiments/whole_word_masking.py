@@ -33,9 +33,9 @@ majority class: no difference beyond the seed spread at this budget.
 
 from bert_jax import config_lib
 
-
 # The published rows and claims the report puts beside ours (bert_jax.report --paper).
 PAPER = "wwm"
+
 
 def _parse(arg):
   return config_lib.parse_arg(arg, whole_word=False, scale="full", data="")

@@ -626,7 +626,8 @@ def launch(experiment: str, root: str, opts: Options) -> None:
   ).stdout.strip()
   report = subprocess.run(
     ["sbatch", "--parsable", f"--dependency=afterok:{job.split(';')[0]}",
-     f"--output={root}/slurm-report-%j.out", "--wrap=" + _quote(report_command(root, paper=experiment_paper(path)))],
+     f"--output={root}/slurm-report-%j.out",
+     "--wrap=" + _quote(report_command(root, paper=experiment_paper(path)))],
     check=True, capture_output=True, text=True,
   ).stdout.strip()  # fmt: skip
   print(f"submitted array job {job} ({len(points)} points) and report job {report}")
@@ -646,7 +647,9 @@ def _parse(argv: list[str]) -> tuple[str, str, Options]:
       opts.dry_run = True
     elif a == "--distributed":
       opts.distributed = True
-    elif a.startswith(("--experiment=", "--root=", "--only=", "--stages=", "--backend=", "--reuse=")):
+    elif a.startswith(
+      ("--experiment=", "--root=", "--only=", "--stages=", "--backend=", "--reuse=")
+    ):
       k, v = a[2:].split("=", 1)
       named[k] = v
     elif a in ("-h", "--help"):

@@ -343,7 +343,9 @@ def test_slurm_dry_run_is_one_array_task_per_point(capsys, tmp_path):
   assert "#SBATCH --array=0-3" in lines and "#SBATCH --requeue" in lines
   tasks = [ln for ln in lines if ln.startswith("  ") and ") cmd=(" in ln]
   assert len(tasks) == 4
-  for i, (ln, row) in enumerate(zip(tasks, ("tiny", "L4_H128_A2", "L2_H256_A4", "mini"), strict=True)):
+  for i, (ln, row) in enumerate(
+    zip(tasks, ("tiny", "L4_H128_A2", "L2_H256_A4", "mini"), strict=True)
+  ):
     assert ln.startswith(f'  {i}) cmd=("$PYTHON" launch/sweep.py ')
     assert (
       f"--experiment=experiments/table6_model_size.py:scale=cpu '--root={root}' "
@@ -421,10 +423,14 @@ def test_reuse_links_points_with_the_same_pretraining_config(tmp_path, capsys):
   # fine-tuned once, linked from Table 6's tiny row.
   t5, t6 = tmp_path / "t5", tmp_path / "t6"
   data = "data=/corpus"
-  assert sweep.run(f"{TABLE5}:scale=cpu,{data}", str(t5), only="mlm_nsp", **_fake_all(tmp_path)) == []
+  assert (
+    sweep.run(f"{TABLE5}:scale=cpu,{data}", str(t5), only="mlm_nsp", **_fake_all(tmp_path)) == []
+  )
   capsys.readouterr()
   kwargs = _fake_all(tmp_path)
-  assert sweep.run(f"{TABLE6}:scale=cpu,{data}", str(t6), only="tiny", reuse=(str(t5),), **kwargs) == []
+  assert (
+    sweep.run(f"{TABLE6}:scale=cpu,{data}", str(t6), only="tiny", reuse=(str(t5),), **kwargs) == []
+  )
   out = capsys.readouterr().out
   assert f"reuse row=tiny: {t6 / 'row=tiny'} -> {t5 / 'task=mlm_nsp'}" in out
   assert os.path.realpath(t6 / "row=tiny") == str(t5 / "task=mlm_nsp")
@@ -439,5 +445,7 @@ def test_reuse_links_points_with_the_same_pretraining_config(tmp_path, capsys):
   p5, p6 = sweep.expand(TABLE5, f"scale=cpu,{data}")[0], sweep.expand(TABLE6, "scale=cpu")[0]
   assert key(TABLE5, p5, []) != key(TABLE6, p6, [])
   assert key(TABLE5, p5, []) != key(TABLE5, p5, ["--config.seed=1"])
-  assert sweep.main([f"--experiment={TABLE5}", f"--root={t5}", f"--reuse={t5}", "--backend=slurm"]) == 1
+  assert (
+    sweep.main([f"--experiment={TABLE5}", f"--root={t5}", f"--reuse={t5}", "--backend=slurm"]) == 1
+  )
   assert "--reuse links points on this machine: not with --backend=slurm" in capsys.readouterr().err
