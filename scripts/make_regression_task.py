@@ -1,6 +1,6 @@
 r"""A regression task from real text: each Brown corpus sentence scored by its noun density
-(the fraction of its words tagged NN*, from brown_pos's gold tags), in STS-B's spirit of a
-real-valued target. Fine-tuned as `custom` with `--config.task.kind=regression`:
+(the fraction of its words tagged as a common or proper noun, nn* or np*, by brown_pos's gold
+tags), in STS-B's spirit of a real-valued target. Fine-tuned as `custom` with `--config.task.kind=regression`:
 
   python scripts/make_regression_task.py --data_root=../shared/data/tasks --output=/tmp/nouns
   python -m bert_jax.finetune --config=configs/finetune.py:custom,seeds=3 \
@@ -19,6 +19,8 @@ import gzip
 import json
 import os
 
+NOUN_TAGS = ("nn", "np")  # Brown's tags are lower case: nn, nns, nn$, np, nps, np$, ...
+
 
 def convert(src: str, dst: str, limit: int) -> int:
   n = 0
@@ -28,7 +30,7 @@ def convert(src: str, dst: str, limit: int) -> int:
       words, tags = row["tokens"], row["tags_base"]
       if len(words) < 4:
         continue
-      density = sum(t.startswith("NN") for t in tags) / len(words)
+      density = sum(t.startswith(NOUN_TAGS) for t in tags) / len(words)
       out.write(json.dumps({"sentence": " ".join(words), "label": round(density, 6)}) + "\n")
       n += 1
       if limit and n >= limit:
