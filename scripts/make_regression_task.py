@@ -1,6 +1,7 @@
 r"""A regression task from real text: each Brown corpus sentence scored by its noun density
 (the fraction of its words tagged as a common or proper noun, nn* or np*, by brown_pos's gold
-tags), in STS-B's spirit of a real-valued target. Fine-tuned as `custom` with `--config.task.kind=regression`:
+tags), in STS-B's spirit of a real-valued target. Fine-tuned as `custom` with
+`--config.task.kind=regression`:
 
   python scripts/make_regression_task.py --data_root=../shared/data/tasks --output=/tmp/nouns
   python -m bert_jax.finetune --config=configs/finetune.py:custom,seeds=3 \

@@ -1,0 +1,106 @@
+"""The scripts that build real-data tasks from the shared sets (scripts/make_mc_task.py,
+make_squad_subset.py, make_regression_task.py), on tiny hand-written inputs."""
+
+import gzip
+import importlib
+import json
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(name):
+  sys.path.insert(0, os.path.join(REPO, "scripts"))
+  try:
+    return importlib.import_module(name)
+  finally:
+    sys.path.pop(0)
+
+
+mc = _load("make_mc_task")
+subset = _load("make_squad_subset")
+regression = _load("make_regression_task")
+
+CONTEXT = (
+  "The tower was built in 1889 by Gustave Eiffel. It is 330 metres tall today. "
+  '"Nobody liked it at first," wrote one critic. Paris now sells many small copies of it!'
+)
+
+
+def _qa(qid, question, text, start):
+  return {"id": qid, "question": question, "answers": [{"text": text, "answer_start": start}]}
+
+
+def _article():
+  other = "Visitors climb the stairs every single day. The lifts were added much later on."
+  qas = [
+    _qa("q1", "Who built it?", "Gustave Eiffel", CONTEXT.index("Gustave")),
+    _qa("q2", "How tall is it?", "330 metres", CONTEXT.index("330")),
+    _qa("q3", "Bad offset?", "1889", 3),
+  ]
+  return {
+    "title": "t",
+    "paragraphs": [{"context": CONTEXT, "qas": qas}, {"context": other, "qas": []}],
+  }
+
+
+def test_sentences_split_at_end_punctuation_before_capitals_digits_and_quotes():
+  got = [t for _, t in mc.sentences(CONTEXT)]
+  assert got == [
+    "The tower was built in 1889 by Gustave Eiffel.",
+    "It is 330 metres tall today.",
+    '"Nobody liked it at first," wrote one critic.',
+    "Paris now sells many small copies of it!",
+  ]
+  assert all(CONTEXT[s:].startswith(t) for s, t in mc.sentences(CONTEXT))
+
+
+def test_mc_rows_hold_the_answer_sentence_and_three_others_of_the_article():
+  stats = dict(questions=0, bad_offset=0, too_few_sentences=0)
+  rows = mc.article_examples(_article(), stats)
+  assert stats == dict(questions=3, bad_offset=1, too_few_sentences=0)
+  by_id = {r["id"]: r for r in rows}
+  assert by_id["q1"]["choices"][by_id["q1"]["label"]] == mc.sentences(CONTEXT)[0][1]
+  assert by_id["q2"]["choices"][by_id["q2"]["label"]] == "It is 330 metres tall today."
+  for r in rows:
+    assert len(r["choices"]) == 4 and len(set(r["choices"])) == 4
+    answer = "Gustave Eiffel" if r["id"] == "q1" else "330 metres"
+    assert [answer in c for c in r["choices"]].count(True) == 1
+  # Seeded by the question id: the same rows on every run.
+  assert rows == mc.article_examples(_article(), dict(stats))
+
+
+def test_mc_question_without_enough_other_sentences_is_left_out():
+  three = CONTEXT[: CONTEXT.index("Paris")].strip()  # the answer's and 2 others
+  article = {"paragraphs": [{"context": three, "qas": [_qa("q", "?", "tower", 4)]}]}
+  stats = dict(questions=0, bad_offset=0, too_few_sentences=0)
+  assert mc.article_examples(article, stats) == []
+  assert stats["too_few_sentences"] == 1
+
+
+def test_squad_subset_keeps_the_first_n_questions_in_order():
+  data = {"version": "1.1", "data": [_article(), _article()]}
+  cut = subset.first_questions(data, 4)
+  ids = [q["id"] for a in cut["data"] for p in a["paragraphs"] for q in p["qas"]]
+  assert ids == ["q1", "q2", "q3", "q1"] and cut["version"] == "1.1"
+  assert len(cut["data"][1]["paragraphs"]) == 1
+  assert len(data["data"][1]["paragraphs"][0]["qas"]) == 3  # the input is not changed
+
+
+def test_noun_density_counts_brown_lower_case_noun_tags(tmp_path):
+  src, dst = tmp_path / "train.jsonl.gz", tmp_path / "out.jsonl.gz"
+  rows = [
+    {
+      "tokens": ["The", "dogs", "of", "Texas", "bark"],
+      "tags_base": ["at", "nns", "in", "np", "vb"],
+    },
+    {"tokens": ["Hi", "."], "tags_base": ["uh", "."]},  # under 4 words: left out
+  ]
+  with gzip.open(src, "wt") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+  assert regression.convert(str(src), str(dst), 0) == 1
+  with gzip.open(dst, "rt") as f:
+    assert [json.loads(line) for line in f] == [
+      {"sentence": "The dogs of Texas bark", "label": 0.4}
+    ]
