@@ -29,6 +29,7 @@ the last batch is padded with weight-0 rows, never dropped.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import itertools
 import json
 import math
@@ -171,8 +172,18 @@ def check_config(path: str, config_json: dict, allow_changes: str) -> None:
         f"({resume.format_changes(diffs)}): use "
         "another --workdir, or allow it with --config.resume_allow_changes=FIELD"
       )
-  elif jax.process_index() == 0:
-    ckpt_lib.write_atomic(path, json.dumps(config_json, indent=2) + "\n")
+  else:
+    # Seed checkpoints with no config.json beside them (deleted, or recreated by a save that
+    # outlived a removal) would resume a run whose config nothing can check.
+    workdir = os.path.dirname(path)
+    orphans = sorted(glob.glob(os.path.join(workdir, "seed_*", "checkpoints", "*")))
+    if orphans:
+      raise ValueError(
+        f"{workdir} holds seed checkpoints ({os.path.relpath(orphans[0], workdir)}) but no "
+        "config.json to check them against: remove them or use another --workdir"
+      )
+    if jax.process_index() == 0:
+      ckpt_lib.write_atomic(path, json.dumps(config_json, indent=2) + "\n")
 
 
 def validate(config: ml_collections.ConfigDict, mesh) -> None:

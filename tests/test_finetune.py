@@ -106,6 +106,11 @@ def test_classification_seeds_results_and_rerun(tmp_path):
   c2.opt.lr = 1e-3
   with pytest.raises(ValueError, match=r"another config \(opt.lr"):
     finetune.finetune(c2, wd)
+  # Checkpoints without their config.json are refused, not resumed under any config.
+  os.remove(os.path.join(wd, "config.json"))
+  with pytest.raises(ValueError, match=r"seed checkpoints \(seed_0/checkpoints/.*no config"):
+    finetune.finetune(c2, wd)
+  assert not os.path.exists(os.path.join(wd, "config.json"))
 
 
 def test_tagging_labels_first_subtoken(tmp_path):
