@@ -30,8 +30,8 @@ import os
 import random
 import re
 
-TRAIN = ("new_wiki", "nyt", "reddit")
-HELD_OUT = "amazon_reviews"
+from make_squad_subset import HELD_OUT, TRAIN
+
 CHOICES = 4
 _BOUNDARY = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'“‘])")
 
@@ -59,7 +59,7 @@ def article_examples(article: dict, stats: dict[str, int]) -> list[dict]:
       stats["questions"] += 1
       answers = [a["text"] for a in qa["answers"] if a["text"].strip()]
       first = qa["answers"][0] if qa["answers"] else None
-      if not first or p["context"][first["answer_start"] :].find(first["text"]) != 0:
+      if not first or not p["context"].startswith(first["text"], first["answer_start"]):
         stats["bad_offset"] += 1
         continue
       at = first["answer_start"]

@@ -18,7 +18,7 @@ import gzip
 import json
 import os
 
-TRAIN = ("new_wiki", "nyt", "reddit")
+TRAIN = ("new_wiki", "nyt", "reddit")  # as configs/finetune.py's squadshifts preset
 HELD_OUT = "amazon_reviews"
 
 
