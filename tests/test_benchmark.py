@@ -3,6 +3,7 @@ summaries pick the right ratios, the lockstep choreography, the peer side's isol
 bert_jax, and the huge-page malloc tunable."""
 
 import ast
+import importlib.util
 import json
 import math
 import os
@@ -16,10 +17,12 @@ import numpy as np
 import pytest
 
 from bert_jax import model as model_lib
+from bert_jax import sharding as sh
 from bert_jax import train
 from bert_jax.benchmark import (
   batches,
   data,
+  finetune_step,
   host,
   lockstep,
   memory,
@@ -584,3 +587,34 @@ def test_finetune_mode_runs_with_the_peer_skipped_without_torch(tmp_path):
     "benchmark: error: --peer_list: unknown peer 'hf_flax' for --task=finetune; use torch, "
     "torch_compile"
   )
+
+
+def test_vmap_seeds_probe_steps_each_seed_as_its_own_step():
+  """scripts/vmap_seeds_probe.py: seed k of the vmapped step gets seed k's single step."""
+  spec = importlib.util.spec_from_file_location(
+    "vmap_seeds_probe", pathlib.Path(__file__).parent.parent / "scripts" / "vmap_seeds_probe.py"
+  )
+  probe = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(probe)
+  config = finetune_step.bench_config("tiny", 16, 2, "float32", {})
+  mesh = sh.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  with sh.mesh_context(mesh, sh.rules_from_config(config.mesh.rules)):
+    single, multi, states, state_s, batch, batch_s, rngs = probe.build("tiny", 2, 2, 16, "float32")
+    first = jax.tree.map(lambda x: np.asarray(x[0]), state_s)
+    np.testing.assert_array_equal(
+      first["params"]["head"]["classifier"]["kernel"],
+      states[0]["params"]["head"]["classifier"]["kernel"],
+    )
+    assert not np.array_equal(
+      first["params"]["head"]["classifier"]["kernel"],
+      np.asarray(state_s["params"]["head"]["classifier"]["kernel"][1]),
+    )
+    state_s, m_s = multi(state_s, batch_s, rngs)
+    for k in range(2):
+      st, m = single(states[k], batch, rngs[k])
+      np.testing.assert_allclose(m_s["loss_sum"][k], m["loss_sum"], rtol=1e-5)
+      jax.tree.map(
+        lambda a, b, k=k: np.testing.assert_allclose(a[k], b, rtol=1e-4, atol=1e-6),
+        state_s["params"],
+        st["params"],
+      )
