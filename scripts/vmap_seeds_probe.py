@@ -20,10 +20,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from bert_jax import finetune, optim
-from bert_jax import model as model_lib
 from bert_jax import sharding as sh
-from bert_jax import tasks as tasks_lib
 from bert_jax.benchmark import finetune_step
 
 _SIZE = flags.DEFINE_string("size", "tiny", "A benchmark size (benchmark/sizes.py).")
@@ -34,23 +31,16 @@ _DTYPE = flags.DEFINE_string("dtype", "float32", "Compute dtype.")
 _ROUNDS = flags.DEFINE_integer("rounds", 6, "Timed rounds (each times both, alternating order).")
 
 
-def build(size: str, seeds: int, batch: int, seq: int, dtype: str):
-  """(single, multi, states, state_s, batch, batch_s, rngs): the jitted engine step and its
-  vmap over seeds, each seed's state alone and all stacked (the same inits), the benchmark
-  batch alone and stacked, and each seed's step rng. Called inside the mesh context."""
-  config = finetune_step.bench_config(size, seq, batch, dtype, {})
-  fields = {k: v for k, v in config.model.to_dict().items() if k != "causal"}
-  cfg = model_lib.BertConfig(**fields)
-  task = tasks_lib.Task("benchmark", "classification", ("0", "1"), ("accuracy",))
-  model = task.model(model_lib.resolve_kernels(cfg, jax.devices()[0].platform))
-  tx = optim.make_optimizer(finetune.optimizer_config(config, 10_000))
-  init_fn = finetune.state_init_fn(model, tx)
-  step_fn = finetune.make_train_step(model, tx, task)
+def build(config, seeds: int):
+  """(single, multi, states, state_s, batch, batch_s, rngs) for a `finetune_step.bench_config`:
+  the engine's jitted step and its vmap over seeds, each seed's state alone and all stacked
+  (the same inits), the benchmark batch alone and stacked, and each seed's step rng. Called
+  inside the mesh context."""
+  cfg, init_fn, step_fn = finetune_step.engine(config)
   one = jax.tree.map(jnp.asarray, finetune_step.host_batch(config, cfg.vocab_size))
   stacked = jax.tree.map(lambda x: jnp.stack([x] * seeds), one)
   keys = jax.random.split(jax.random.key(0), seeds)
-  init = jax.jit(lambda r: nn.meta.unbox(init_fn(r)))
-  states = [init(k) for k in keys]
+  states = [jax.jit(lambda r: nn.meta.unbox(init_fn(r)))(k) for k in keys]
   state_s = jax.jit(jax.vmap(lambda r: nn.meta.unbox(init_fn(r))))(keys)
   rngs = jax.random.split(jax.random.key(1), seeds)
   single = jax.jit(step_fn, donate_argnums=0)
@@ -64,9 +54,7 @@ def main(argv):
   mesh = sh.make_mesh((1, 1, 1), devices=jax.devices()[:1])
   rules = sh.rules_from_config(config.mesh.rules)
   with sh.mesh_context(mesh, rules):
-    single, multi, states, state_s, batch, batch_s, rngs = build(
-      _SIZE.value, _SEEDS.value, _BATCH.value, _SEQ.value, _DTYPE.value
-    )
+    single, multi, states, state_s, batch, batch_s, rngs = build(config, _SEEDS.value)
 
     def run_single():
       nonlocal states

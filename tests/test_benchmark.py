@@ -599,7 +599,7 @@ def test_vmap_seeds_probe_steps_each_seed_as_its_own_step():
   config = finetune_step.bench_config("tiny", 16, 2, "float32", {})
   mesh = sh.make_mesh((1, 1, 1), devices=jax.devices()[:1])
   with sh.mesh_context(mesh, sh.rules_from_config(config.mesh.rules)):
-    single, multi, states, state_s, batch, batch_s, rngs = probe.build("tiny", 2, 2, 16, "float32")
+    single, multi, states, state_s, batch, batch_s, rngs = probe.build(config, 2)
     first = jax.tree.map(lambda x: np.asarray(x[0]), state_s)
     np.testing.assert_array_equal(
       first["params"]["head"]["classifier"]["kernel"],

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -55,20 +56,35 @@ def host_batch(config: ml_collections.ConfigDict, vocab: int) -> dict[str, np.nd
   return {**arrays, "weight": np.ones(config.data.batch_size, np.float32)}
 
 
+class Engine(NamedTuple):
+  """The fine-tuning engine's pieces for a benchmark config."""
+
+  cfg: model_lib.BertConfig
+  init_fn: Callable  # rng -> boxed train state
+  train_step: Callable  # (state, batch, rng) -> (state, metrics)
+
+
+def engine(config: ml_collections.ConfigDict) -> Engine:
+  """The engine's model (kernels resolved for the first device), optimizer, state init and
+  train step for 2-way sequence classification, as `finetune.run_seed` builds them."""
+  cfg = model_lib.BertConfig(**{k: v for k, v in config.model.to_dict().items() if k != "causal"})
+  task = tasks_lib.Task("benchmark", "classification", ("0", "1"), ("accuracy",))
+  model = task.model(model_lib.resolve_kernels(cfg, jax.devices()[0].platform))
+  steps_per_epoch = TOTAL_STEPS // int(config.opt.epochs)
+  tx = optim.make_optimizer(finetune.optimizer_config(config, steps_per_epoch))
+  init_fn = finetune.state_init_fn(model, tx, min(8, cfg.max_position_embeddings))
+  train_step = finetune.make_train_step(model, tx, task, config.opt.grad_accum_steps)
+  return Engine(model.cfg, init_fn, train_step)
+
+
 def build_step(config: ml_collections.ConfigDict) -> step.Step:
   """The engine's train step, lowered and compiled for the benchmark batch on one device; its
   metrics gain "loss" (the batch's mean loss) for the benchmark's loss log."""
   mesh = sh.make_mesh(tuple(config.mesh.shape), devices=jax.devices()[:1])
   rules = sh.rules_from_config(config.mesh.rules)
-  cfg = model_lib.BertConfig(**{k: v for k, v in config.model.to_dict().items() if k != "causal"})
-  task = tasks_lib.Task("benchmark", "classification", ("0", "1"), ("accuracy",))
-  model = task.model(model_lib.resolve_kernels(cfg, mesh.devices.flat[0].platform))
-  steps_per_epoch = TOTAL_STEPS // int(config.opt.epochs)
-  tx = optim.make_optimizer(finetune.optimizer_config(config, steps_per_epoch))
+  cfg, init_fn, train_step = engine(config)
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
-  init_fn = finetune.state_init_fn(model, tx, min(8, cfg.max_position_embeddings))
   state, state_sh, _ = sh.init_sharded(init_fn, mesh, rules, init_rng)
-  train_step = finetune.make_train_step(model, tx, task, config.opt.grad_accum_steps)
 
   def with_loss(state, batch, rng):
     state, metrics = train_step(state, batch, rng)
@@ -87,4 +103,4 @@ def build_step(config: ml_collections.ConfigDict) -> step.Step:
     lower_s = time.perf_counter() - t0
   t0 = time.perf_counter()
   compiled = lowered.compile()
-  return step.Step(compiled, state, batch, step_rng, model.cfg, lower_s, time.perf_counter() - t0)
+  return step.Step(compiled, state, batch, step_rng, cfg, lower_s, time.perf_counter() - t0)
