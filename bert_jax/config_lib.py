@@ -113,6 +113,7 @@ def base_config(size: str = "base") -> ml_collections.ConfigDict:
 
   fields = {f.name: f.default for f in dataclasses.fields(model_lib.BertConfig)}
   fields.pop("causal")  # derived from objective.ltr
+  fields.pop("platform")  # set by model.resolve_kernels for the devices a run uses
   fields.update(model_lib.size_fields(size))
   c.model = ml_collections.ConfigDict(fields)
 

@@ -64,6 +64,8 @@ RUN_FIELDS = (
   "dtype",
   "param_dtype",
   "kernels",
+  "dropout_rng",
+  "attention_impl",
   "scan_layers",
   "remat_policy",
 )

@@ -1,8 +1,11 @@
-"""XLA:CPU speed kernels: the ops `model.py` uses when `BertConfig.kernels` resolves to 'cpu'.
+"""Hand-made kernels behind BertConfig's switches: the XLA:CPU speed kernels `model.py` uses when
+`BertConfig.kernels` resolves to 'cpu', the dropout keep-masks of `BertConfig.dropout_rng`
+other than threefry, and the low-precision attention probabilities of
+`BertConfig.attention_impl='explicit_lowp'`.
 
 Each computes what its stock counterpart in model.py computes (the same values and gradients
 up to float32 summation order, tests/test_kernels.py; dropout draws other masks with the same
-keep probability) and differs in how XLA:CPU executes it:
+keep probability) and differs in how XLA executes it:
 
 - `matmul`, `tied_logits`: custom VJPs that keep both backward dots in the compute dtype with
   float32 accumulators, and take the weight gradient from a transposed copy of the narrower
@@ -11,8 +14,12 @@ keep probability) and differs in how XLA:CPU executes it:
   in the operands' dtype and in operand orders XLA:CPU has bf16 kernels for.
 - `add_bias`, `LayerNorm`: float32 bias and scale gradients (autodiff would sum a bf16
   cotangent with a bf16 accumulator: lossy, and far slower on XLA:CPU than a float32 sum).
-- `Dropout`: keep-masks from a counter hash (murmur3's finaliser) instead of threefry, an
-  element-wise computation XLA fuses into its neighbours.
+- `keep_mask` (dropout_rng='hash'): keep-masks from a counter hash (murmur3's finaliser) instead
+  of threefry, an element-wise computation XLA fuses into its neighbours; `rbg_keep_mask`
+  (dropout_rng='rbg'): bits from XLA's RngBitGenerator.
+- `attention_probs`: softmax probabilities (dropped out) in the compute dtype from float32
+  statistics, whose backward keeps only those low-precision probabilities (and the mask), not
+  a float32 copy: half the bytes of the largest attention tensors.
 
 Shape key: T tokens (leading dims flattened), I/O a dense layer's input/output features, and
 for attention B batch, Q queries, S keys, H heads, K head dim.
@@ -263,7 +270,12 @@ class LayerNorm(nn.Module):
     return y.astype(self.dtype or x.dtype)
 
 
-# ----------------------------------------------------------------------------- dropout
+# ----------------------------------------------------------------------------- dropout masks
+
+
+def _threshold(rate: float) -> Array:
+  """uint32 bits at or above this are kept: probability 1 - rate, exact to 2**-32."""
+  return jnp.uint32(min(round(rate * 2**32), 2**32 - 1))
 
 
 def _fmix32(h: Array) -> Array:
@@ -280,23 +292,84 @@ def keep_mask(key: Array, shape: tuple[int, ...], rate: float) -> Array:
 
   Two 32-bit words drawn from `key` seed a double murmur3 finaliser of each element's index
   (counter-based, as Philox in cuDNN's dropout): a few integer ops per element that XLA fuses,
-  where threefry's rounds cost far more per element on a CPU."""
+  where threefry's rounds cost far more per element on a CPU. The index is an iota, which
+  XLA's SPMD partitioner splits by shard, so each device hashes only its own elements."""
   seed = jax.random.bits(key, (2,), jnp.uint32)
   idx = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
   h = _fmix32(_fmix32(idx ^ seed[0]) + seed[1])
-  return h >= jnp.uint32(min(round(rate * 2**32), 2**32 - 1))
+  return h >= _threshold(rate)
 
 
-class Dropout(nn.Module):
-  """Inverted dropout with the `dropout` rng collection, as nn.Dropout, masks from `keep_mask`."""
+def rbg_keep_mask(key: Array, shape: tuple[int, ...], rate: float) -> Array:
+  """Boolean dropout keep-mask, True with probability 1 - rate (exact to 2**-32), from XLA's
+  RngBitGenerator (jax.random's 'rbg' implementation) seeded with four words drawn from the
+  threefry `key`: one threefry block per mask, then the backend's own bit generator (Philox
+  on CPU and GPU). Deterministic per backend and compiler version only; and XLA's SPMD
+  partitioner generates the whole (global) mask on every device and slices it, so a
+  data-parallel mesh pays the global batch's bits on each device."""
+  seed = jax.random.bits(key, (4,), jnp.uint32)
+  bits = jax.random.bits(jax.random.wrap_key_data(seed, impl="rbg"), shape, jnp.uint32)
+  return bits >= _threshold(rate)
 
-  rate: float
 
-  @nn.compact
-  def __call__(self, x: Array, deterministic: bool) -> Array:
-    if deterministic or self.rate == 0.0:
-      return x
-    if self.rate >= 1.0:
-      return jnp.zeros_like(x)
-    keep = keep_mask(self.make_rng("dropout"), x.shape, self.rate)
-    return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros((), x.dtype))
+# ----------------------------------------------------------------------------- attention probs
+
+
+def attention_probs(
+  logits: Array, dtype: Any, keep: Array | None = None, rate: float = 0.0
+) -> Array:
+  """softmax(logits) over the last axis, dropped out where `keep` is False (the kept ones
+  scaled by 1 / (1 - rate)), in `dtype`.
+
+  The forward is jax.nn.softmax in float32 and the dropout in float32, then one cast: the
+  values equal `dropout(softmax(logits)).astype(dtype)`. The custom VJP keeps only the
+  probabilities in `dtype` (and the mask) for the backward, where autodiff keeps them in
+  float32, and computes dlogits = p * (g - sum(g * p)) in float32 from them: equal to
+  autodiff's up to `dtype`'s rounding of p."""
+  dtype = jnp.dtype(dtype)
+  if keep is None:
+    return _probs(logits, dtype)
+  return _dropped_probs(logits, keep, dtype, 1.0 - rate)
+
+
+def _softmax_bwd(p: Array, g: Array) -> Array:
+  p32 = p.astype(jnp.float32)
+  return p32 * (g - jnp.sum(g * p32, axis=-1, keepdims=True))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _probs(logits: Array, dtype) -> Array:
+  return jax.nn.softmax(logits, axis=-1).astype(dtype)
+
+
+def _probs_fwd(logits, dtype):
+  p = _probs(logits, dtype)
+  return p, p
+
+
+def _probs_bwd(dtype, p, g):
+  return (_softmax_bwd(p, g.astype(jnp.float32)),)
+
+
+_probs.defvjp(_probs_fwd, _probs_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _dropped_probs(logits: Array, keep: Array, dtype, keep_prob: float) -> Array:
+  p = jax.nn.softmax(logits, axis=-1)
+  return jnp.where(keep, p / keep_prob, jnp.zeros((), p.dtype)).astype(dtype)
+
+
+def _dropped_fwd(logits, keep, dtype, keep_prob):
+  p = jax.nn.softmax(logits, axis=-1)
+  out = jnp.where(keep, p / keep_prob, jnp.zeros((), p.dtype)).astype(dtype)
+  return out, (p.astype(dtype), keep)
+
+
+def _dropped_bwd(dtype, keep_prob, res, g):
+  p, keep = res
+  g_p = jnp.where(keep, g.astype(jnp.float32) / keep_prob, jnp.zeros((), jnp.float32))
+  return _softmax_bwd(p, g_p), None
+
+
+_dropped_probs.defvjp(_dropped_fwd, _dropped_bwd)

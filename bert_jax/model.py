@@ -9,7 +9,13 @@ positions, and a 2-way NSP head. Parameter names map 1:1 onto HuggingFace's
 
 The layers are written in stock Flax/XLA ops. `BertConfig.kernels='cpu'` swaps in the XLA:CPU
 speed kernels of kernels.py (same values and gradients, same parameters), through `ops_for`
-only; 'auto' picks them on the CPU backend alone.
+only; 'auto' picks them on the CPU backend alone. `dropout_rng` picks how dropout masks are
+drawn and `attention_impl` how self-attention is computed; their 'auto' values come from
+measurements per backend (`resolve_kernels`, `DROPOUT_RNG_AUTO`, `AUTO_ATTENTION`).
+
+Embedding lookups read the float32 (param_dtype) tables and cast after: the word gather's
+gradient is then a float32 scatter-add, the 2-row token-type table is a select and positions a
+slice, so no gradient is a low-precision scatter-add (on GPUs its atomics serialise).
 
 Shape key: B batch, L sequence length, Q query positions (L, or the positions a pruned last
 layer computes), S key positions (= L), D hidden, H heads, K head dim, F intermediate (FFN),
@@ -36,6 +42,8 @@ Array = jax.Array
 # ----------------------------------------------------------------------------- config
 
 KERNELS = ("auto", "xla", "cpu")
+DROPOUT_RNGS = ("auto", "threefry", "rbg", "hash")
+ATTENTION_IMPLS = ("auto", "explicit", "explicit_lowp", "xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +78,21 @@ class BertConfig:
   # kernels.py (same values and parameters), 'auto' = 'cpu' on the CPU backend, else 'xla'
   # (see `resolve_kernels`).
   kernels: str = "auto"
+  # How dropout keep-masks are drawn from the 'dropout' rng (same keep probability, other
+  # masks): 'threefry' jax.random's default generator (flax's nn.Dropout), 'rbg' XLA's
+  # RngBitGenerator seeded from the threefry key, 'hash' a counter hash of each element's
+  # index (kernels.py); 'auto' per backend, `DROPOUT_RNG_AUTO`. MLM masking never uses it.
+  dropout_rng: str = "auto"
+  # Self-attention: 'explicit' softmax with float32 probabilities materialised; 'explicit_lowp'
+  # the same with the probabilities kept in the compute dtype from float32 statistics
+  # (kernels.attention_probs; equal to 'explicit' in float32); 'xla' / 'cudnn'
+  # jax.nn.dot_product_attention with that implementation (no attention dropout; cudnn: on a
+  # GPU, bf16 or fp16, float32 falls back to 'xla'); 'auto' per backend and length,
+  # `AUTO_ATTENTION`. Attention probabilities asked for (output_attentions) come from 'explicit'.
+  attention_impl: str = "auto"
+  # The JAX platform `resolve_kernels` resolved the 'auto' fields for ('' = not resolved: the
+  # process's default backend when traced). Set by resolve_kernels, not by configs.
+  platform: str = ""
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -78,6 +101,22 @@ class BertConfig:
       )
     if self.kernels not in KERNELS:
       raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, not {self.kernels!r}")
+    if self.attention_impl == "fused":  # its name in checkpoints of earlier versions
+      object.__setattr__(self, "attention_impl", "auto")
+    if self.dropout_rng not in DROPOUT_RNGS:
+      raise ValueError(
+        f"dropout_rng must be one of {', '.join(DROPOUT_RNGS)}, not {self.dropout_rng!r}"
+      )
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(
+        f"attention_impl must be one of {', '.join(ATTENTION_IMPLS)}, not {self.attention_impl!r}"
+      )
+    if self.attention_impl in ("xla", "cudnn") and self.attention_dropout_prob > 0:
+      raise ValueError(
+        f"attention_impl={self.attention_impl!r} has no attention dropout: set "
+        f"attention_dropout_prob=0 (it is {self.attention_dropout_prob}) or attention_impl to "
+        "auto, explicit or explicit_lowp"
+      )
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f"remat_policy {self.remat_policy!r} not in {sorted(REMAT_POLICIES)}")
     for name in ("dtype", "param_dtype"):
@@ -114,12 +153,84 @@ REMAT_POLICIES = {
 }
 
 
+# dropout_rng='auto' per platform, each from a measurement on that platform:
+# - cpu: 'hash'. scripts/lockstep_ab.py --size=tiny --layers=0 --rounds=12 --turn_s=3 (bf16,
+#   seq 128, batch 32), step time over hash's: rbg 1.125, threefry 1.047 (medians).
+# - tpu: 'hash'. bert_jax.aot, BERT-Base (scanned layers) bf16, 256 x 128 on v5e-16, mesh
+#   (1,16,1): temporaries per device threefry 1.81, hash 1.81, rbg 1.92 GiB (XLA's
+#   RngBitGenerator partitioning makes every device generate the global batch's mask);
+#   XLA-counted FLOPs threefry 7.41e10, hash 7.23e10 (rbg 7.18e10: its bits count as none).
+# - gpu: 'threefry', the generator before dropout_rng existed: nothing measured on a GPU yet;
+#   the prepared GPU command times dropout_rng=threefry|rbg|hash and its numbers decide.
+DROPOUT_RNG_AUTO = {"cpu": "hash", "tpu": "hash", "gpu": "threefry"}
+
+# attention_impl='auto' per (platform, key length S): (the implementation without attention
+# dropout, the one with it). Only measured entries (another length takes the nearest measured
+# one); a platform without any entry keeps the behaviour before attention_impl existed: 'xla'
+# without attention dropout, 'explicit' with it.
+# - tpu: bert_jax.aot, BERT-Base (scanned layers) bf16 on v5e-16, mesh (1,16,1), dropout_rng
+#   hash; temporaries per device (XLA-counted FLOPs within 0.6% of each other):
+#     S=128, batch 256: with attention dropout explicit 1.81, explicit_lowp 1.74 GiB; without
+#       xla 1.78, explicit 1.78, explicit_lowp 1.67 GiB.
+#     S=512, batch 64: with explicit 2.58, explicit_lowp 2.30 GiB; without xla 2.44,
+#       explicit_lowp 1.87 GiB.
+# - cpu: no entry. Lockstep at BERT-tiny bf16 (seq 128, batch 32): explicit_lowp over explicit
+#   1.079 (median of 12 rounds) with attention dropout.
+# - gpu: no entry yet. The prepared GPU command times attention_impl=explicit|explicit_lowp
+#   (attention dropout 0.1) and xla|cudnn|explicit_lowp (attention_dropout_prob=0) at seq 128
+#   and 512; its numbers fill the ("gpu", S) entries.
+AUTO_ATTENTION: dict[tuple[str, int], tuple[str, str]] = {
+  ("tpu", 128): ("explicit_lowp", "explicit_lowp"),
+  ("tpu", 512): ("explicit_lowp", "explicit_lowp"),
+}
+DEFAULT_ATTENTION = ("xla", "explicit")
+
+
+def platform_family(platform: str) -> str:
+  """A JAX platform name as DROPOUT_RNG_AUTO and AUTO_ATTENTION key it ('cuda', 'rocm' -> 'gpu')."""
+  return "gpu" if platform in ("gpu", "cuda", "rocm") else platform
+
+
 def resolve_kernels(cfg: BertConfig, platform: str) -> BertConfig:
-  """`cfg` with `kernels` resolved for a JAX platform ('cpu', 'tpu', 'gpu', 'cuda', ...):
-  'auto' becomes 'cpu' on the CPU platform and 'xla' on every other; explicit values stay."""
-  if cfg.kernels != "auto":
+  """`cfg` resolved for a JAX platform ('cpu', 'tpu', 'gpu', 'cuda', ...): `kernels` 'auto'
+  becomes 'cpu' on the CPU platform and 'xla' on every other, `dropout_rng` 'auto' the
+  platform's `DROPOUT_RNG_AUTO`, and `platform` records it for `attention_impl` 'auto' (which
+  also depends on the sequence length: `attention_choice`). Explicit values stay."""
+  family = platform_family(platform)
+  return dataclasses.replace(
+    cfg,
+    kernels=cfg.kernels if cfg.kernels != "auto" else "cpu" if family == "cpu" else "xla",
+    dropout_rng=(
+      cfg.dropout_rng if cfg.dropout_rng != "auto" else DROPOUT_RNG_AUTO.get(family, "threefry")
+    ),
+    platform=family,
+  )
+
+
+def resolved(cfg: BertConfig) -> BertConfig:
+  """`cfg` as resolved for its platform, or for the process's default backend if it was never
+  resolved."""
+  if cfg.platform and "auto" not in (cfg.kernels, cfg.dropout_rng):
     return cfg
-  return dataclasses.replace(cfg, kernels="cpu" if platform == "cpu" else "xla")
+  return resolve_kernels(cfg, cfg.platform or jax.default_backend())
+
+
+def attention_choice(cfg: BertConfig, key_length: int, dropout: bool, probs: bool) -> str:
+  """The attention implementation a layer runs: `cfg.attention_impl`, or for 'auto' the
+  measured `AUTO_ATTENTION` entry of cfg's platform nearest to `key_length` (by whether
+  attention dropout is active). Probabilities asked for always take 'explicit'."""
+  if probs:
+    return "explicit"
+  if cfg.attention_impl != "auto":
+    return cfg.attention_impl
+  platform = resolved(cfg).platform
+  lengths = [s for p, s in AUTO_ATTENTION if p == platform]
+  if lengths:
+    nearest = min(lengths, key=lambda s: (abs(s - key_length), s))
+    choice = AUTO_ATTENTION[(platform, nearest)]
+  else:
+    choice = DEFAULT_ATTENTION
+  return choice[1] if dropout else choice[0]
 
 
 # ----------------------------------------------------------------------------- sizes
@@ -175,7 +286,6 @@ class Ops:
   scores: Callable[[Array, Array], Array]  # (q_BQHK, k_BSHK): float32 [B, H, Q, S]
   context: Callable[[Array, Array], Array]  # (p_BHQS, v_BSHK): float32 [B, Q, H, K]
   layer_norm: Callable[..., nn.Module]  # nn.LayerNorm's fields and parameters
-  dropout: Callable[..., nn.Module]  # nn.Dropout(rate)(x, deterministic=...)
 
 
 def _f32_einsum(spec: str, a: Array, b: Array) -> Array:
@@ -191,7 +301,6 @@ XLA_OPS = Ops(
   scores=functools.partial(_f32_einsum, "bqhk,bshk->bhqs"),
   context=functools.partial(_f32_einsum, "bhqs,bshk->bqhk"),
   layer_norm=functools.partial(nn.LayerNorm, use_fast_variance=False),
-  dropout=nn.Dropout,
 )
 
 CPU_OPS = Ops(
@@ -201,15 +310,13 @@ CPU_OPS = Ops(
   scores=kernels.attention_scores,
   context=kernels.attention_context,
   layer_norm=kernels.LayerNorm,
-  dropout=kernels.Dropout,
 )
 
 
 def ops_for(cfg: BertConfig) -> Ops:
   """The one place `BertConfig.kernels` acts (an unresolved 'auto' resolves for the default
   backend of the process)."""
-  resolved = resolve_kernels(cfg, jax.default_backend())
-  return CPU_OPS if resolved.kernels == "cpu" else XLA_OPS
+  return CPU_OPS if resolved(cfg).kernels == "cpu" else XLA_OPS
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -270,8 +377,35 @@ def layer_norm(cfg: BertConfig, name: str) -> nn.Module:
   )
 
 
-def dropout(cfg: BertConfig, rate: float) -> nn.Module:
-  return ops_for(cfg).dropout(rate)
+# dropout_rng -> (key, shape, rate) -> boolean keep-mask, True with probability 1 - rate.
+KEEP_MASKS: dict[str, Callable[[Array, tuple[int, ...], float], Array]] = {
+  "threefry": lambda key, shape, rate: jax.random.bernoulli(key, 1.0 - rate, shape),
+  "rbg": kernels.rbg_keep_mask,
+  "hash": kernels.keep_mask,
+}
+
+
+class Dropout(nn.Module):
+  """Inverted dropout with the 'dropout' rng collection, as flax's nn.Dropout (with 'threefry'
+  the same masks and values), keep-masks drawn by `KEEP_MASKS[rng]`."""
+
+  rate: float
+  rng_impl: str = "threefry"  # a resolved BertConfig.dropout_rng
+
+  def keep_mask(self, shape: tuple[int, ...]) -> Array:
+    return KEEP_MASKS[self.rng_impl](self.make_rng("dropout"), shape, self.rate)
+
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    if deterministic or self.rate == 0.0:
+      return x
+    if self.rate >= 1.0:
+      return jnp.zeros_like(x)
+    keep = self.keep_mask(x.shape)
+    return jax.lax.select(keep, x / (1.0 - self.rate), jnp.zeros_like(x))
+
+
+def dropout(cfg: BertConfig, rate: float) -> Dropout:
+  return Dropout(rate, resolved(cfg).dropout_rng)
 
 
 def gather_positions(x_BL: Array, positions_BP: Array) -> Array:
@@ -283,8 +417,33 @@ def gather_positions(x_BL: Array, positions_BP: Array) -> Array:
 # ----------------------------------------------------------------------------- embeddings
 
 
+def embedding_lookup(table_VD: Array, ids_BL: Array, dtype: Any) -> Array:
+  """Rows `ids` of a (float32) table, cast to `dtype` after the gather, so the gradient is a
+  scatter-add in the table's dtype. (nn.Embed casts the table first: its gradient is then a
+  bf16 scatter-add, whose atomics serialise on GPUs.) Values equal nn.Embed's."""
+  return jnp.take(table_VD, ids_BL, axis=0).astype(dtype)
+
+
+def small_table_lookup(table_TD: Array, ids_BL: Array, dtype: Any) -> Array:
+  """Rows `ids` of a table of a few rows (token types) by selects: the gradient is a masked
+  sum per row, not a scatter-add of every token onto 2 rows. Ids outside the table read row 0
+  (a gather would give NaN)."""
+  rows = table_TD.shape[0]
+  out_BLD = jnp.broadcast_to(table_TD[0], (*ids_BL.shape, table_TD.shape[1]))
+  for t in range(1, rows):
+    out_BLD = jnp.where((ids_BL == t)[..., None], table_TD[t], out_BLD)
+  return out_BLD.astype(dtype)
+
+
+# Up to this many rows a table is read by selects (`small_table_lookup`), above by a gather.
+SMALL_TABLE_ROWS = 16
+
+
 class Embeddings(nn.Module):
-  """Word + learned position + token type embeddings, LayerNorm, dropout."""
+  """Word + learned position + token type embeddings, LayerNorm, dropout.
+
+  The tables are nn.Embed parameters (names, shapes and init as HuggingFace's), read by
+  `embedding_lookup`, a slice (positions) and `small_table_lookup` (token types)."""
 
   cfg: BertConfig
 
@@ -316,15 +475,20 @@ class Embeddings(nn.Module):
     self.dropout = dropout(cfg, cfg.hidden_dropout_prob)
 
   def __call__(self, input_ids_BL: Array, segment_ids_BL: Array, deterministic: bool) -> Array:
+    cfg = self.cfg
     length = input_ids_BL.shape[1]
-    if length > self.cfg.max_position_embeddings:
+    if length > cfg.max_position_embeddings:
       raise ValueError(
-        f"sequence length {length} exceeds max_position_embeddings "
-        f"{self.cfg.max_position_embeddings}"
+        f"sequence length {length} exceeds max_position_embeddings {cfg.max_position_embeddings}"
       )
-    x_BLD = self.word_embeddings(input_ids_BL)
-    x_BLD = x_BLD + self.position_embeddings(jnp.arange(length))[None]
-    x_BLD = x_BLD + self.token_type_embeddings(segment_ids_BL)
+    dtype = cfg.compute_dtype
+    x_BLD = embedding_lookup(self.word_embeddings.embedding, input_ids_BL, dtype)
+    x_BLD = x_BLD + self.position_embeddings.embedding[:length].astype(dtype)[None]
+    types_TD = self.token_type_embeddings.embedding
+    if types_TD.shape[0] <= SMALL_TABLE_ROWS:
+      x_BLD = x_BLD + small_table_lookup(types_TD, segment_ids_BL, dtype)
+    else:
+      x_BLD = x_BLD + embedding_lookup(types_TD, segment_ids_BL, dtype)
     x_BLD = self.LayerNorm(x_BLD)
     x_BLD = self.dropout(x_BLD, deterministic=deterministic)
     return _constrain(x_BLD, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_EMBED))
@@ -361,19 +525,52 @@ def explicit_attention(
   v_BSHK: Array,
   mask_B1QS: Array,
   ops: Ops,
-  drop: Callable[[Array], Array] | None = None,
-) -> tuple[Array, Array]:
+  drop: Dropout | None = None,
+  lowp: bool = False,
+) -> tuple[Array, Array | None]:
   """Softmax attention with the probabilities materialised: (context, probabilities).
 
   Logits and softmax are float32 whatever the compute dtype; `drop` (if given) is applied to
-  the probabilities.
+  the probabilities. With `lowp` and a compute dtype below float32 the probabilities are kept
+  in that dtype (`kernels.attention_probs`: same forward values, a low-precision backward) and
+  not returned (None).
   """
   logits_BHQS = ops.scores(q_BQHK, k_BSHK) / jnp.sqrt(jnp.float32(q_BQHK.shape[-1]))
   logits_BHQS = jnp.where(mask_B1QS, logits_BHQS, jnp.finfo(jnp.float32).min)
+  if lowp and q_BQHK.dtype != jnp.float32:
+    keep_BHQS = None if drop is None else drop.keep_mask(logits_BHQS.shape)
+    rate = 0.0 if drop is None else drop.rate
+    dropped_BHQS = kernels.attention_probs(logits_BHQS, q_BQHK.dtype, keep_BHQS, rate)
+    ctx_BQHK = ops.context(dropped_BHQS, v_BSHK)
+    return ctx_BQHK.astype(q_BQHK.dtype), None
   probs_BHQS = jax.nn.softmax(logits_BHQS, axis=-1)
-  dropped_BHQS = probs_BHQS if drop is None else drop(probs_BHQS)
+  dropped_BHQS = probs_BHQS if drop is None else drop(probs_BHQS, deterministic=False)
   ctx_BQHK = ops.context(dropped_BHQS.astype(q_BQHK.dtype), v_BSHK)
   return ctx_BQHK.astype(q_BQHK.dtype), probs_BHQS
+
+
+def library_attention(
+  q_BQHK: Array, k_BSHK: Array, v_BSHK: Array, mask_B1QS: Array, implementation: str
+) -> Array:
+  """jax.nn.dot_product_attention with `implementation` ('xla' or 'cudnn'), no dropout.
+
+  cuDNN's fused attention with a mask (passed as a bias) needs even query and key lengths
+  when training: an odd query length (a pruned last layer's 1 + P positions) gets one padding
+  query, sliced off again; an odd key length falls back to 'xla'."""
+  if implementation == "cudnn":
+    q_len, k_len = q_BQHK.shape[1], k_BSHK.shape[1]
+    if k_len % 2:
+      implementation = "xla"
+    elif q_len % 2:
+      q_BQHK = jnp.pad(q_BQHK, ((0, 0), (0, 1), (0, 0), (0, 0)))
+      mask_B1QS = jnp.pad(mask_B1QS, ((0, 0), (0, 0), (0, 1), (0, 0)))
+      ctx_BQHK = jax.nn.dot_product_attention(
+        q_BQHK, k_BSHK, v_BSHK, mask=mask_B1QS, implementation="cudnn"
+      )
+      return ctx_BQHK[:, :q_len]
+  return jax.nn.dot_product_attention(
+    q_BQHK, k_BSHK, v_BSHK, mask=mask_B1QS, implementation=implementation
+  )
 
 
 def self_attention(
@@ -386,6 +583,7 @@ def self_attention(
 ) -> tuple[Array, Array | None]:
   """Multi-head self-attention with queries from `xq_BQD`, keys and values from `x_BSD`,
   then the output projection: ([B, Q, D], the probabilities when asked for, else None).
+  The implementation is `attention_choice`'s.
 
   Called inside `Layer`, whose params (`query`, `key`, `value`, `attention_output`) these are.
   """
@@ -396,24 +594,25 @@ def self_attention(
   k_BSHK = _constrain(Dense((h, k), qkv_axes, cfg, name="key")(x_BSD), act)
   v_BSHK = _constrain(Dense((h, k), qkv_axes, cfg, name="value")(x_BSD), act)
 
+  dropping = not deterministic and cfg.attention_dropout_prob > 0
+  impl = attention_choice(cfg, x_BSD.shape[1], dropping, output_attentions)
+  if impl == "cudnn" and q_BQHK.dtype == jnp.float32:
+    impl = "xla"  # cuDNN's fused attention has no float32 kernels
   probs_BHQS = None
-  if output_attentions or (not deterministic and cfg.attention_dropout_prob > 0):
-    drop = dropout(cfg, cfg.attention_dropout_prob)
+  if impl in ("explicit", "explicit_lowp"):
+    drop = dropout(cfg, cfg.attention_dropout_prob) if dropping else None
     ctx_BQHK, probs_BHQS = explicit_attention(
-      q_BQHK,
-      k_BSHK,
-      v_BSHK,
-      mask_B1QS,
-      ops_for(cfg),
-      lambda p: drop(p, deterministic=deterministic),
+      q_BQHK, k_BSHK, v_BSHK, mask_B1QS, ops_for(cfg), drop, lowp=impl == "explicit_lowp"
     )
-  else:  # no probabilities to return or drop out: the library attention op
-    ctx_BQHK = jax.nn.dot_product_attention(q_BQHK, k_BSHK, v_BSHK, mask=mask_B1QS)
+  elif dropping:
+    raise ValueError(f"attention_impl={impl!r} has no attention dropout")
+  else:
+    ctx_BQHK = library_attention(q_BQHK, k_BSHK, v_BSHK, mask_B1QS, impl)
   ctx_BQHK = _constrain(ctx_BQHK, act)
   out_BQD = Dense(
     (cfg.hidden_size,), (sh.HEADS, sh.KV, sh.EMBED), cfg, contract=2, name="attention_output"
   )(ctx_BQHK)
-  return out_BQD, probs_BHQS
+  return out_BQD, (probs_BHQS if output_attentions else None)
 
 
 # ----------------------------------------------------------------------------- layer

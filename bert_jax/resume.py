@@ -38,10 +38,10 @@ KEEPS_EXACT = (
   "data.short_seq_prob",
   "data.eval_fraction",
   "model.remat_policy",
-  # Speed switches of earlier versions, replaced by model.kernels: a run started before
-  # still resumes (model.kernels itself changes the dropout masks, so it is refused).
+  # How attention is computed (the same math; 'fused' was its old name for 'auto').
+  # model.dropout_rng is not here: it draws other dropout masks, so a change is refused.
   "model.attention_impl",
-  "model.dropout_rng",
+  # Speed switches of earlier versions, replaced by model.kernels.
   "model.matmul_vjp",
   "model.fuse_qkv",
 )

@@ -127,8 +127,8 @@ def get_config(arg=None):
   c.resume_allow_changes = ""  # as pretraining's: fields a rerun may change
   c.task = _task(a.task, a.data_root, a.glue_dir)
 
-  # The checkpoint's architecture wins; dropout, dtype, kernels, scan_layers and remat_policy
-  # apply on top of it (the other fields only shape a random init).
+  # The checkpoint's architecture wins; dropout, dtype, kernels, dropout_rng, attention_impl,
+  # scan_layers and remat_policy apply on top of it (the other fields only shape a random init).
   c.model = config_lib.base_config(a.size).model
   c.model.dtype = "float32"
   c.head = ml_collections.ConfigDict(dict(bilstm=False))  # Table 5's "+ BiLSTM" row

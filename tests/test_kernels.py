@@ -23,10 +23,13 @@ from bert_jax.model import BertConfig, BertForPreTraining
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 
 TINY = model_lib.config_for_size("tiny", vocab_size=128, max_position_embeddings=16)
-# What only the CPU kernels put in a program: custom VJPs, the CPU/default weight-gradient
-# switch (lax.platform_dependent) and the hash dropout's murmur3 multiplier.
+# What only the CPU kernels put in a program: custom VJPs and the CPU/default weight-gradient
+# switch (lax.platform_dependent). The hash dropout's murmur3 multiplier marks
+# dropout_rng='hash', and the low-precision attention probabilities are a custom VJP of their
+# own (attention_impl='explicit_lowp').
 CUSTOM_VJP = "custom_vjp_call"
-CPU_ONLY = ("platform_index", str(0x85EBCA6B))
+CPU_KERNELS = ("name=_matmul", "name=add_bias", "platform_index")
+HASH = str(0x85EBCA6B)
 
 
 # --- resolve_kernels --------------------------------------------------------------------------
@@ -39,10 +42,13 @@ def test_resolve_kernels():
   for explicit in ("xla", "cpu"):
     cfg = dataclasses.replace(TINY, kernels=explicit)
     for platform in ("cpu", "tpu", "gpu"):
-      assert model_lib.resolve_kernels(cfg, platform) == cfg
-  # Only `kernels` changes, and the parameters are the same in every mode.
-  resolved = model_lib.resolve_kernels(TINY, "tpu")
-  assert dataclasses.replace(resolved, kernels="auto") == TINY
+      assert model_lib.resolve_kernels(cfg, platform).kernels == explicit
+  # Only the 'auto' fields and the platform change, and the parameters are the same in every
+  # mode.
+  resolved = model_lib.resolve_kernels(TINY, "cuda")
+  assert resolved.platform == "gpu"
+  assert dataclasses.replace(resolved, kernels="auto", dropout_rng="auto", platform="") == TINY
+  assert model_lib.resolve_kernels(resolved, "cuda") == resolved
   shapes = lambda cfg: jax.tree.map(lambda x: (x.shape, x.dtype), model_lib.abstract_params(cfg))
   assert shapes(resolved) == shapes(dataclasses.replace(TINY, kernels="cpu"))
   with pytest.raises(ValueError, match="^kernels must be one of auto, xla, cpu, not 'fast'$"):
@@ -193,24 +199,31 @@ def _modules(model: nn.Module) -> list[nn.Module]:
   return list({id(m): m for m in found}.values())
 
 
-def test_dropout_follows_the_switch():
-  """Both modes drop out (reproducibly per key); the masks differ (hash vs threefry)."""
+def test_dropout_masks_follow_dropout_rng_not_kernels():
+  """The CPU kernels and the stock ops draw the same dropout masks for one dropout_rng (the
+  outputs agree to float32 rounding), and each generator its own masks."""
   ids, seg, mask = _batch()
   params = _random_params(TINY)
 
-  def run(kernels_mode, seed):
-    model = BertForPreTraining(dataclasses.replace(TINY, kernels=kernels_mode))
+  def run(kernels_mode, dropout_rng, seed=1):
+    cfg = dataclasses.replace(TINY, kernels=kernels_mode, dropout_rng=dropout_rng)
     rngs = {"dropout": jax.random.key(seed)}
     return jax.jit(
-      lambda p: model.apply({"params": p}, ids, seg, mask, deterministic=False, rngs=rngs)
+      lambda p: BertForPreTraining(cfg).apply(
+        {"params": p}, ids, seg, mask, deterministic=False, rngs=rngs
+      )
     )(params)["nsp_logits"]
 
   det = BertForPreTraining(TINY).apply({"params": params}, ids, seg, mask)["nsp_logits"]
-  cpu, xla = run("cpu", 1), run("xla", 1)
-  np.testing.assert_array_equal(cpu, run("cpu", 1))
-  np.testing.assert_array_equal(xla, run("xla", 1))
-  for a, b in ((cpu, det), (xla, det), (cpu, xla)):
-    assert np.abs(np.asarray(a - b)).max() > 1e-3
+  outs = {}
+  for rng_impl in ("threefry", "rbg", "hash"):
+    outs[rng_impl] = run("cpu", rng_impl)
+    np.testing.assert_allclose(outs[rng_impl], run("xla", rng_impl), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(outs[rng_impl], run("cpu", rng_impl))
+    assert np.abs(np.asarray(outs[rng_impl] - det)).max() > 1e-3
+    assert np.abs(np.asarray(outs[rng_impl] - run("cpu", rng_impl, seed=2))).max() > 1e-3
+  for a, b in (("threefry", "rbg"), ("rbg", "hash"), ("hash", "threefry")):
+    assert np.abs(np.asarray(outs[a] - outs[b])).max() > 1e-3
 
 
 # --- the real train step ----------------------------------------------------------------------
@@ -281,6 +294,36 @@ def test_train_loop_losses_match_between_kernels():
   assert cpu[-1] < cpu[0] - 0.1, cpu
 
 
+def _train_params(c, step_rng: int, steps: int = 2, mesh_shape=(1, 1, 1)):
+  """Params (as host arrays) after `steps` steps of the real jitted train step."""
+  mesh = sh.make_mesh(mesh_shape, jax.devices()[: int(np.prod(mesh_shape))])
+  cfg = model_lib.resolve_kernels(train.bert_config(c), mesh.devices.flat[0].platform)
+  model = BertForPreTraining(cfg)
+  tx = optim.make_optimizer(c.opt)
+  obj = objectives.Objective.from_config(c)
+  state, state_sh, _ = train.create_state(c, model, tx, mesh, sh.DEFAULT_RULES, jax.random.key(0))
+  with sh.mesh_context(mesh, sh.DEFAULT_RULES):
+    step_fn = train.jit_train_step(model, tx, obj, aot._masking_tables(c), 1, mesh, state_sh)
+    for i in range(steps):
+      batch = jax.device_put(_train_batch(i), sh.batch_sharding(mesh))
+      state, _ = step_fn(state, batch, jax.random.key(step_rng))
+  return jax.tree.map(np.asarray, nn.meta.unbox(state["params"]))
+
+
+@pytest.mark.parametrize("dropout_rng", ["threefry", "rbg", "hash"])
+def test_train_step_is_deterministic_per_dropout_rng(dropout_rng):
+  """Same command and seed, same bytes: two runs of the jitted train step (dropout 0.1, on a
+  (2, 2, 2) mesh) with the same rng give bit-identical params; another step rng others."""
+  c = _micro_config("auto", dropout=0.1)
+  c.model.dropout_rng = dropout_rng
+  a = _train_params(c, 1, mesh_shape=(2, 2, 2))
+  b = _train_params(c, 1, mesh_shape=(2, 2, 2))
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+  other = _train_params(c, 2, mesh_shape=(2, 2, 2))
+  word = lambda p: p["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  assert np.abs(word(a) - word(other)).max() > 0
+
+
 def _train_step_jaxpr(c, platform: str) -> str:
   cfg = model_lib.resolve_kernels(train.bert_config(c), platform)
   model = BertForPreTraining(cfg)
@@ -293,17 +336,20 @@ def _train_step_jaxpr(c, platform: str) -> str:
 
 
 def test_default_train_step_for_accelerators_has_no_cpu_kernels():
-  """The default config (kernels='auto', dropout on) resolved for a TPU or GPU traces to a
-  train step without custom VJPs or CPU-only ops; resolved for the CPU it has them."""
+  """The default config (kernels, dropout_rng and attention_impl 'auto', dropout on) resolved
+  for a TPU or GPU traces to a train step without the CPU kernels, its dropout masks drawn by
+  that platform's DROPOUT_RNG_AUTO; resolved for the CPU it has them."""
   c = _micro_config("auto", dropout=0.1)
   assert c.model.kernels == BertConfig.kernels == "auto"
+  assert c.model.dropout_rng == c.model.attention_impl == "auto"
   for platform in ("tpu", "gpu"):
     text = _train_step_jaxpr(c, platform)
-    assert CUSTOM_VJP not in text
-    assert not [op for op in CPU_ONLY if op in text]
+    assert not [op for op in CPU_KERNELS if op in text], platform
+    assert (HASH in text) == (model_lib.DROPOUT_RNG_AUTO[platform] == "hash"), platform
+    assert ("impl=rbg" in text) == (model_lib.DROPOUT_RNG_AUTO[platform] == "rbg"), platform
   text = _train_step_jaxpr(c, "cpu")
-  assert CUSTOM_VJP in text
-  assert all(op in text for op in CPU_ONLY)
+  assert all(op in text for op in CPU_KERNELS)
+  assert (HASH in text) == (model_lib.DROPOUT_RNG_AUTO["cpu"] == "hash")
 
 
 # --- the kernels themselves -------------------------------------------------------------------
@@ -425,18 +471,6 @@ def test_layer_norm_kernel_matches_flax():
   np.testing.assert_allclose(y16.astype(jnp.float32), ours.apply(params, x), atol=0.05)
 
 
-def test_hash_dropout_keep_rate_and_scaling():
-  key = jax.random.key(0)
-  keep = np.asarray(kernels.keep_mask(key, (256, 512), 0.1))
-  assert abs(keep.mean() - 0.9) < 0.005
-  np.testing.assert_array_equal(keep, kernels.keep_mask(key, (256, 512), 0.1))
-  assert (keep != np.asarray(kernels.keep_mask(jax.random.key(1), (256, 512), 0.1))).mean() > 0.1
-  x = jnp.ones((64, 64))
-  y = kernels.Dropout(0.25).apply({}, x, deterministic=False, rngs={"dropout": key})
-  assert set(np.unique(np.asarray(y)).tolist()) == {0.0, float(np.float32(1.0 / 0.75))}
-  assert kernels.Dropout(0.25).apply({}, x, deterministic=True) is x
-
-
 # --- ahead-of-time compile for a TPU (libtpu compile-only) -----------------------------------
 
 
@@ -468,7 +502,6 @@ def test_tpu_compile_of_auto_is_the_stock_program(monkeypatch):
   assert results["auto"]["kernels"] == "xla" and results["cpu"]["kernels"] == "cpu"
   assert texts["auto"] == texts["xla"]
   assert texts["cpu"] != texts["xla"]
-  assert str(0x85EBCA6B) in texts["cpu"] and str(0x85EBCA6B) not in texts["auto"]
   for key in (
     "argument_bytes",
     "output_bytes",

@@ -5,12 +5,14 @@ The kernels switch (CPU kernels vs stock XLA ops) is tested in test_kernels.py."
 import dataclasses
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import ad_checkpoint
 
-from bert_jax import interop
+from bert_jax import interop, kernels
 from bert_jax import model as model_lib
 from bert_jax.model import BertConfig, BertForPreTraining, BertModel
 
@@ -341,3 +343,334 @@ def test_bf16_compute_with_fp32_params():
   err = np.abs(np.asarray(a["mlm_logits"]) - np.asarray(b["mlm_logits"])).max()
   scale = np.abs(np.asarray(a["mlm_logits"])).max()
   assert 0 < err < 0.05 * scale, (err, scale)
+
+
+# --- embedding lookups: the float32 tables read without a low-precision scatter --------------
+
+
+class NNEmbedEmbeddings(nn.Module):
+  """The embeddings as they were before the accelerator-cheap lookups (kept as the reference):
+  nn.Embed's own lookups, which cast each table to the compute dtype before gathering, so a
+  bf16 model's table gradients are bf16 scatter-adds."""
+
+  cfg: BertConfig
+
+  def setup(self):
+    cfg = self.cfg
+    embed = lambda n, names: nn.Embed(
+      n,
+      cfg.hidden_size,
+      embedding_init=model_lib._init(cfg, names),
+      param_dtype=cfg.storage_dtype,
+      dtype=cfg.compute_dtype,
+    )
+    self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"))
+    self.position_embeddings = embed(cfg.max_position_embeddings, (None, "embed"))
+    self.token_type_embeddings = embed(cfg.type_vocab_size, (None, "embed"))
+    self.LayerNorm = model_lib.layer_norm(cfg, "LayerNorm")
+    self.dropout = model_lib.dropout(cfg, cfg.hidden_dropout_prob)
+
+  def __call__(self, input_ids_BL, segment_ids_BL, deterministic):
+    x_BLD = self.word_embeddings(input_ids_BL)
+    x_BLD = x_BLD + self.position_embeddings(jnp.arange(input_ids_BL.shape[1]))[None]
+    x_BLD = x_BLD + self.token_type_embeddings(segment_ids_BL)
+    return self.dropout(self.LayerNorm(x_BLD), deterministic=deterministic)
+
+  def attend(self, h_BPD):
+    table_VD = self.word_embeddings.embedding
+    return model_lib.ops_for(self.cfg).logits(h_BPD, table_VD, self.cfg.compute_dtype)
+
+
+def _embedding_values_and_grads(module, params, ids, seg):
+  w = np.random.default_rng(5).normal(size=(*ids.shape, module.cfg.hidden_size))
+
+  def loss(p):
+    out = module.apply({"params": p}, ids, seg, True)
+    return jnp.sum(out.astype(jnp.float32) * w), out
+
+  (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+  return out, grads
+
+
+@pytest.mark.parametrize(
+  "dtype,type_vocab", [("float32", 2), ("float32", 3), ("bfloat16", 2), ("bfloat16", 5)]
+)
+def test_embedding_lookups_match_nn_embed(dtype, type_vocab):
+  """Same parameters (names, shapes, init) and values as nn.Embed's lookups; float32 gradients
+  exactly equal, bfloat16 ones equal to its tolerance (nn.Embed sums them in bf16)."""
+  cfg = dataclasses.replace(TINY, dtype=dtype, type_vocab_size=type_vocab, kernels="xla")
+  new, old = model_lib.Embeddings(cfg), NNEmbedEmbeddings(cfg)
+  rng = np.random.default_rng(1)
+  # Repeated ids (a word gradient sums several tokens), every token type, padding included.
+  ids = rng.integers(0, 12, (3, 16)).astype(np.int32)
+  seg = rng.integers(0, type_vocab, (3, 16)).astype(np.int32)
+  init = lambda m: m.init(jax.random.key(3), ids, seg, True)["params"]
+  jax.tree.map(np.testing.assert_array_equal, init(new), init(old))
+  params = random_params(jax.eval_shape(lambda: nn.meta.unbox(init(new))))
+  out_new, g_new = _embedding_values_and_grads(new, params, ids, seg)
+  out_old, g_old = _embedding_values_and_grads(old, params, ids, seg)
+  assert out_new.dtype == out_old.dtype == jnp.dtype(dtype)
+  np.testing.assert_array_equal(out_new, out_old)
+  for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+    a, b = g_new[name]["embedding"], g_old[name]["embedding"]
+    assert a.dtype == b.dtype == jnp.float32
+    if dtype == "float32":
+      np.testing.assert_array_equal(a, b, err_msg=name)
+    else:
+      np.testing.assert_allclose(a, b, rtol=0, atol=2e-2 * float(np.abs(b).max()), err_msg=name)
+    assert np.abs(np.asarray(a)).max() > 0, name
+  jax.tree.map(np.testing.assert_array_equal, g_new["LayerNorm"], g_old["LayerNorm"])
+
+
+def test_small_table_lookup_is_a_gather():
+  table = jnp.asarray(np.random.default_rng(0).normal(size=(4, 3)), jnp.float32)
+  ids = jnp.array([[0, 3, 1], [2, 2, 0]])
+  got = model_lib.small_table_lookup(table, ids, jnp.bfloat16)
+  assert got.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(got, table[ids].astype(jnp.bfloat16))
+  one = model_lib.small_table_lookup(table[:1], ids, jnp.float32)
+  np.testing.assert_array_equal(one, np.broadcast_to(table[0], (2, 3, 3)))
+
+
+# --- dropout masks (dropout_rng) -------------------------------------------------------------
+
+
+def test_threefry_dropout_is_flax_dropout():
+  """dropout_rng='threefry' is nn.Dropout: the same masks and values from the same key."""
+  x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 64)), jnp.bfloat16)
+  for key in (jax.random.key(0), jax.random.key(7)):
+    ours = model_lib.Dropout(0.3, "threefry").apply(
+      {}, x, deterministic=False, rngs={"dropout": key}
+    )
+    theirs = nn.Dropout(0.3).apply({}, x, deterministic=False, rngs={"dropout": key})
+    assert ours.dtype == theirs.dtype
+    np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("rng_impl", ["threefry", "rbg", "hash"])
+def test_dropout_keep_rate_and_scaling(rng_impl):
+  """Keep rate within binomial tolerance (5 sigma), kept values scaled by 1 / (1 - rate), the
+  mask a function of the key alone, another key another mask."""
+  rate, shape = 0.1, (256, 512)
+  masks = model_lib.KEEP_MASKS[rng_impl]
+  keep = np.asarray(jax.jit(masks, static_argnums=(1, 2))(jax.random.key(0), shape, rate))
+  sigma = np.sqrt(rate * (1 - rate) / keep.size)
+  assert abs(keep.mean() - (1 - rate)) < 5 * sigma, keep.mean()
+  # No structure along either axis: every row and column keeps about 1 - rate.
+  assert abs(keep.mean(0) - 0.9).max() < 6 * np.sqrt(rate * (1 - rate) / shape[0])
+  assert abs(keep.mean(1) - 0.9).max() < 6 * np.sqrt(rate * (1 - rate) / shape[1])
+  np.testing.assert_array_equal(keep, masks(jax.random.key(0), shape, rate))
+  other = np.asarray(masks(jax.random.key(1), shape, rate))
+  assert abs((keep != other).mean() - 2 * rate * (1 - rate)) < 5 * sigma
+  x = jnp.ones((64, 64))
+  drop = model_lib.Dropout(0.25, rng_impl)
+  y = drop.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(2)})
+  assert set(np.unique(np.asarray(y)).tolist()) == {0.0, float(np.float32(1.0 / 0.75))}
+  assert drop.apply({}, x, deterministic=True) is x
+
+
+def test_dropout_rng_config():
+  for value in ("auto", "threefry", "rbg", "hash"):
+    assert BertConfig(dropout_rng=value).dropout_rng == value
+  with pytest.raises(ValueError, match="^dropout_rng must be one of auto, threefry, rbg, hash"):
+    BertConfig(dropout_rng="philox")
+  for platform, family in (("cpu", "cpu"), ("tpu", "tpu"), ("gpu", "gpu"), ("cuda", "gpu")):
+    got = model_lib.resolve_kernels(TINY, platform)
+    assert got.dropout_rng == model_lib.DROPOUT_RNG_AUTO[family] and got.platform == family
+    assert model_lib.resolve_kernels(dataclasses.replace(TINY, dropout_rng="rbg"), platform) == (
+      dataclasses.replace(got, dropout_rng="rbg")
+    )
+  # The model's dropout modules follow it (encoder, embeddings).
+  for value in ("threefry", "rbg", "hash"):
+    cfg = model_lib.resolve_kernels(dataclasses.replace(TINY, dropout_rng=value), "cpu")
+    assert model_lib.dropout(cfg, 0.1).rng_impl == value
+
+
+@pytest.mark.parametrize("rng_impl", ["rbg", "hash"])
+def test_model_dropout_by_rng_impl(rng_impl):
+  """Each generator drops out reproducibly per key, differently per key, and not like
+  threefry (so the switch took effect)."""
+  params = _params(TINY)
+  ids, seg, mask = _batch([8, 6], 8)
+
+  def run(value, seed):
+    model = BertForPreTraining(dataclasses.replace(TINY, dropout_rng=value))
+    rngs = {"dropout": jax.random.key(seed)}
+    f = lambda p: model.apply({"params": p}, ids, seg, mask, deterministic=False, rngs=rngs)
+    return np.asarray(jax.jit(f)(params)["mlm_logits"])
+
+  det = np.asarray(_apply(TINY)(params, ids, seg, mask)["mlm_logits"])
+  a = run(rng_impl, 1)
+  np.testing.assert_array_equal(a, run(rng_impl, 1))
+  for other in (run(rng_impl, 2), run("threefry", 1), det):
+    assert np.abs(a - other).max() > 1e-2
+
+
+# --- attention implementations ---------------------------------------------------------------
+
+
+def test_attention_impl_config():
+  with pytest.raises(ValueError, match="^attention_impl must be one of auto, explicit"):
+    BertConfig(attention_impl="flash")
+  for impl in ("xla", "cudnn"):
+    with pytest.raises(ValueError, match=f"^attention_impl='{impl}' has no attention dropout"):
+      BertConfig(attention_impl=impl, dtype="bfloat16")
+    BertConfig(attention_impl=impl, dtype="bfloat16", attention_dropout_prob=0.0)
+
+
+def test_auto_attention_by_platform_and_length(monkeypatch):
+  """'auto' without measurements is the behaviour before the switch (xla without attention
+  dropout, explicit with it); measured entries apply to their platform, the nearest length."""
+  gpu = model_lib.resolve_kernels(TINY, "gpu")
+  cpu = model_lib.resolve_kernels(TINY, "cpu")
+  monkeypatch.setattr(model_lib, "AUTO_ATTENTION", {})
+  choice = model_lib.attention_choice
+  assert [choice(gpu, 128, d, False) for d in (False, True)] == ["xla", "explicit"]
+  assert choice(gpu, 128, False, True) == "explicit"  # probabilities asked for
+  table = {("gpu", 128): ("cudnn", "explicit_lowp"), ("gpu", 512): ("xla", "explicit")}
+  monkeypatch.setattr(model_lib, "AUTO_ATTENTION", table)
+  assert [choice(gpu, s, False, False) for s in (64, 128, 300, 512, 2048)] == [
+    "cudnn",
+    "cudnn",
+    "cudnn",
+    "xla",
+    "xla",
+  ]
+  assert choice(gpu, 128, True, False) == "explicit_lowp"
+  assert choice(gpu, 128, True, True) == "explicit"
+  assert [choice(cpu, 128, d, False) for d in (False, True)] == ["xla", "explicit"]
+  # An explicit value is taken as it is.
+  assert choice(dataclasses.replace(gpu, attention_impl="explicit_lowp"), 128, False, False) == (
+    "explicit_lowp"
+  )
+
+
+def _attention_loss(cfg, params, dropout_seed=None, attentions=False):
+  """(outputs, grads) of a loss through BertForPreTraining at masked positions (the pruned
+  last layer's odd query count, 1 + 2), with dropout from `dropout_seed` if given."""
+  model = BertForPreTraining(cfg)
+  ids, seg, mask = _batch([8, 5], 8)
+  pos = np.array([[1, 3], [2, 4]], np.int32)
+  rngs = None if dropout_seed is None else {"dropout": jax.random.key(dropout_seed)}
+
+  def loss(p):
+    out = model.apply(
+      {"params": p},
+      ids,
+      seg,
+      mask,
+      pos,
+      deterministic=dropout_seed is None,
+      rngs=rngs,
+      output_attentions=attentions,
+    )
+    return jnp.sum(out["mlm_logits"] ** 2) + jnp.sum(out["nsp_logits"] ** 2), out
+
+  (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+  return out, grads
+
+
+def _assert_trees_close(a, b, rtol):
+  """Leaf by leaf to `rtol` of the leaf's largest value, or of 1% of the tree's largest (the
+  key biases' gradients are zero up to rounding: softmax ignores them)."""
+  floor = 0.01 * max(float(np.abs(np.asarray(y, np.float32)).max()) for y in jax.tree.leaves(b))
+  for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b), strict=True):
+    x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
+    atol = rtol * max(np.abs(y).max(), floor, 1e-6)
+    np.testing.assert_allclose(x, y, rtol=0, atol=atol, err_msg=jax.tree_util.keystr(path))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dropout_seed", [None, 4])
+def test_explicit_lowp_matches_explicit(dtype, dropout_seed):
+  """Probabilities kept in the compute dtype: in float32 the same program; in bf16 the same
+  forward values and gradients within bf16 tolerance, with and without attention dropout
+  (the same masks)."""
+  explicit = dataclasses.replace(TINY, dtype=dtype, attention_impl="explicit")
+  lowp = dataclasses.replace(explicit, attention_impl="explicit_lowp")
+  params = _params(TINY)
+  out_e, g_e = _attention_loss(explicit, params, dropout_seed)
+  out_l, g_l = _attention_loss(lowp, params, dropout_seed)
+  for key in ("mlm_logits", "nsp_logits"):
+    if dtype == "float32":
+      np.testing.assert_array_equal(out_l[key], out_e[key])
+    else:
+      _assert_trees_close(out_l[key], out_e[key], 1e-2)
+  if dtype == "float32":
+    jax.tree.map(np.testing.assert_array_equal, g_l, g_e)
+  else:
+    _assert_trees_close(g_l, g_e, 3e-2)
+  # output_attentions still returns float32 probabilities (from 'explicit').
+  out_a, _ = _attention_loss(lowp, params, dropout_seed, attentions=True)
+  assert out_a["attentions"][0].dtype == jnp.float32
+
+
+def test_attention_probs_kernel_matches_autodiff_and_saves_low_precision():
+  """kernels.attention_probs: forward = dropout(softmax).astype(bf16) exactly; gradient =
+  autodiff's with p rounded to bf16; the backward keeps no float32 [B, H, Q, S] residual
+  (the explicit formulation keeps one)."""
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(3 * rng.normal(size=(2, 3, 5, 8)), jnp.float32)
+  keep = jnp.asarray(rng.random((2, 3, 5, 8)) > 0.1)
+  g = jnp.asarray(rng.normal(size=(2, 3, 5, 8)), jnp.bfloat16)
+
+  def ref(x, keep=keep):
+    p = jax.nn.softmax(x, axis=-1)
+    return jax.lax.select(keep, p / 0.9, jnp.zeros_like(p)).astype(jnp.bfloat16)
+
+  for k, rate in ((keep, 0.1), (None, 0.0)):
+    ours = lambda x, k=k, rate=rate: kernels.attention_probs(x, jnp.bfloat16, k, rate)
+    want = ref if k is not None else lambda x: jax.nn.softmax(x, -1).astype(jnp.bfloat16)
+    y, vjp = jax.vjp(ours, logits)
+    y_ref, vjp_ref = jax.vjp(want, logits)
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(y, y_ref)
+    (dx,), (dx_ref,) = vjp(g), vjp_ref(g)
+    assert dx.dtype == jnp.float32
+    np.testing.assert_allclose(dx, dx_ref, rtol=0, atol=1e-2 * float(np.abs(dx_ref).max()))
+    residuals = lambda f: [(r.shape, r.dtype) for r, _ in ad_checkpoint.saved_residuals(f, logits)]
+    assert ((2, 3, 5, 8), jnp.float32) not in residuals(ours)
+    assert ((2, 3, 5, 8), jnp.bfloat16) in residuals(ours)
+    assert ((2, 3, 5, 8), jnp.float32) in residuals(want)
+
+
+def test_library_attention_implementations(monkeypatch):
+  """attention_impl='xla' and 'cudnn' call jax.nn.dot_product_attention with that
+  implementation (cuDNN cannot run here: the call is recorded, then run by XLA), the pruned
+  last layer's odd query count padded to an even one for cuDNN; both match 'explicit'."""
+  params = _params(TINY)
+  calls = []
+  real = jax.nn.dot_product_attention
+
+  def record(q, k, v, *, mask, implementation):
+    calls.append((implementation, q.shape[1], k.shape[1]))
+    return real(q, k, v, mask=mask, implementation="xla")
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", record)
+  base = dataclasses.replace(TINY, dtype="bfloat16", attention_dropout_prob=0.0)
+  out_e, g_e = _attention_loss(dataclasses.replace(base, attention_impl="explicit"), params, 1)
+  assert calls == []
+  for impl in ("xla", "cudnn"):
+    out, g = _attention_loss(dataclasses.replace(base, attention_impl=impl), params, 1)
+    # Layer 0 at all 8 positions; the last layer at 1 + 2 queries (cuDNN: padded to 4).
+    assert calls == [(impl, 8, 8), (impl, 4 if impl == "cudnn" else 3, 8)], calls
+    calls.clear()
+    _assert_trees_close(out["mlm_logits"], out_e["mlm_logits"], 2e-2)
+    _assert_trees_close(g, g_e, 5e-2)
+
+
+def test_resume_refuses_a_dropout_rng_change():
+  """A resume that changes dropout_rng would draw other masks than the uninterrupted run:
+  refused; attention_impl computes the same math: reported."""
+  from bert_jax import resume
+
+  stored = {"config": {"model": {"dropout_rng": "hash", "attention_impl": "explicit"}}}
+  meta = {"tokenizer": {"fingerprint": "x"}}
+  now = {"model": {"dropout_rng": "hash", "attention_impl": "explicit_lowp"}}
+  lines = resume.check(stored, now, meta, "wd")
+  assert lines == [
+    "Resume changes that keep it exact: model.attention_impl 'explicit' -> 'explicit_lowp'"
+  ]
+  now["model"]["dropout_rng"] = "rbg"
+  with pytest.raises(ValueError, match="model.dropout_rng 'hash' -> 'rbg'"):
+    resume.check(stored, now, meta, "wd")
