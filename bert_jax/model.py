@@ -174,12 +174,18 @@ DROPOUT_RNG_AUTO = {"cpu": "hash", "tpu": "hash", "gpu": "threefry"}
 #       xla 1.78, explicit 1.78, explicit_lowp 1.67 GiB.
 #     S=512, batch 64: with explicit 2.58, explicit_lowp 2.30 GiB; without xla 2.44,
 #       explicit_lowp 1.87 GiB.
-# - cpu: no entry. Lockstep at BERT-tiny bf16 (seq 128, batch 32): explicit_lowp over explicit
-#   1.079 (median of 12 rounds) with attention dropout.
+# - cpu: scripts/lockstep_ab.py, bf16, step time of B over A (medians of 12-16 rounds):
+#     without attention dropout, explicit_lowp over xla: BERT-tiny S=128 batch 32 0.935,
+#       S=512 batch 8 0.882; 4-layer Base S=128 0.860; over explicit: tiny S=512 0.948.
+#       (float32, where explicit_lowp is explicit: over xla, tiny S=128 1.004.)
+#     with attention dropout, explicit_lowp over explicit: tiny S=128 0.991, S=512 1.006 (no
+#       gain: 'explicit' stays).
 # - gpu: no entry yet. The prepared GPU command times attention_impl=explicit|explicit_lowp
 #   (attention dropout 0.1) and xla|cudnn|explicit_lowp (attention_dropout_prob=0) at seq 128
 #   and 512; its numbers fill the ("gpu", S) entries.
 AUTO_ATTENTION: dict[tuple[str, int], tuple[str, str]] = {
+  ("cpu", 128): ("explicit_lowp", "explicit"),
+  ("cpu", 512): ("explicit_lowp", "explicit"),
   ("tpu", 128): ("explicit_lowp", "explicit_lowp"),
   ("tpu", 512): ("explicit_lowp", "explicit_lowp"),
 }
