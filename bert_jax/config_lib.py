@@ -151,10 +151,12 @@ def base_config(size: str = "base") -> ml_collections.ConfigDict:
   c.opt.total_steps = 1_000_000
   c.opt.clip_norm = 1.0
   c.opt.grad_accum_steps = 1
-  # A step whose gradient is not finite (a finite loss can have one): 'stop' leaves the state
-  # unchanged and stops naming the step; 'skip' leaves params and optimizer state unchanged,
-  # counts it (train/skipped_steps) and goes on. Either way no NaN state is ever saved.
+  # A step whose update is not finite (gradient, new parameters or optimizer state; a finite
+  # loss can have one): 'stop' leaves the state unchanged and stops naming the step; 'skip'
+  # leaves params and optimizer state unchanged, counts it (train/skipped_steps) and goes on,
+  # until max_consecutive_skips steps in a row end the run. No NaN state is ever saved.
   c.opt.nonfinite = "stop"
+  c.opt.max_consecutive_skips = 10
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (1, -1, 1)  # (data, fsdp, tensor); one -1 takes the remaining devices

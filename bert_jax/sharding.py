@@ -128,6 +128,27 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
 
+def jit_step(step_fn: Callable[..., Any], mesh: Mesh, state_sh: Any) -> Callable[..., Any]:
+  """`step_fn(state, batch, rng) -> (state, metrics)` jitted with explicit shardings (state as
+  `state_sh`, batch over the data axes, rng and metrics replicated) and the state donated: the
+  one way training, fine-tuning, the AOT check and the benchmark compile a step (trace it
+  under `mesh_context`)."""
+  return jax.jit(
+    step_fn,
+    in_shardings=(state_sh, batch_sharding(mesh), replicated(mesh)),
+    out_shardings=(state_sh, replicated(mesh)),
+    donate_argnums=0,
+  )
+
+
+def jit_eval(eval_fn: Callable[..., Any], mesh: Mesh, params_sh: Any) -> Callable[..., Any]:
+  """`eval_fn(params, batch) -> outputs` jitted with the params' shardings, the batch over the
+  data axes and the outputs replicated (trace it under `mesh_context`)."""
+  return jax.jit(
+    eval_fn, in_shardings=(params_sh, batch_sharding(mesh)), out_shardings=replicated(mesh)
+  )
+
+
 @contextlib.contextmanager
 def mesh_context(mesh: Mesh, rules: Rules):
   """Mesh + logical rules for tracing; activation constraints are live inside."""

@@ -154,6 +154,7 @@ def get_config(arg=None):
   c.opt.clip_norm = 1.0
   c.opt.grad_accum_steps = 1
   c.opt.nonfinite = "stop"
+  c.opt.max_consecutive_skips = 10
   if c.task.kind == "span_qa":  # the paper's SQuAD v1.1 recipe (Section 4.2)
     c.opt.lr, c.opt.epochs = 5e-5, 2
   if a.features:  # only a randomly initialised BiLSTM tagger trains: a larger step

@@ -612,7 +612,7 @@ def test_vmap_seeds_probe_steps_each_seed_as_its_own_step():
     state_s, m_s = multi(state_s, batch_s, rngs)
     for k in range(2):
       st, m = single(states[k], batch, rngs[k])
-      np.testing.assert_allclose(m_s["loss_sum"][k], m["loss_sum"], rtol=1e-5)
+      np.testing.assert_allclose(m_s["loss"][k], m["loss"], rtol=1e-5)
       jax.tree.map(
         lambda a, b, k=k: np.testing.assert_allclose(a[k], b, rtol=1e-4, atol=1e-6),
         state_s["params"],

@@ -17,7 +17,7 @@ import pytest
 from test_train import _env, _main_cmd, _rows
 
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import train
+from bert_jax import loop
 
 
 def _run(workdir, data_dir, steps, fsize=None):
@@ -184,12 +184,12 @@ def _tb_visible_steps(tb_dir):
 
 
 def test_resume_drops_later_rows_and_tensorboard_events(tmp_path):
-  log = train.MetricLogger(str(tmp_path), 0)
+  log = loop.MetricLogger(str(tmp_path), 0)
   for step in range(1, 7):  # a run killed after step 6, its last checkpoint at 4
     log.write(step, "train", {"loss": float(step)})
   log.close()
   time.sleep(1.1)  # tensorboardX names event files by the second: a real restart takes longer
-  log = train.MetricLogger(str(tmp_path), 4)
+  log = loop.MetricLogger(str(tmp_path), 4)
   for step in (5, 6, 7):
     log.write(step, "train", {"loss": 10.0 + step})
   log.close()
@@ -202,7 +202,7 @@ def test_resume_drops_later_rows_and_tensorboard_events(tmp_path):
 def test_torn_line_inside_the_log_is_an_error(tmp_path):
   (tmp_path / "metrics.jsonl").write_text('{"step": 1, "spl\n{"step": 2, "split": "train"}\n')
   with pytest.raises(ValueError, match=r"metrics.jsonl:1 is not a JSON row"):
-    train.repair_metrics_log(str(tmp_path / "metrics.jsonl"), 10)
+    loop.repair_metrics_log(str(tmp_path / "metrics.jsonl"), 10)
 
 
 @pytest.fixture
@@ -216,7 +216,7 @@ def file_size_limit():
 
 
 def test_failed_metrics_append_leaves_no_partial_row(tmp_path, file_size_limit):
-  log = train.MetricLogger(str(tmp_path), 0)
+  log = loop.MetricLogger(str(tmp_path), 0)
   log.write(1, "train", {"loss": 1.0})
   before = (tmp_path / "metrics.jsonl").read_bytes()
   file_size_limit(len(before) + 10)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from bert_jax import finetune
+from bert_jax.tasks import batches
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("finetune_config", f"{REPO}/configs/finetune.py")
@@ -153,7 +154,7 @@ def test_batches_cover_every_row_once_and_pad_with_weight_zero():
     for n in (3, 9, 5, 12, 4)
   ]
   seen = []
-  for b in finetune.eval_batches(rows, 4, (8, 16), pad_id=0):
+  for b in batches.eval_batches(rows, 4, (8, 16), pad_id=0):
     assert b["input_ids"].shape[1] in (8, 16)
     real = b["weight"] > 0
     seen += list(b["row"][real])
@@ -163,10 +164,10 @@ def test_batches_cover_every_row_once_and_pad_with_weight_zero():
       assert b["input_mask"][i].sum() == n and (b["input_ids"][i, n:] == 0).all()
   assert sorted(seen) == list(range(5))
   # Training batches: epoch by epoch, each row once per epoch, resumable from any step.
-  all_batches = list(zip(range(4), finetune.train_batches(rows, 7, 4, 0, (8, 16), 0), strict=False))
+  all_batches = list(zip(range(4), batches.train_batches(rows, 7, 4, 0, (8, 16), 0), strict=False))
   epoch0 = np.concatenate([b["row"][b["weight"] > 0] for _, b in all_batches[:2]])
   assert sorted(epoch0) == list(range(5))
-  resumed = next(finetune.train_batches(rows, 7, 4, 3, (8, 16), 0))
+  resumed = next(batches.train_batches(rows, 7, 4, 3, (8, 16), 0))
   np.testing.assert_array_equal(resumed["row"], all_batches[3][1]["row"])
 
 

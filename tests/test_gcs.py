@@ -16,7 +16,7 @@ import pytest
 from test_faults_restore import _truncate_largest
 from test_train import ROOT, _env, _main_cmd
 
-from bert_jax import api, preemption, train
+from bert_jax import api, loop, preemption, train
 from bert_jax import checkpoints as ckpt_lib
 
 
@@ -100,11 +100,11 @@ def gcs(tmp_path, monkeypatch):
 
 
 def test_metrics_and_tensorboard_on_gs(gcs):
-  log = train.MetricLogger("gs://bucket/run", 0)
+  log = loop.MetricLogger("gs://bucket/run", 0)
   for step in range(1, 7):  # a run killed after step 6, its last checkpoint at 4
     log.write(step, "train", {"loss": float(step)})
   log.close()
-  log = train.MetricLogger("gs://bucket/run", 4)
+  log = loop.MetricLogger("gs://bucket/run", 4)
   log.write(5, "train", {"loss": 15.0})
   log.close()
   text = (gcs / "bucket" / "run" / "metrics.jsonl").read_text()

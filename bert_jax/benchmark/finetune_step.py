@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -86,18 +85,9 @@ def build_step(config: ml_collections.ConfigDict) -> step.Step:
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
   state, state_sh, _ = sh.init_sharded(init_fn, mesh, rules, init_rng)
 
-  def with_loss(state, batch, rng):
-    state, metrics = train_step(state, batch, rng)
-    return state, {**metrics, "loss": metrics["loss_sum"] / jnp.maximum(metrics["count"], 1.0)}
-
   batch = input_pipeline.to_global(host_batch(config, cfg.vocab_size), mesh)
   with sh.mesh_context(mesh, rules):
-    fn = jax.jit(
-      with_loss,
-      in_shardings=(state_sh, sh.batch_sharding(mesh), sh.replicated(mesh)),
-      out_shardings=(state_sh, sh.replicated(mesh)),
-      donate_argnums=0,
-    )
+    fn = sh.jit_step(train_step, mesh, state_sh)
     t0 = time.perf_counter()
     lowered = fn.lower(state, batch, step_rng)
     lower_s = time.perf_counter() - t0

@@ -44,6 +44,7 @@ from jax import Array
 from bert_jax import input_pipeline, interop
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
+from bert_jax.tasks import batches
 
 ROWS: dict[str, dict[str, Any]] = {
   "embeddings": dict(layers=(0,), all_layers=False, combine="concat"),
@@ -247,7 +248,6 @@ def add_features(
   """Adds "features" [L_row, K, D] to every row of every split in `data`, one encoder forward
   per row; returns {"layers", "rows", "batches", "seconds", "bytes"}. `bert_params` None: a
   random encoder (seeded by config.seed; the no-pretraining baseline)."""
-  from bert_jax import finetune
 
   layers = resolve_layers(config.features, cfg.num_layers)
   if bert_params is None:
@@ -266,14 +266,14 @@ def add_features(
     )
     t0 = time.perf_counter()
     nbytes = n_rows = n_batches = 0
-    bl = finetune.buckets(config)
+    bl = batches.buckets(config)
     for split in data.values():
       if split is None:
         continue
       rows = split[1].rows
-      for batch in finetune.eval_batches(rows, config.data.eval_batch_size, bl, pad_id):
-        inputs = input_pipeline.to_global(finetune.host_slice(batch), mesh)
-        h = jax.device_get(forward(params, *(inputs[k] for k in finetune.MODEL_INPUTS)))
+      for batch in batches.eval_batches(rows, config.data.eval_batch_size, bl, pad_id):
+        inputs = input_pipeline.to_global(batches.host_slice(batch), mesh)
+        h = jax.device_get(forward(params, *(inputs[k] for k in batches.MODEL_INPUTS)))
         n_batches += 1
         for j, r in enumerate(batch["row"]):
           if r >= 0:
