@@ -66,10 +66,15 @@ class Bert:
       f"step={self.step}, params={model_lib.count_params(self.params):,})"
     )
 
-  @functools.partial(jax.jit, static_argnums=(0, 5))
-  def _forward(self, params, ids, segments, mask, hidden_states: bool):
+  @functools.partial(jax.jit, static_argnums=(0, 5, 6))
+  def _forward(self, params, ids, segments, mask, hidden_states: bool, attentions: bool = False):
     return self.model.apply(
-      {"params": params}, ids, segments, mask, output_hidden_states=hidden_states
+      {"params": params},
+      ids,
+      segments,
+      mask,
+      output_hidden_states=hidden_states,
+      output_attentions=attentions,
     )
 
   def _need_tokenizer(self) -> None:
@@ -133,6 +138,17 @@ class Bert:
         )
       results.append(per_mask)
     return results[0] if single else results
+
+  def attention(self, text: str, layer: int = -1) -> tuple[list[str], np.ndarray]:
+    """(wordpieces with [CLS]/[SEP], attention probabilities [heads, T, T] of `layer`: 0 is
+    the first layer, -1 the last); row q is how query q distributes over the keys."""
+    self._need_tokenizer()
+    ids_list = [self.tokenizer.cls_id, *self.tokenizer.encode(text), self.tokenizer.sep_id]
+    ids, mask = self._batch([ids_list])
+    out = self._forward(self.params, ids, np.zeros_like(ids), mask, False, True)
+    n = len(ids_list)
+    probs = np.asarray(out["attentions"][layer][0, :, :n, :n])
+    return [self.tokenizer.id_to_token(t) for t in ids_list], probs
 
   def embed(self, texts: list[str], layers: tuple[int, ...] = (-1,)) -> Embedded:
     """Hidden states of the chosen layers (0 = embeddings, -1 = last layer), per token."""
