@@ -45,7 +45,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import input_pipeline, interop, optim, resume, train
+from bert_jax import files, input_pipeline, interop, optim, resume, train
 from bert_jax import model as model_lib
 from bert_jax import preemption as preemption_lib
 from bert_jax import sharding as sh
@@ -183,7 +183,7 @@ def check_config(path: str, config_json: dict, allow_changes: str) -> None:
         "config.json to check them against: remove them or use another --workdir"
       )
     if jax.process_index() == 0:
-      ckpt_lib.write_atomic(path, json.dumps(config_json, indent=2) + "\n")
+      files.write_atomic(path, json.dumps(config_json, indent=2) + "\n")
 
 
 def validate(config: ml_collections.ConfigDict, mesh) -> None:
@@ -421,7 +421,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       best = (score, res)
   out = {**best[1], "grid": grid}
   if jax.process_index() == 0:
-    ckpt_lib.write_atomic(os.path.join(workdir, RESULTS), json.dumps(out, indent=2) + "\n")
+    files.write_atomic(os.path.join(workdir, RESULTS), json.dumps(out, indent=2) + "\n")
   train.console(f"grid: best dev {out['main_metric']} {best[0]:.4f} at {out['recipe']}")
   return out
 
@@ -429,8 +429,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 def run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """One recipe, every seed, in `workdir`. Everything a user can get wrong (config, checkpoint,
   task files) is checked before the workdir is touched."""
-  workdir = str(ckpt_lib.as_path(workdir, "workdir"))  # one line for an unservable scheme
-  if ckpt_lib.is_remote(workdir):
+  workdir = str(files.as_path(workdir, "workdir"))  # one line for an unservable scheme
+  if files.is_remote(workdir):
     raise ValueError(
       f"--workdir={workdir}: fine-tuning writes its best/ params dir and predictions with "
       "local file APIs; use a local (or gcsfuse-mounted) directory"
@@ -549,7 +549,7 @@ def _run_point(config: ml_collections.ConfigDict, workdir: str, prep: Prepared) 
     "config": config_json,
   }
   if jax.process_index() == 0:
-    ckpt_lib.write_atomic(os.path.join(workdir, RESULTS), json.dumps(results, indent=2) + "\n")
+    files.write_atomic(os.path.join(workdir, RESULTS), json.dumps(results, indent=2) + "\n")
   preemption_lib.write_status(workdir, config.seeds, config.seeds, False)
   for split in ("dev", "test"):
     s = results[split].get(task.main_metric)
@@ -711,7 +711,7 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
     "train_seconds": round(time.perf_counter() - run_start, 1),
   }
   if jax.process_index() == 0:
-    ckpt_lib.write_atomic(done, json.dumps(result, indent=2) + "\n")
+    files.write_atomic(done, json.dumps(result, indent=2) + "\n")
   return result
 
 

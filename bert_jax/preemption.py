@@ -31,6 +31,8 @@ import numpy as np
 from absl import logging
 from etils import epath
 
+from bert_jax import files
+
 # The exit status of a run stopped by SIGTERM/SIGINT/SIGHUP after saving its checkpoint: rerun
 # the same command to resume (sysexits.h EX_TEMPFAIL). 0 means the run reached its last step.
 EXIT_PREEMPTED = 75
@@ -102,10 +104,6 @@ class Preemption:
 # ----------------------------------------------------------------------------- run status
 
 
-def _is_remote(path: str) -> bool:
-  return "://" in os.fspath(path)
-
-
 def clear_status(workdir: str) -> None:
   """Forgets the previous run's ending (process 0, at start)."""
   if jax.process_index() == 0:
@@ -116,11 +114,9 @@ def write_status(workdir: str, step: int, total_steps: int, preempted: bool) -> 
   """Records how the run ended; `launch/sweep.py` reads it to decide a point is finished."""
   if jax.process_index() != 0:
     return
-  from bert_jax import checkpoints  # the atomic write; orbax is not needed to read the status
-
   state = "preempted" if preempted else ("finished" if step >= total_steps else "stopped")
   record = {"state": state, "step": int(step), "total_steps": int(total_steps)}
-  checkpoints.write_atomic(str(epath.Path(workdir, STATUS_FILE)), json.dumps(record))
+  files.write_atomic(str(epath.Path(workdir, STATUS_FILE)), json.dumps(record))
 
 
 def read_status(workdir: str) -> dict | None:
@@ -165,7 +161,7 @@ class WorkdirLock:
   SETTLE_S = 1.0
 
   def __init__(self, workdir: str):
-    self.remote = _is_remote(workdir)
+    self.remote = files.is_remote(workdir)
     self.path = str(epath.Path(workdir, LOCK_FILE))
     self.held = False
     self._owner: dict[str, Any] = {}

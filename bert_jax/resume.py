@@ -15,6 +15,8 @@ from typing import Any
 
 from etils import epath
 
+from bert_jax import files
+
 # Config keys (or whole sections) whose change keeps a resume exact, or only changes how the
 # rest of the run is carried out. opt.total_steps: extending a run is the usual reason to
 # change it; the schedule is recomputed for the new total from the restored step on.
@@ -167,8 +169,6 @@ def record_changes(path: str, step: int, diffs: dict[str, tuple]) -> None:
   """Adds {"step", "changes": {field: [checkpoint, now]}} to `path` (config_changes.jsonl):
   config.json keeps the run's original config. The file is rewritten whole (atomically), not
   appended to: object stores (gs://) have no append, and it gains one row per resume."""
-  from bert_jax import checkpoints  # the atomic write; orbax stays out of resume's imports
-
   row = {"step": int(step), "changes": {k: list(v) for k, v in diffs.items()}}
   try:
     old = epath.Path(path).read_text()
@@ -176,4 +176,4 @@ def record_changes(path: str, step: int, diffs: dict[str, tuple]) -> None:
     old = ""
   if old and not old.endswith("\n"):  # a torn last row of an older version's append
     old = old[: old.rfind("\n") + 1]
-  checkpoints.write_atomic(path, old + json.dumps(row) + "\n")
+  files.write_atomic(path, old + json.dumps(row) + "\n")

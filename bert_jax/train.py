@@ -30,6 +30,7 @@ from etils import epath
 
 from bert_jax import checkpoints as ckpt_lib
 from bert_jax import (
+  files,
   input_pipeline,
   interop,
   masking,
@@ -87,12 +88,12 @@ def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   is not built (a local build would sit on process 0's disk only, invisible to the other hosts
   and to the next run on another machine): set config.data.dir to a local create_data output.
   """
-  if config.data.dir and ckpt_lib.is_remote(config.data.dir):
+  if config.data.dir and files.is_remote(config.data.dir):
     raise ValueError(
       f"config.data.dir={config.data.dir}: ArrayRecord reads local files only; copy the data to "
       "local disk on every host (e.g. gcloud storage cp -r) and set config.data.dir to the copy"
     )
-  if not config.data.dir and ckpt_lib.is_remote(workdir):
+  if not config.data.dir and files.is_remote(workdir):
     raise ValueError(
       f"workdir {workdir} is on an object store, where <workdir>/data cannot be built "
       "(ArrayRecord reads local files only): build config.data.input with python -m "
@@ -396,7 +397,7 @@ def repair_metrics_log(path: str, resume_step: int) -> None:
       continue
     if row["step"] <= resume_step:
       kept.append(line + "\n")
-  ckpt_lib.write_atomic(path, "".join(kept))
+  files.write_atomic(path, "".join(kept))
 
 
 class MetricLogger:
@@ -413,7 +414,7 @@ class MetricLogger:
   def __init__(self, workdir: str, resume_step: int):
     self.enabled = jax.process_index() == 0
     self.path = str(epath.Path(workdir, "metrics.jsonl"))
-    self.remote = ckpt_lib.is_remote(workdir)
+    self.remote = files.is_remote(workdir)
     self.tb = None
     if not self.enabled:
       return
@@ -444,7 +445,7 @@ class MetricLogger:
       return
     row = {"step": int(step), "split": split, **{k: float(v) for k, v in values.items()}}
     if self.remote:
-      ckpt_lib.write_atomic(self.path, self._text + json.dumps(row) + "\n")
+      files.write_atomic(self.path, self._text + json.dumps(row) + "\n")
       self._text += json.dumps(row) + "\n"
       self._write_tb(step, split, values)
       return
@@ -549,7 +550,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   and eval metrics, and `preempted` (a signal stopped it after saving: rerun to resume).
   `workdir` is a local path or gs://bucket/path (any other scheme, or gs:// without its
   packages, is one line before any compute)."""
-  workdir = str(ckpt_lib.as_path(workdir, "workdir"))
+  workdir = str(files.as_path(workdir, "workdir"))
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   with preemption_lib.WorkdirLock(workdir):
     return _train_and_evaluate(config, workdir)
@@ -629,9 +630,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
         resume.record_changes(path, start_step, changes)
     else:
       config_path = str(epath.Path(workdir, "config.json"))
-      ckpt_lib.write_atomic(config_path, json.dumps(meta_base["config"], indent=2))
+      files.write_atomic(config_path, json.dumps(meta_base["config"], indent=2))
     tok_dir = str(epath.Path(workdir, "tokenizer"))
-    ckpt_lib.copytree_atomic(os.path.join(data_dir, "tokenizer"), tok_dir)
+    files.copytree_atomic(os.path.join(data_dir, "tokenizer"), tok_dir)
 
   with sh.mesh_context(mesh, rules):
     p_train_step = jit_train_step(
