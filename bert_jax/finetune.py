@@ -45,7 +45,7 @@ import numpy as np
 from absl import logging
 
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import files, input_pipeline, interop, optim, resume, train
+from bert_jax import files, hf_io, input_pipeline, loader, optim, params_tree, resume, train
 from bert_jax import model as model_lib
 from bert_jax import preemption as preemption_lib
 from bert_jax import sharding as sh
@@ -81,7 +81,7 @@ def model_config(config: ml_collections.ConfigDict) -> tuple[model_lib.BertConfi
     cfg = model_lib.BertConfig(**fields)
     vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
     return cfg, tokenizer_lib.WordPieceTokenizer.from_file(vocab)
-  _, stored = interop.read_config(config.init)
+  _, stored = loader.read_config(config.init)
   return dataclasses.replace(stored, **run), None
 
 
@@ -464,7 +464,7 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
   cfg, tokenizer = model_config(config)
   init_params = None
   if config.init:
-    ck = interop.load_checkpoint(config.init, like=cfg)  # host arrays, placed per seed below
+    ck = loader.load_checkpoint(config.init, like=cfg)  # host arrays, placed per seed below
     tokenizer = ck.tokenizer
     init_params = ck.params["bert"] if "bert" in ck.params else ck.params
     if tokenizer is None:
@@ -600,8 +600,8 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
   else:
     start_step = 0
     if init_params is not None and "bert" in abstract["params"]:
-      placed = interop.place(
-        interop.to_layout(init_params, cfg.scan_layers), abstract["params"]["bert"]
+      placed = params_tree.place(
+        params_tree.to_layout(init_params, cfg.scan_layers), abstract["params"]["bert"]
       )
       state = {**state, "params": {**state["params"], "bert": placed}}
 
@@ -740,7 +740,7 @@ def save_best(path, cfg, params, tokenizer, task: tasks_lib.Task, config) -> Non
   if features_lib.enabled(config):  # head only: a params dir needs the encoder
     features_lib.save_head(path, cfg, host, tokenizer, info, config)
     return
-  interop.save_params_dir(path, cfg, host, overwrite=True, tokenizer=tokenizer, task=info)
+  hf_io.save_params_dir(path, cfg, host, overwrite=True, tokenizer=tokenizer, task=info)
 
 
 # ----------------------------------------------------------------------------- entry point

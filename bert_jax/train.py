@@ -32,7 +32,7 @@ from bert_jax import checkpoints as ckpt_lib
 from bert_jax import (
   files,
   input_pipeline,
-  interop,
+  loader,
   masking,
   objectives,
   optim,
@@ -349,13 +349,13 @@ def train_dataset(config: ml_collections.ConfigDict, data_dir: str, worker_count
 def restore_init_from(
   path: str, cfg, abstract_params, tokenizer=None, allow_changes: str = ""
 ) -> Any:
-  """Weights from any checkpoint `interop.load_checkpoint` reads (another run's workdir, e.g.
+  """Weights from any checkpoint `loader.load_checkpoint` reads (another run's workdir, e.g.
   phase 1 at seq 128 for phase 2 at 512, a HuggingFace or params dir), onto the training
   shardings, with a fresh optimizer. A checkpoint without MLM/NSP heads (BertModel) returns
   {"bert": ...} only: the caller keeps its freshly initialised heads. When the checkpoint
   carries a tokenizer, its vocabulary must be the data's (`tokenizer`); a bert_jax checkpoint's
   tokenizer fingerprint too, unless `allow_changes` lists 'tokenizer'."""
-  ck = interop.load_checkpoint(path, target=abstract_params, like=cfg)
+  ck = loader.load_checkpoint(path, target=abstract_params, like=cfg)
   if tokenizer is None or resume.allows("tokenizer", allow_changes):
     return ck.params
   stored_fp = ck.meta.get("tokenizer", {}).get("fingerprint")

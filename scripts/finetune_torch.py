@@ -147,7 +147,8 @@ def check_labels(examples: Sequence[dict[str, Any]], labels: Sequence[str], kind
 
 def lowercase(init: str) -> bool:
   """Whether the checkpoint's tokenizer lower-cases: its tokenizer_config.json's
-  do_lower_case, else unless the vocab has upper-case tokens (as bert_jax.interop reads it)."""
+  do_lower_case, else unless the vocab has upper-case tokens (as bert_jax.tokenizer_files reads
+  it)."""
   vocab = os.path.join(init, "vocab.txt")
   if not os.path.exists(vocab):
     raise OSError(f"{init}: no vocab.txt")

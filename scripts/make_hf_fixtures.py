@@ -2,7 +2,7 @@
 
     /work/venv-ref/bin/python scripts/make_hf_fixtures.py      # torch 2.13 CPU, transformers 4.57.6
 
-and, for the round trip (tests/test_interop.py), first with bert_jax's own environment:
+and, for the round trip (tests/test_loader.py), first with bert_jax's own environment:
 
     python scripts/make_hf_fixtures.py --export   # pretrain, convert: tests/fixtures/hf/roundtrip
     /work/venv-ref/bin/python scripts/make_hf_fixtures.py --record   # transformers' outputs on it
@@ -198,13 +198,13 @@ def first_batch(config, data_dir: str) -> dict[str, np.ndarray]:
 
 
 def export() -> None:
-  from bert_jax import interop, train
+  from bert_jax import loader, train
 
   with tempfile.TemporaryDirectory() as tmp:
     workdir = f"{tmp}/workdir"
     train.train_and_evaluate(roundtrip_config(), workdir)
     shutil.rmtree(ROUNDTRIP, ignore_errors=True)
-    interop.convert(workdir, ROUNDTRIP)
+    loader.convert(workdir, ROUNDTRIP)
     config = roundtrip_config(nsp=True)
     data = build_nsp_data(str(ROUNDTRIP / "vocab.txt"), f"{tmp}/nsp")
     save_file(first_batch(config, data), str(ROUNDTRIP / "batch.safetensors"))
