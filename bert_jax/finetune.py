@@ -133,9 +133,9 @@ def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_
   for s in SPLITS:
     if examples[s] is not None and labels:
       readers.check_labels(examples[s], labels, s)
-  from bert_jax.tasks import metrics
+  from bert_jax.tasks import kinds
 
-  names = tuple(t.metrics) or metrics.default_metrics(t.kind, labels)
+  names = tuple(t.metrics) or kinds.default_metrics(t.kind, labels)
   task = tasks_lib.Task(t.name, t.kind, labels, names)
   for s in SPLITS:
     if examples[s] is None:

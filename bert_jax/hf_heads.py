@@ -17,60 +17,46 @@ import numpy as np
 from bert_jax import hf_names, params_tree
 from bert_jax.model import BertConfig
 from bert_jax.params_tree import Params
+from bert_jax.tasks import kinds
 from bert_jax.trees import flatten
 
-TASK_KINDS = ("classification", "regression", "tagging", "span_qa", "multiple_choice")
-_TASK_HF = {  # kind: (HF architecture, the head's Dense name, in ours and in HF)
-  "classification": ("BertForSequenceClassification", "classifier"),
-  "regression": ("BertForSequenceClassification", "classifier"),
-  "tagging": ("BertForTokenClassification", "classifier"),
-  "span_qa": ("BertForQuestionAnswering", "qa_outputs"),
-  "multiple_choice": ("BertForMultipleChoice", "classifier"),
-}
-# HF builds these on BertModel(add_pooling_layer=False): their files hold no pooler, and
-# from_pretrained reports one as an unexpected key.
-_NO_POOLER = ("tagging", "span_qa")
-_LABELLED = ("classification", "tagging")  # kinds whose outputs are named by task["labels"]
+# What HF's configs may say of a sequence classifier's problem (it reads no other).
+_PROBLEM_TYPES = (None, "regression", "single_label_classification")
 
 
 def check_task(task: Any, source: str) -> dict[str, Any]:
-  """A task.json dict checked (a known kind; labels: distinct strings, at least 2 for
-  classification and 1 for tagging, none for the other kinds); other keys are kept."""
+  """A task.json dict checked (a known kind; labels: distinct strings, at least the kind's
+  `min_labels` for classification and tagging, none for the other kinds); other keys are
+  kept."""
   if not isinstance(task, Mapping):
     raise ValueError(f"{source}: a task must be a JSON object, not {type(task).__name__}")
   kind = task.get("kind")
-  if kind not in TASK_KINDS:
-    raise ValueError(f"{source}: unknown task kind {kind!r} (one of {', '.join(TASK_KINDS)})")
+  spec = kinds.get(kind, source)
   labels = task.get("labels", [])
   if not isinstance(labels, list | tuple) or not all(isinstance(x, str) for x in labels):
     raise ValueError(f"{source}: 'labels' must be a list of strings, not {labels!r}")
   if len(set(labels)) != len(labels):
     dup = next(x for x in labels if labels.count(x) > 1)
     raise ValueError(f"{source}: label {dup!r} appears twice in 'labels'")
-  least = {"classification": 2, "tagging": 1}.get(kind, 0)
-  if kind in _LABELLED and len(labels) < least:
-    raise ValueError(f"{source}: a {kind} task needs at least {least} labels, got {len(labels)}")
-  if kind not in _LABELLED and labels:
+  if spec.labelled and len(labels) < spec.min_labels:
+    raise ValueError(
+      f"{source}: a {kind} task needs at least {spec.min_labels} labels, got {len(labels)}"
+    )
+  if not spec.labelled and labels:
     raise ValueError(f"{source}: a {kind} task has no labels, got {len(labels)}")
   return {**task, "labels": list(labels)}
-
-
-def num_outputs(task: Mapping[str, Any]) -> int:
-  """The head's output size: one per label; 1 for regression and multiple choice (a score per
-  choice); 2 for span QA (start, end)."""
-  kind = task["kind"]
-  return len(task["labels"]) if kind in _LABELLED else {"span_qa": 2}.get(kind, 1)
 
 
 def check_head(
   head: Any, task: Mapping[str, Any], hidden_size: int, source: str, exact: bool = False
 ) -> None:
-  """The head's output Dense has kernel [D, N] and bias [N], N = num_outputs(task).
+  """The head's output Dense has kernel [D, N] and bias [N], N = the kind's output count.
 
   exact: the head is that Dense alone (what HF's classes hold); otherwise other head layers
   (e.g. a BiLSTM under it) may sit beside it, and only N is checked when they do."""
   kind = task["kind"]
-  arch, name = _TASK_HF[kind]
+  spec = kinds.get(kind)
+  arch, name = spec.hf_class, spec.head
   layer = head.get(name) if isinstance(head, Mapping) else None
   if not isinstance(layer, Mapping) or set(layer) != {"kernel", "bias"}:
     got = sorted(flatten(head)) if isinstance(head, Mapping) else type(head).__name__
@@ -78,11 +64,11 @@ def check_head(
   others = sorted(k for k in head if k != name)
   if exact and others:
     raise ValueError(f"{source}: HF {arch} has no place for head/{others[0]} (head/{name} only)")
-  n = num_outputs(task)
+  n = spec.num_outputs(task["labels"])
   kernel, bias = tuple(np.shape(layer["kernel"])), tuple(np.shape(layer["bias"]))
   d = kernel[0] if others and kernel else hidden_size
   if kernel != (d, n) or bias != (n,):
-    what = f"{n} labels" if kind in _LABELLED else f"{n} output(s)"
+    what = f"{n} labels" if spec.labelled else f"{n} output(s)"
     raise ValueError(
       f"{source}: head/{name} has kernel {kernel} and bias {bias}, but a {kind} task with "
       f"{what} needs ({d}, {n}) and ({n},)"
@@ -91,19 +77,17 @@ def check_head(
 
 def task_to_hf_config(task: Mapping[str, Any]) -> dict[str, Any]:
   """The config.json keys that make transformers build the task's head class."""
-  kind = task["kind"]
-  out: dict[str, Any] = {"architectures": [_TASK_HF[kind][0]]}
+  spec = kinds.get(task["kind"])
+  out: dict[str, Any] = {"architectures": [spec.hf_class]}
   if task.get("task"):
     out["finetuning_task"] = task["task"]
-  if kind in _LABELLED or kind == "regression":
-    labels = task["labels"] if kind in _LABELLED else ["LABEL_0"]  # HF's name for output 0
+  labels = task["labels"] if spec.labelled else spec.hf_id2label
+  if labels:
     out["id2label"] = {str(i): label for i, label in enumerate(labels)}
     out["label2id"] = {label: i for i, label in enumerate(labels)}
     out["num_labels"] = len(labels)
-  if kind == "regression":
-    out["problem_type"] = "regression"
-  # span QA keeps HF's default of 2 labels (its qa_outputs size); BertForMultipleChoice's
-  # classifier has 1 output whatever num_labels says.
+  if spec.hf_problem_type:
+    out["problem_type"] = spec.hf_problem_type
   return out
 
 
@@ -111,7 +95,7 @@ def task_from_hf_config(hf: Mapping[str, Any], source: str) -> dict[str, Any] | 
   """The task of an HF fine-tuned BERT (its architectures name one of the four head classes);
   None for BertModel / BertForPreTraining configs."""
   archs = hf.get("architectures") or []
-  arch = next((a for a in archs if a in {a for a, _ in _TASK_HF.values()}), None)
+  arch = next((a for a in archs if a in {k.hf_class for k in kinds.KINDS.values()}), None)
   if arch is None:
     return None
   id2label = hf.get("id2label") or {"0": "LABEL_0", "1": "LABEL_1"}  # HF's default
@@ -120,23 +104,20 @@ def task_from_hf_config(hf: Mapping[str, Any], source: str) -> dict[str, Any] | 
   except KeyError:
     raise ValueError(f"{source}: id2label keys must be 0..{len(id2label) - 1}") from None
   problem = hf.get("problem_type")
-  if problem not in (None, "regression", "single_label_classification"):
+  if problem not in _PROBLEM_TYPES:
     raise ValueError(f"{source}: problem_type {problem!r} is not supported")
-  if arch == "BertForSequenceClassification":
-    # HF's own rule: one label and no problem_type is regression.
-    regression = problem == "regression" or (problem is None and len(labels) == 1)
-    kind = "regression" if regression else "classification"
-  elif arch == "BertForTokenClassification":
-    kind = "tagging"
-  elif arch == "BertForQuestionAnswering":
-    kind = "span_qa"
-    if len(labels) != 2:
-      raise ValueError(f"{source}: {arch} with {len(labels)} labels (a span head has 2)")
-  else:
-    kind = "multiple_choice"
+  # BertForSequenceClassification serves classification and regression; HF's own rule: one
+  # label and no problem_type is regression.
+  regression = problem == "regression" or (problem is None and len(labels) == 1)
+  candidates = [k for k in kinds.KINDS.values() if k.hf_class == arch]
+  spec = next(k for k in candidates if len(candidates) == 1 or k.value_label == regression)
+  if spec.hf_num_labels is not None and len(labels) != spec.hf_num_labels:
+    raise ValueError(
+      f"{source}: {arch} with {len(labels)} labels (its {spec.head} has {spec.hf_num_labels})"
+    )
   task = {
-    "kind": kind,
-    "labels": labels if kind in _LABELLED else [],
+    "kind": spec.name,
+    "labels": labels if spec.labelled else [],
     "task": hf.get("finetuning_task"),
     "max_seq_length": None,  # HF keeps no record of it
   }
@@ -144,7 +125,7 @@ def task_from_hf_config(hf: Mapping[str, Any], source: str) -> dict[str, Any] | 
 
 
 def _head_to_hf(head: Params, task: Mapping[str, Any]) -> dict[str, np.ndarray]:
-  name = _TASK_HF[task["kind"]][1]
+  name = kinds.get(task["kind"]).head
   kernel, bias = np.asarray(head[name]["kernel"]), np.asarray(head[name]["bias"])
   return {
     f"{name}.weight": np.ascontiguousarray(kernel.T).astype(np.float32),
@@ -166,7 +147,8 @@ def hf_state_dict_to_params(
   sd: Mapping[str, np.ndarray], cfg: BertConfig, task: Mapping[str, Any], source: str
 ) -> Params:
   """An HF fine-tuned state dict -> {"bert": <BertModel tree>, "head": {...}}."""
-  arch, name = _TASK_HF[task["kind"]]
+  spec = kinds.get(task["kind"])
+  arch, name = spec.hf_class, spec.head
   sd = dict(sd)
   head_sd = {}
   for suffix in ("weight", "bias"):
@@ -174,14 +156,14 @@ def hf_state_dict_to_params(
     if key not in sd:
       raise ValueError(f"{source}: missing tensor {key!r} (an HF {arch})")
     head_sd[suffix] = np.asarray(sd.pop(key), np.float32)
-  n = num_outputs(task)
+  n = spec.num_outputs(task["labels"])
   if head_sd["weight"].shape != (n, cfg.hidden_size) or head_sd["bias"].shape != (n,):
-    what = f"{n} labels (id2label)" if task["kind"] in _LABELLED else f"{n} output(s)"
+    what = f"{n} labels (id2label)" if spec.labelled else f"{n} output(s)"
     raise ValueError(
       f"{source}: tensors {name}.weight {tuple(head_sd['weight'].shape)} and {name}.bias "
       f"{tuple(head_sd['bias'].shape)}, but {what} need ({n}, {cfg.hidden_size}) and ({n},)"
     )
-  if task["kind"] in _NO_POOLER and not any(k.endswith("pooler.dense.weight") for k in sd):
+  if not spec.hf_pooler and not any(k.endswith("pooler.dense.weight") for k in sd):
     sd.update(_fresh_pooler(cfg))
   bert = hf_names.hf_state_dict_to_params(sd, cfg, pretraining=False, source=source)
   head = {name: {"kernel": np.ascontiguousarray(head_sd["weight"].T), "bias": head_sd["bias"]}}
@@ -199,6 +181,6 @@ def params_to_hf_state_dict(
   check_head(params["head"], task, cfg.hidden_size, "params", exact=True)
   body = hf_names.params_to_hf_state_dict(params["bert"], cfg)
   sd = {f"bert.{k}": v for k, v in body.items()}
-  if task["kind"] in _NO_POOLER:
+  if not kinds.get(task["kind"]).hf_pooler:  # HF builds it on BertModel without a pooler
     sd = {k: v for k, v in sd.items() if not k.startswith("bert.pooler.")}
   return {**sd, **_head_to_hf(params["head"], task)}

@@ -352,4 +352,4 @@ def test_bad_hf_fine_tuned_dirs(tmp_path):
   e, d = broken("no_head", drop="classifier.bias")
   _one_line(e, "missing tensor 'classifier.bias'", "BertForSequenceClassification")
   e, d = broken("qa", {"architectures": ["BertForQuestionAnswering"]})
-  _one_line(e, "BertForQuestionAnswering with 3 labels (a span head has 2)")
+  _one_line(e, "BertForQuestionAnswering with 3 labels (its qa_outputs has 2)")
