@@ -35,8 +35,9 @@ docs/finetuning.md), test score at the best dev epoch, mean ± std over seeds:
                    token accuracy 93.1 ± 0.1, ~5 min/seed
   vitaminc         first 3,000 / 1,000 / 1,000, lr 5e-5, batch 16, 3 epochs, 3 seeds: accuracy
                    52.6 ± 1.6 (majority class 50.2: too few pairs to learn much), ~11 min/seed
-  squadshifts      250 questions per training domain, 400 held out (scripts/make_squad_subset.py),
-                   lr 1e-4, batch 16, 2 epochs, 3 seeds: F1 13.6 ± 0.7, ~8 min/seed
+  squadshifts      250 questions per training domain, 400 held out
+                   (tools/tasks/make_squad_subset.py), lr 1e-4, batch 16, 2 epochs, 3 seeds:
+                   F1 13.6 ± 0.7, ~8 min/seed
   wnut16_ner,features=concat_last4 (the preset's recipe), 3 seeds: entity F1 44.7 ± 1.0, ~2 min/seed
 """
 

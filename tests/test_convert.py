@@ -2,7 +2,7 @@
 fixtures, or live when torch is there), export that from_pretrained loads cleanly, the bert_jax
 params dir, and clear bad-input errors.
 
-Fixtures in tests/fixtures/hf/ come from scripts/make_hf_fixtures.py (transformers 4.57.6).
+Fixtures in tests/fixtures/hf/ come from tests/fixtures/make_hf_fixtures.py (transformers 4.57.6).
 """
 
 import dataclasses

@@ -1,7 +1,7 @@
 """The one checkpoint loader: a trained run exported to HuggingFace and back, HuggingFace
 models in the notebook API, continued pretraining from HuggingFace weights, and one-line errors.
 
-Golden fixture tests/fixtures/hf/roundtrip/ (scripts/make_hf_fixtures.py): a short run of the
+Golden fixture tests/fixtures/hf/roundtrip/ (tests/fixtures/make_hf_fixtures.py): a short run of the
 bundled default exported by `convert`, with transformers' fill-mask top-5, corpus token ids
 (digest), hidden states and MLM+NSP loss on the trainer's first batch. Without torch the tests
 compare against it; with torch + transformers importable they also run transformers live.
@@ -27,7 +27,9 @@ from bert_jax import model as model_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "hf" / "roundtrip"
-_spec = importlib.util.spec_from_file_location("hf_fixtures", REPO / "scripts/make_hf_fixtures.py")
+_spec = importlib.util.spec_from_file_location(
+  "hf_fixtures", REPO / "tests/fixtures/make_hf_fixtures.py"
+)
 mk = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mk)
 LIVE = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))

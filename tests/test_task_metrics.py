@@ -1,5 +1,6 @@
 """bert_jax.tasks.metrics: hand-checked values, and parity with seqeval / sklearn / scipy through
-the fixtures of scripts/make_metric_fixtures.py (no reference package needed at test time)."""
+the fixtures of tests/fixtures/make_metric_fixtures.py (no reference package needed at test
+time); the task kinds' default metrics."""
 
 import importlib.util
 import json
@@ -11,7 +12,7 @@ import pytest
 from bert_jax.tasks import kinds, metrics
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "metrics")
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "make_metric_fixtures.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "fixtures", "make_metric_fixtures.py")
 
 
 def _cases(name):
