@@ -68,7 +68,7 @@ setuptools.setup(
       "bert_jax_convert=bert_jax.convert:run",
       "bert_jax_benchmark=bert_jax.benchmark.__main__:run",
       "bert_jax_aot=bert_jax.aot:run",
-      "bert_jax_report=bert_jax.report:run",
+      "bert_jax_report=bert_jax.report.__main__:run",
     ]
   },
 )

@@ -1,6 +1,6 @@
 """Notebook API: `bert_jax.load(path)` -> a model to probe, fill masks with, or embed text.
 
-`path` is anything `interop.load_checkpoint` reads: a training workdir (latest step, or
+`path` is anything `loader.load_checkpoint` reads: a training workdir (latest step, or
 `step=`), one orbax step, a HuggingFace dir, a Google TF checkpoint or a params dir. Works in a
 plain single-device process with no mesh, whatever mesh the checkpoint was saved on.
 
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import interop
+from bert_jax import loader, params_tree
 from bert_jax import model as model_lib
 
 MASK_TEXT = "[MASK]"
@@ -39,7 +39,7 @@ class Embedded:
 
 class Bert:
   """A loaded checkpoint: `config` (BertConfig), `params`, `tokenizer`, `meta`, `step`
-  (None outside a workdir) and `format` (see `interop.FORMATS`)."""
+  (None outside a workdir) and `format` (see `loader.FORMATS`)."""
 
   def __init__(
     self,
@@ -56,7 +56,7 @@ class Bert:
     self.meta = meta
     self.step = step
     self.format = format
-    self.has_heads = interop.is_pretraining(params)
+    self.has_heads = params_tree.is_pretraining(params)
     self.model = (model_lib.BertForPreTraining if self.has_heads else model_lib.BertModel)(config)
 
   def __repr__(self) -> str:
@@ -171,10 +171,10 @@ def load(path: str, step: int | None = None, device: Any = None) -> Bert:
   latest step that does not load (a truncated or corrupt file) is named in one warning and the
   one before is tried, as the trainer does."""
   target_device = device or jax.devices()[0]
-  if step is None and interop.detect_format(path) == "workdir":
-    ck = ckpt_lib.load_newest(path, lambda s: interop.load_checkpoint(path, s))
+  if step is None and loader.detect_format(path) == "workdir":
+    ck = ckpt_lib.load_newest(path, lambda s: loader.load_checkpoint(path, s))
   else:
-    ck = interop.load_checkpoint(path, step)
+    ck = loader.load_checkpoint(path, step)
   cfg = dataclasses.replace(ck.config, remat_policy="none")
   cfg = model_lib.resolve_kernels(cfg, target_device.platform)
   params = jax.device_put(ck.params, target_device)

@@ -43,7 +43,17 @@ import ml_collections
 from absl import logging
 
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import input_pipeline, interop, loop, multihost, optim, resume
+from bert_jax import (
+  files,
+  hf_io,
+  input_pipeline,
+  loader,
+  loop,
+  multihost,
+  optim,
+  params_tree,
+  resume,
+)
 from bert_jax import model as model_lib
 from bert_jax import preemption as preemption_lib
 from bert_jax import sharding as sh
@@ -80,7 +90,7 @@ def model_config(config: ml_collections.ConfigDict) -> tuple[model_lib.BertConfi
     cfg = model_lib.BertConfig(**fields)
     vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
     return cfg, tokenizer_lib.WordPieceTokenizer.from_file(vocab)
-  _, stored = interop.read_config(config.init)
+  _, stored = loader.read_config(config.init)
   return dataclasses.replace(stored, **run), None
 
 
@@ -132,9 +142,9 @@ def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_
   for s in SPLITS:
     if examples[s] is not None and labels:
       readers.check_labels(examples[s], labels, s)
-  from bert_jax.tasks import metrics
+  from bert_jax.tasks import kinds
 
-  names = tuple(t.metrics) or metrics.default_metrics(t.kind, labels)
+  names = tuple(t.metrics) or kinds.default_metrics(t.kind, labels)
   task = tasks_lib.Task(t.name, t.kind, labels, names)
   for s in SPLITS:
     if examples[s] is None:
@@ -182,7 +192,7 @@ def check_config(path: str, config_json: dict, allow_changes: str) -> None:
         "config.json to check them against: remove them or use another --workdir"
       )
     if jax.process_index() == 0:
-      ckpt_lib.write_atomic(path, json.dumps(config_json, indent=2) + "\n")
+      files.write_atomic(path, json.dumps(config_json, indent=2) + "\n")
 
 
 def validate(config: ml_collections.ConfigDict, mesh) -> None:
@@ -334,7 +344,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       best = (score, res)
   out = {**best[1], "grid": grid}
   if jax.process_index() == 0:
-    ckpt_lib.write_atomic(os.path.join(workdir, RESULTS), json.dumps(out, indent=2) + "\n")
+    files.write_atomic(os.path.join(workdir, RESULTS), json.dumps(out, indent=2) + "\n")
   loop.console(f"grid: best dev {out['main_metric']} {best[0]:.4f} at {out['recipe']}")
   return out
 
@@ -342,8 +352,8 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 def run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """One recipe, every seed, in `workdir`. Everything a user can get wrong (config, checkpoint,
   task files) is checked before the workdir is touched."""
-  workdir = str(ckpt_lib.as_path(workdir, "workdir"))  # one line for an unservable scheme
-  if ckpt_lib.is_remote(workdir):
+  workdir = str(files.as_path(workdir, "workdir"))  # one line for an unservable scheme
+  if files.is_remote(workdir):
     raise ValueError(
       f"--workdir={workdir}: fine-tuning writes its best/ params dir and predictions with "
       "local file APIs; use a local (or gcsfuse-mounted) directory"
@@ -387,7 +397,7 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
   cfg, tokenizer = model_config(config)
   init_params = None
   if config.init:
-    ck = interop.load_checkpoint(config.init, like=cfg)  # host arrays, placed per seed below
+    ck = loader.load_checkpoint(config.init, like=cfg)  # host arrays, placed per seed below
     tokenizer = ck.tokenizer
     init_params = ck.params["bert"] if "bert" in ck.params else ck.params
     if tokenizer is None:
@@ -476,7 +486,7 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
     "config": config_json,
   }
   if jax.process_index() == 0:
-    ckpt_lib.write_atomic(os.path.join(workdir, RESULTS), json.dumps(results, indent=2) + "\n")
+    files.write_atomic(os.path.join(workdir, RESULTS), json.dumps(results, indent=2) + "\n")
   preemption_lib.write_status(workdir, config.seeds, config.seeds, False)
   for split in ("dev", "test"):
     s = results[split].get(task.main_metric)
@@ -528,8 +538,8 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
   else:
     start_step = 0
     if init_params is not None and "bert" in abstract["params"]:
-      placed = interop.place(
-        interop.to_layout(init_params, cfg.scan_layers), abstract["params"]["bert"]
+      placed = params_tree.place(
+        params_tree.to_layout(init_params, cfg.scan_layers), abstract["params"]["bert"]
       )
       state = {**state, "params": {**state["params"], "bert": placed}}
 
@@ -607,7 +617,7 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
     "train_seconds": round(time.perf_counter() - run_start, 1),
   }
   if jax.process_index() == 0:
-    ckpt_lib.write_atomic(done, json.dumps(out, indent=2) + "\n")
+    files.write_atomic(done, json.dumps(out, indent=2) + "\n")
   return out
 
 
@@ -636,7 +646,7 @@ def save_best(path, cfg, params, tokenizer, task: tasks_lib.Task, config) -> Non
   if features_lib.enabled(config):  # head only: a params dir needs the encoder
     features_lib.save_head(path, cfg, host, tokenizer, info, config)
     return
-  interop.save_params_dir(path, cfg, host, overwrite=True, tokenizer=tokenizer, task=info)
+  hf_io.save_params_dir(path, cfg, host, overwrite=True, tokenizer=tokenizer, task=info)
 
 
 # ----------------------------------------------------------------------------- entry point

@@ -32,8 +32,7 @@ import jax
 from absl import logging
 from etils import epath
 
-from bert_jax import checkpoints as ckpt_lib
-from bert_jax import input_pipeline
+from bert_jax import files, input_pipeline
 from bert_jax import preemption as preemption_lib
 
 # ----------------------------------------------------------------------------- console
@@ -85,7 +84,7 @@ def repair_metrics_log(path: str, resume_step: int) -> None:
       continue
     if row["step"] <= resume_step:
       kept.append(line + "\n")
-  ckpt_lib.write_atomic(path, "".join(kept))
+  files.write_atomic(path, "".join(kept))
 
 
 class MetricLogger:
@@ -102,7 +101,7 @@ class MetricLogger:
   def __init__(self, workdir: str, resume_step: int):
     self.enabled = jax.process_index() == 0
     self.path = str(epath.Path(workdir, "metrics.jsonl"))
-    self.remote = ckpt_lib.is_remote(workdir)
+    self.remote = files.is_remote(workdir)
     self.tb = None
     if not self.enabled:
       return
@@ -133,7 +132,7 @@ class MetricLogger:
       return
     row = {"step": int(step), "split": split, **{k: float(v) for k, v in values.items()}}
     if self.remote:
-      ckpt_lib.write_atomic(self.path, self._text + json.dumps(row) + "\n")
+      files.write_atomic(self.path, self._text + json.dumps(row) + "\n")
       self._text += json.dumps(row) + "\n"
       self._write_tb(step, split, values)
       return

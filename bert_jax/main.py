@@ -47,10 +47,10 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)
   import jax
 
-  from bert_jax import checkpoints
+  from bert_jax import files
 
   # A workdir this code cannot serve (s4://, gs:// without gcsfs) fails before the pod joins up.
-  checkpoints.as_path(_WORKDIR.value, "--workdir")
+  files.as_path(_WORKDIR.value, "--workdir")
   if _CPU_DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
   from bert_jax import multihost, preemption, train

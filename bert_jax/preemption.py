@@ -32,6 +32,8 @@ import numpy as np
 from absl import logging
 from etils import epath
 
+from bert_jax import files
+
 # The exit status of a run stopped by SIGTERM/SIGINT/SIGHUP after saving its checkpoint: rerun
 # the same command to resume (sysexits.h EX_TEMPFAIL). 0 means the run reached its last step.
 EXIT_PREEMPTED = 75
@@ -127,10 +129,6 @@ class Preemption:
 # ----------------------------------------------------------------------------- run status
 
 
-def _is_remote(path: str) -> bool:
-  return "://" in os.fspath(path)
-
-
 def clear_status(workdir: str) -> None:
   """Forgets the previous run's ending (process 0, at start)."""
   if jax.process_index() == 0:
@@ -144,12 +142,10 @@ def write_status(
   peer_lost); `launch/sweep.py` reads it to decide a point is finished."""
   if jax.process_index() != 0:
     return
-  from bert_jax import checkpoints  # the atomic write; orbax is not needed to read the status
-
   if state is None:
     state = "preempted" if preempted else ("finished" if step >= total_steps else "stopped")
   record = {"state": state, "step": int(step), "total_steps": int(total_steps)}
-  checkpoints.write_atomic(str(epath.Path(workdir, STATUS_FILE)), json.dumps(record))
+  files.write_atomic(str(epath.Path(workdir, STATUS_FILE)), json.dumps(record))
 
 
 def read_status(workdir: str) -> dict | None:
@@ -194,7 +190,7 @@ class WorkdirLock:
   SETTLE_S = 1.0
 
   def __init__(self, workdir: str):
-    self.remote = _is_remote(workdir)
+    self.remote = files.is_remote(workdir)
     self.path = str(epath.Path(workdir, LOCK_FILE))
     self.held = False
     self._owner: dict[str, Any] = {}

@@ -723,13 +723,6 @@ def _check_output_dir(output_dir: str, overwrite: bool) -> list[str]:
   return old
 
 
-def _num_to_predict(n: np.ndarray, opts: Options) -> np.ndarray:
-  # The original's min(max_predictions, max(1, int(round(len(tokens) * masked_lm_prob)))).
-  return np.minimum(
-    opts.max_predictions_per_seq, np.maximum(1, np.round(n * opts.masked_lm_prob))
-  ).astype(np.int64)
-
-
 def build(
   input: str | None = None,
   output_dir: str = "",
@@ -902,6 +895,8 @@ def build(
 
 
 def _write_result(result, writers, next_id, masker, opts, stats, mask_kinds) -> int:
+  from bert_jax import masking  # the masked-count rule; jax only once results are written
+
   split = result["split"]
   writer = writers[split]
   tokens, lengths, len_a, labels = (result[k] for k in ("tokens", "lengths", "len_a", "labels"))
@@ -929,7 +924,8 @@ def _write_result(result, writers, next_id, masker, opts, stats, mask_kinds) -> 
   stats["short_128"] += int((lengths < 128).sum())
   stats["short_64"] += int((lengths < 64).sum())
   stats["below_max"] += int((lengths < opts.max_seq_length).sum())
-  stats["expected_masked_positions"] += int(_num_to_predict(lengths, opts).sum())
+  expected = masking.num_to_predict(lengths, opts.max_predictions_per_seq, opts.masked_lm_prob)
+  stats["expected_masked_positions"] += int(expected.sum())
   for key in ("documents", "sentences", "sentences_without_tokens", "truncated_sentences"):
     stats[key] += result[key]
   stats[f"{split}_documents"] += result["documents"]

@@ -26,8 +26,9 @@ from etils import epath
 
 from bert_jax import checkpoints as ckpt_lib
 from bert_jax import (
+  files,
   input_pipeline,
-  interop,
+  loader,
   loop,
   masking,
   multihost,
@@ -86,12 +87,12 @@ def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
   is not built (a local build would sit on process 0's disk only, invisible to the other hosts
   and to the next run on another machine): set config.data.dir to a local create_data output.
   """
-  if config.data.dir and ckpt_lib.is_remote(config.data.dir):
+  if config.data.dir and files.is_remote(config.data.dir):
     raise ValueError(
       f"config.data.dir={config.data.dir}: ArrayRecord reads local files only; copy the data to "
       "local disk on every host (e.g. gcloud storage cp -r) and set config.data.dir to the copy"
     )
-  if not config.data.dir and ckpt_lib.is_remote(workdir):
+  if not config.data.dir and files.is_remote(workdir):
     raise ValueError(
       f"workdir {workdir} is on an object store, where <workdir>/data cannot be built "
       "(ArrayRecord reads local files only): build config.data.input with python -m "
@@ -303,13 +304,13 @@ def train_dataset(config: ml_collections.ConfigDict, data_dir: str, worker_count
 def restore_init_from(
   path: str, cfg, abstract_params, tokenizer=None, allow_changes: str = ""
 ) -> Any:
-  """Weights from any checkpoint `interop.load_checkpoint` reads (another run's workdir, e.g.
+  """Weights from any checkpoint `loader.load_checkpoint` reads (another run's workdir, e.g.
   phase 1 at seq 128 for phase 2 at 512, a HuggingFace or params dir), onto the training
   shardings, with a fresh optimizer. A checkpoint without MLM/NSP heads (BertModel) returns
   {"bert": ...} only: the caller keeps its freshly initialised heads. When the checkpoint
   carries a tokenizer, its vocabulary must be the data's (`tokenizer`); a bert_jax checkpoint's
   tokenizer fingerprint too, unless `allow_changes` lists 'tokenizer'."""
-  ck = interop.load_checkpoint(path, target=abstract_params, like=cfg)
+  ck = loader.load_checkpoint(path, target=abstract_params, like=cfg)
   if tokenizer is None or resume.allows("tokenizer", allow_changes):
     return ck.params
   stored_fp = ck.meta.get("tokenizer", {}).get("fingerprint")
@@ -363,7 +364,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   `workdir` is a local path or gs://bucket/path (any other scheme, or gs:// without its
   packages, is one line before any compute). A signal before the first step (building data,
   training a vocab, restoring) raises `preemption.Preempted`, the lock released."""
-  workdir = str(ckpt_lib.as_path(workdir, "workdir"))
+  workdir = str(files.as_path(workdir, "workdir"))
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   with preemption_lib.Preemption() as preempt, preemption_lib.WorkdirLock(workdir) as lock:
     unregister = multihost.on_cleanup(lambda: _peer_lost(workdir, config, lock))
@@ -455,9 +456,9 @@ def _train_and_evaluate(config, workdir: str, preempt) -> dict[str, Any]:
         resume.record_changes(path, start_step, changes)
     else:
       config_path = str(epath.Path(workdir, "config.json"))
-      ckpt_lib.write_atomic(config_path, json.dumps(meta_base["config"], indent=2))
+      files.write_atomic(config_path, json.dumps(meta_base["config"], indent=2))
     tok_dir = str(epath.Path(workdir, "tokenizer"))
-    ckpt_lib.copytree_atomic(os.path.join(data_dir, "tokenizer"), tok_dir)
+    files.copytree_atomic(os.path.join(data_dir, "tokenizer"), tok_dir)
 
   with sh.mesh_context(mesh, rules):
     p_train_step = jit_train_step(

@@ -590,9 +590,10 @@ def test_finetune_mode_runs_with_the_peer_skipped_without_torch(tmp_path):
 
 
 def test_vmap_seeds_probe_steps_each_seed_as_its_own_step():
-  """scripts/vmap_seeds_probe.py: seed k of the vmapped step gets seed k's single step."""
+  """tools/probes/vmap_seeds_probe.py: seed k of the vmapped step gets seed k's single step."""
   spec = importlib.util.spec_from_file_location(
-    "vmap_seeds_probe", pathlib.Path(__file__).parent.parent / "scripts" / "vmap_seeds_probe.py"
+    "vmap_seeds_probe",
+    pathlib.Path(__file__).parent.parent / "tools" / "probes" / "vmap_seeds_probe.py",
   )
   probe = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(probe)

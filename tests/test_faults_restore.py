@@ -17,7 +17,7 @@ import pytest
 from test_train import _env, _main_cmd, _rows
 
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import loop
+from bert_jax import files, loop
 
 
 def _run(workdir, data_dir, steps, fsize=None):
@@ -229,19 +229,19 @@ def test_failed_metrics_append_leaves_no_partial_row(tmp_path, file_size_limit):
 
 def test_atomic_writes_keep_the_old_file(tmp_path, file_size_limit):
   path = tmp_path / "config.json"
-  ckpt_lib.write_atomic(str(path), "old")
+  files.write_atomic(str(path), "old")
   src = tmp_path / "src"
   src.mkdir()
   (src / "vocab.txt").write_text("y" * 1000)
   file_size_limit(100)
   with pytest.raises(OSError, match=f"^cannot write {path}: File too large$"):
-    ckpt_lib.write_atomic(str(path), "x" * 1000)
+    files.write_atomic(str(path), "x" * 1000)
   assert path.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["config.json", "src"]
 
   (tmp_path / "tokenizer.tmp").mkdir()  # left by a killed copy
   with pytest.raises(OSError, match=f"^cannot copy {src} to {tmp_path}/tokenizer: "):
-    ckpt_lib.copytree_atomic(str(src), str(tmp_path / "tokenizer"))
+    files.copytree_atomic(str(src), str(tmp_path / "tokenizer"))
   assert sorted(os.listdir(tmp_path)) == ["config.json", "src"]
   file_size_limit(resource.RLIM_INFINITY)
-  ckpt_lib.copytree_atomic(str(src), str(tmp_path / "tokenizer"))
+  files.copytree_atomic(str(src), str(tmp_path / "tokenizer"))
   assert (tmp_path / "tokenizer" / "vocab.txt").read_text() == "y" * 1000

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_finetune import _sentences, _splits, finetune_config, tiny_config
 
-from bert_jax import finetune, interop, optim
+from bert_jax import finetune, hf_io, loader, optim
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax.tasks import batches, encode, features
@@ -137,9 +137,9 @@ def test_tagger_learns_on_frozen_features_computed_once(tmp_path, monkeypatch):
   assert set(head) == {"head"} and head["head"]["scalar_mix"]["gamma"].shape == ()
   mix = head["head"]["scalar_mix"]
   assert np.abs(mix["weights"]).max() > 1e-4 and abs(float(mix["gamma"]) - 1.0) > 1e-4
-  assert not os.path.exists(best / interop.PARAMS_FILE)
+  assert not os.path.exists(best / hf_io.PARAMS_FILE)
   with pytest.raises(ValueError, match="feature-based head .* has no HuggingFace form") as e:
-    interop.convert(str(best), str(tmp_path / "hf"), "auto")
+    loader.convert(str(best), str(tmp_path / "hf"), "auto")
   assert "\n" not in str(e.value)
   assert json.load(open(wd / "results.json"))["config"]["features"]["all_layers"] is True
 

@@ -16,7 +16,7 @@ import pytest
 from test_faults_restore import _truncate_largest
 from test_train import ROOT, _env, _main_cmd
 
-from bert_jax import api, loop, preemption, train
+from bert_jax import api, files, loop, preemption, train
 from bert_jax import checkpoints as ckpt_lib
 
 
@@ -154,8 +154,8 @@ def test_lock_on_gs_race_has_one_winner(gcs, monkeypatch):
 
 def test_schemes_that_cannot_be_served():
   with pytest.raises(ValueError, match=r"^workdir s4://x/run: the s4:// scheme is not supported"):
-    ckpt_lib.as_path("s4://x/run", "workdir")
-  assert str(ckpt_lib.as_path("rel/dir")) == os.path.abspath("rel/dir")
+    files.as_path("s4://x/run", "workdir")
+  assert str(files.as_path("rel/dir")) == os.path.abspath("rel/dir")
 
 
 def test_gs_without_its_packages_is_one_line():
@@ -167,7 +167,7 @@ def test_gs_without_its_packages_is_one_line():
   except ImportError:
     pass
   with pytest.raises(ImportError, match=r"^--workdir gs://b/run: gs:// needs .*\(pip install"):
-    ckpt_lib.as_path("gs://b/run", "--workdir")
+    files.as_path("gs://b/run", "--workdir")
 
 
 def test_data_on_an_object_store_is_refused():

@@ -1,5 +1,6 @@
 """bert_jax.tasks.metrics: hand-checked values, and parity with seqeval / sklearn / scipy through
-the fixtures of scripts/make_metric_fixtures.py (no reference package needed at test time)."""
+the fixtures of tests/fixtures/make_metric_fixtures.py (no reference package needed at test
+time); the task kinds' default metrics."""
 
 import importlib.util
 import json
@@ -8,10 +9,10 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax.tasks import metrics
+from bert_jax.tasks import kinds, metrics
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "metrics")
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "make_metric_fixtures.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "fixtures", "make_metric_fixtures.py")
 
 
 def _cases(name):
@@ -98,7 +99,7 @@ def test_brown_pos_tags_are_not_bio(shared_data):
   tags = _fixture_script().read_tags(str(shared_data / "tasks" / "brown_pos" / "dev.jsonl.gz"))
   labels = {t for seq in tags for t in seq}
   assert len(labels) > 20 and not metrics.is_bio(labels)
-  assert metrics.default_metrics("tagging", sorted(labels)) == ("token_accuracy",)
+  assert kinds.default_metrics("tagging", sorted(labels)) == ("token_accuracy",)
 
 
 def test_classification_fixtures_equal_sklearn():
@@ -125,12 +126,12 @@ def test_compute_and_defaults():
   assert tags == pytest.approx(
     {"entity_f1": 2 / 3, "entity_precision": 1.0, "entity_recall": 0.5, "token_accuracy": 0.5}
   )
-  assert metrics.default_metrics("classification") == ("accuracy",)
-  assert metrics.default_metrics("regression") == ("pearson", "spearman")
+  assert kinds.default_metrics("classification") == ("accuracy",)
+  assert kinds.default_metrics("regression") == ("pearson", "spearman")
   bio = ["B-PER", "I-PER", "O", "B-creative-work", "I-creative-work"]
-  assert metrics.default_metrics("tagging", bio) == ("entity_f1", "token_accuracy")
+  assert kinds.default_metrics("tagging", bio) == ("entity_f1", "token_accuracy")
   # Brown POS tags (IN, NN, ...) are not BIO: token accuracy only.
-  assert metrics.default_metrics("tagging", ["IN", "NN", "B", "I-"]) == ("token_accuracy",)
+  assert kinds.default_metrics("tagging", ["IN", "NN", "B", "I-"]) == ("token_accuracy",)
   assert not metrics.is_bio(["O"])
 
 
@@ -157,7 +158,7 @@ def test_errors():
   with pytest.raises(ValueError, match="unknown metric 'bleu'"):
     metrics.compute(["bleu"], [1], [1])
   with pytest.raises(ValueError, match="no default metrics for task kind 'span'"):
-    metrics.default_metrics("span")
+    kinds.default_metrics("span")
   with pytest.raises(ValueError, match="seed row 1 has metrics"):
     metrics.summarize_seeds([{"a": 1.0}, {"b": 1.0}])
   with pytest.raises(ValueError, match="no word has a gold tag"):

@@ -41,7 +41,7 @@ import ml_collections
 import numpy as np
 from jax import Array
 
-from bert_jax import input_pipeline, interop
+from bert_jax import files, hf_io, input_pipeline, params_tree, trees
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax.tasks import batches
@@ -255,7 +255,8 @@ def add_features(
     init = model_lib.BertModel(cfg).init(jax.random.key(config.seed), ids, ids, ids)
     bert_params = nn.meta.unbox(init["params"])
   params = jax.device_put(
-    interop.to_layout(interop._unbox_to_numpy(bert_params), cfg.scan_layers), sh.replicated(mesh)
+    params_tree.to_layout(params_tree.unbox_to_numpy(bert_params), cfg.scan_layers),
+    sh.replicated(mesh),
   )
   batch_sh = sh.batch_sharding(mesh)
   with sh.mesh_context(mesh, rules):
@@ -314,15 +315,15 @@ def save_head(
   }
   # np.array, not ascontiguousarray: that makes gamma's 0-d array 1-d.
   flat = {
-    k: np.array(v, order="C") for k, v in interop.flatten(interop._unbox_to_numpy(params)).items()
+    k: np.array(v, order="C") for k, v in trees.flatten(params_tree.unbox_to_numpy(params)).items()
   }
-  with interop._AtomicDir(path, True) as tmp:
+  with files.AtomicDir(path, True) as tmp:
     save_file(flat, str(tmp / HEAD_FILE), metadata={"format": "bert_jax_feature_head"})
-    (tmp / interop.TASK_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    (tmp / hf_io.TASK_FILE).write_text(json.dumps(info, indent=2) + "\n")
     cfg_json = json.dumps(dataclasses.asdict(cfg), indent=2, sort_keys=True) + "\n"
     (tmp / ENCODER_CONFIG).write_text(cfg_json)
     if tokenizer is not None:
-      tokenizer.save(tmp / interop.TOKENIZER_DIR)
+      tokenizer.save(tmp / hf_io.TOKENIZER_DIR)
 
 
 def load_head(path: str) -> tuple[dict[str, Any], Any]:
@@ -332,9 +333,9 @@ def load_head(path: str) -> tuple[dict[str, Any], Any]:
   p = pathlib.Path(path)
   if not (p / HEAD_FILE).is_file():
     raise FileNotFoundError(f"{p}: not a feature head dir (no {HEAD_FILE})")
-  with open(p / interop.TASK_FILE) as fh:
+  with open(p / hf_io.TASK_FILE) as fh:
     info = json.load(fh)
-  return info, interop.unflatten(load_file(str(p / HEAD_FILE)))
+  return info, trees.unflatten(load_file(str(p / HEAD_FILE)))
 
 
 def is_head_dir(path: str) -> bool:

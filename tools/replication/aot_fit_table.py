@@ -1,6 +1,6 @@
 r"""Whether every experiment point fits a TPU slice at paper scale: one AOT compile per point.
 
-  nice -n 10 python scripts/aot_fit_table.py --out=docs/aot_fit.md \
+  nice -n 10 python tools/replication/aot_fit_table.py --out=docs/aot_fit.md \
       [--topologies=v5e-16,v4-32,v6e-8] [--only=table5_pretraining_tasks] [--unrolled] \
       [--rows=ROWS.json]   # keep the raw rows (after every compile); --from_rows=ROWS.json
                            # re-renders them; a rerun with --rows reuses the rows there
@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOPOLOGIES = ("v5e-16", "v4-32", "v6e-8")
 GiB = 1024**3
 
@@ -265,7 +265,7 @@ def main(argv: list[str]) -> int:
     rows, seconds, command = saved["rows"], saved["seconds"], saved["command"]
   else:
     args = [a for a in argv if not a.startswith("--rows=")]
-    command = " ".join(["nice -n 10 python scripts/aot_fit_table.py", *args])
+    command = " ".join(["nice -n 10 python tools/replication/aot_fit_table.py", *args])
 
     def save(rows: list[dict[str, Any]]) -> None:
       if opts["rows"]:

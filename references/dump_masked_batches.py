@@ -1,7 +1,7 @@
 """Dumps masked pretraining batches (as bert_jax's trainer makes them) for
-scripts/hf_reference_mlm.py: the 3,200-batch comparison with HuggingFace in docs/history.md.
+references/hf_reference_mlm.py: the 3,200-batch comparison with HuggingFace in docs/history.md.
 
-  python scripts/dump_masked_batches.py --data_dir=WORKDIR/data   # e.g. of configs/local.py
+  python references/dump_masked_batches.py --data_dir=WORKDIR/data --out=DIR  # e.g. local.py's
 """
 
 import argparse
@@ -15,7 +15,7 @@ from bert_jax import tokenizer as tl
 
 p = argparse.ArgumentParser()
 p.add_argument("--data_dir", required=True)
-p.add_argument("--out", default="/tmp")
+p.add_argument("--out", required=True, help="where batches_{train,eval}.npz go")
 p.add_argument("--steps", type=int, default=3200)
 p.add_argument("--batch", type=int, default=8)
 p.add_argument("--max_predictions", type=int, default=10)

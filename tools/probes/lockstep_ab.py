@@ -2,11 +2,11 @@
 worker processes take turns (`bert_jax.benchmark.lockstep.lockstep_rounds`, one untimed settle
 step per turn), so the host's drift falls on both sides alike. E.g. the kernels A/B:
 
-  python scripts/lockstep_ab.py --layers=4 --rounds=6 --b='V_kernels=xla'
+  python tools/probes/lockstep_ab.py --layers=4 --rounds=6 --b='V_kernels=xla'
 
 or an environment A/B (malloc tunables, XLA flags):
 
-  python scripts/lockstep_ab.py --layers=4 --rounds=6 \
+  python tools/probes/lockstep_ab.py --layers=4 --rounds=6 \
       --a='GLIBC_TUNABLES=glibc.malloc.hugetlb=1' \
       --b='GLIBC_TUNABLES=glibc.malloc.hugetlb=1;XLA_FLAGS=--xla_cpu_scheduler_type=...'
 

@@ -3,13 +3,13 @@
 # the 62 MB corpus built once (sentence pairs and packed sequences), then one sweep per
 # experiment (pretraining, fine-tuning on the downstream suite with 3 seeds, the report).
 #
-#   bash scripts/replicate_cpu.sh [CORPUS] [DATA_DIR] [ROOT]
+#   bash tools/replication/replicate_cpu.sh [CORPUS] [DATA_DIR] [ROOT]
 #
 # Defaults: ../shared/data/corpus/pretrain_corpus.txt.gz, /tmp/bert_jax_data, /tmp/bert_jax_repl.
 # Rerunning after a kill (or exit 75) resumes: finished points and seeds are skipped, the
 # interrupted run restarts from its checkpoint. About 2 hours on 2 CPU cores.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 CORPUS="${1:-../shared/data/corpus/pretrain_corpus.txt.gz}"
 DATA="${2:-/tmp/bert_jax_data}"
 ROOT="${3:-/tmp/bert_jax_repl}"

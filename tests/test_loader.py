@@ -1,7 +1,7 @@
 """The one checkpoint loader: a trained run exported to HuggingFace and back, HuggingFace
 models in the notebook API, continued pretraining from HuggingFace weights, and one-line errors.
 
-Golden fixture tests/fixtures/hf/roundtrip/ (scripts/make_hf_fixtures.py): a short run of the
+Golden fixture tests/fixtures/hf/roundtrip/ (tests/fixtures/make_hf_fixtures.py): a short run of the
 bundled default exported by `convert`, with transformers' fill-mask top-5, corpus token ids
 (digest), hidden states and MLM+NSP loss on the trainer's first batch. Without torch the tests
 compare against it; with torch + transformers importable they also run transformers live.
@@ -22,12 +22,14 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import bert_jax
-from bert_jax import interop, train
+from bert_jax import hf_io, loader, params_tree, tokenizer_files, train
 from bert_jax import model as model_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "hf" / "roundtrip"
-_spec = importlib.util.spec_from_file_location("hf_fixtures", REPO / "scripts/make_hf_fixtures.py")
+_spec = importlib.util.spec_from_file_location(
+  "hf_fixtures", REPO / "tests/fixtures/make_hf_fixtures.py"
+)
 mk = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mk)
 LIVE = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
@@ -116,8 +118,9 @@ def test_round_trip_workdir_to_hf(workdir, tmp_path):
   ours = bert_jax.load(workdir)
   back = bert_jax.load(hf)
   assert (ours.format, back.format, back.step) == ("workdir", "hf", None)
-  # The tokenizer files are what interop writes for the run's tokenizer, and read back equal.
-  _same_files(hf, interop.hf_tokenizer_files(ours.tokenizer, ours.config))
+  # The tokenizer files are what tokenizer_files writes for the run's tokenizer, and read back
+  # equal.
+  _same_files(hf, tokenizer_files.hf_tokenizer_files(ours.tokenizer, ours.config))
   assert back.tokenizer.fingerprint == ours.tokenizer.fingerprint
   digest = _digest(ours.tokenizer)
   assert _digest(back.tokenizer) == digest
@@ -145,26 +148,26 @@ def test_round_trip_workdir_to_hf(workdir, tmp_path):
 
 
 def test_exported_tokenizer_matches_transformers_fixture(tmp_path):
-  """The fixture's tokenizer files are what interop writes today, and transformers' ids on
+  """The fixture's tokenizer files are what tokenizer_files writes today, and transformers' ids on
   every corpus line (recorded) equal ours."""
   ref, _ = _reference()
-  tok = interop.load_hf_tokenizer(FIXTURE)
-  _same_files(FIXTURE, interop.hf_tokenizer_files(tok, interop.read_config(FIXTURE)[1]))
+  tok = tokenizer_files.load_hf_tokenizer(FIXTURE)
+  _same_files(FIXTURE, tokenizer_files.hf_tokenizer_files(tok, loader.read_config(FIXTURE)[1]))
   assert ref["tokenizer_class"] == "BertTokenizerFast"
   assert not any(ref["loading_info"].values())
   assert _digest(tok) == ref["ids_digest"]
   # A dir with tokenizer.json but no vocab.txt gives the same tokenizer.
   shutil.copytree(FIXTURE, tmp_path / "no_vocab")
   (tmp_path / "no_vocab" / "vocab.txt").unlink()
-  assert interop.load_hf_tokenizer(tmp_path / "no_vocab").fingerprint == tok.fingerprint
+  assert tokenizer_files.load_hf_tokenizer(tmp_path / "no_vocab").fingerprint == tok.fingerprint
   # Without tokenizer_config.json (Google's releases), casing follows the vocab's letters.
   google = tmp_path / "google"
   google.mkdir()
   shutil.copy(FIXTURE / "vocab.txt", google / "vocab.txt")
-  assert interop.load_hf_tokenizer(google).lowercase
+  assert tokenizer_files.load_hf_tokenizer(google).lowercase
   vocab = (google / "vocab.txt").read_text()
   (google / "vocab.txt").write_text(vocab.replace("\nalice\n", "\nAlice\n"))
-  assert not interop.load_hf_tokenizer(google).lowercase
+  assert not tokenizer_files.load_hf_tokenizer(google).lowercase
 
 
 # --- Must show 2: a HuggingFace dir in the notebook API --------------------------------------
@@ -236,7 +239,7 @@ def test_init_from_bert_model_gets_fresh_heads(nsp_data, tmp_path, capsys):
     runs[name] = bert_jax.load(tmp_path / name).params
   out = capsys.readouterr().out
   assert out.count("has no MLM/NSP heads (a BertModel): they start fresh") == 1
-  want = interop.load_checkpoint(src).params  # BertModel tree
+  want = loader.load_checkpoint(src).params  # BertModel tree
   got, scratch = runs["init"], runs["scratch"]
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, got["bert"]), want)
   for head in ("predictions", "seq_relationship"):
@@ -252,24 +255,24 @@ def test_init_from_bert_model_gets_fresh_heads(nsp_data, tmp_path, capsys):
 
 
 def test_every_format_loads_the_same_weights(workdir, tmp_path):
-  ref = interop.load_checkpoint(workdir)
+  ref = loader.load_checkpoint(workdir)
   assert ref.format == "workdir" and ref.has_heads and ref.step == 100
-  earlier = interop.load_checkpoint(workdir, step=75)  # keep=2: steps 75 and 100
+  earlier = loader.load_checkpoint(workdir, step=75)  # keep=2: steps 75 and 100
   assert earlier.step == 75 and earlier.tokenizer.fingerprint == ref.tokenizer.fingerprint
   kernel = lambda ck: ck.params["bert"]["encoder"]["layer_0"]["query"]["kernel"]
   assert np.abs(kernel(earlier) - kernel(ref)).max() > 1e-4
   step_dir = workdir / "checkpoints" / "100"
   # Names never decide the format: a workdir called "hf", a HuggingFace dir called "100".
   shutil.copytree(workdir, tmp_path / "hf")
-  interop.convert(workdir, tmp_path / "100")
-  interop.convert(tmp_path / "100", tmp_path / "params", "bert_jax", scan_layers=True)
+  loader.convert(workdir, tmp_path / "100")
+  loader.convert(tmp_path / "100", tmp_path / "params", "bert_jax", scan_layers=True)
   for path, fmt in [
     (step_dir, "orbax"),
     (tmp_path / "hf", "workdir"),
     (tmp_path / "100", "hf"),
     (tmp_path / "params", "bert_jax"),
   ]:
-    ck = interop.load_checkpoint(path, scan_layers=False)
+    ck = loader.load_checkpoint(path, scan_layers=False)
     assert ck.format == fmt, path
     assert ck.tokenizer.fingerprint == ref.tokenizer.fingerprint, path
     jax.tree.map(np.testing.assert_array_equal, ck.params, ref.params)
@@ -282,7 +285,7 @@ def test_every_format_loads_the_same_weights(workdir, tmp_path):
     model_lib.abstract_params(cfg),
   )
   for path in (workdir, tmp_path / "100"):
-    ck = interop.load_checkpoint(path, target=target)
+    ck = loader.load_checkpoint(path, target=target)
     kernel = ck.params["bert"]["encoder"]["layers"]["layer"]["query"]["kernel"]
     assert kernel.dtype == jax.numpy.bfloat16 and kernel.devices() == {device}
     want = ref.params["bert"]["encoder"]["layer_1"]["query"]["kernel"]
@@ -290,7 +293,7 @@ def test_every_format_loads_the_same_weights(workdir, tmp_path):
   # A BertModel target (fine-tuning) drops the heads.
   body = model_lib.abstract_params(ref.config, pretraining=False)
   body = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), body)
-  assert set(interop.load_checkpoint(tmp_path / "100", target=body).params) == {
+  assert set(loader.load_checkpoint(tmp_path / "100", target=body).params) == {
     "embeddings",
     "encoder",
     "pooler",
@@ -306,7 +309,7 @@ def test_every_format_loads_the_same_weights(workdir, tmp_path):
 def test_fine_tuning_target_gets_the_encoder(workdir):
   """A fine-tuning target ({"bert", "head"}) from a pretraining workdir or HF dir: the encoder
   on the target's device and layout, no head (the caller's fresh head stays)."""
-  ref = interop.load_checkpoint(workdir)
+  ref = loader.load_checkpoint(workdir)
   cfg = dataclasses.replace(ref.config, scan_layers=True)
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[2])
   head = {"classifier": {"kernel": np.zeros((cfg.hidden_size, 3)), "bias": np.zeros(3)}}
@@ -314,11 +317,11 @@ def test_fine_tuning_target_gets_the_encoder(workdir):
   target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), target)
   got = {}
   for path in (workdir, FIXTURE):
-    got[path] = interop.load_checkpoint(path, target=target).params
+    got[path] = loader.load_checkpoint(path, target=target).params
     assert set(got[path]) == {"bert"}, path
     kernel = got[path]["bert"]["encoder"]["layers"]["layer"]["query"]["kernel"]
     assert kernel.devices() == {jax.devices()[2]}
-  want = interop.stack_layers(ref.params)["bert"]
+  want = params_tree.stack_layers(ref.params)["bert"]
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, got[workdir]["bert"]), want)
 
 
@@ -337,9 +340,9 @@ def test_sharded_hf_checkpoint(tmp_path):
     save_file({k: sd[k] for k in keys}, str(d / shard), metadata={"format": "pt"})
   weight_map = {k: shard for shard, keys in shards.items() for k in keys}
   (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-  got = interop.load_checkpoint(d)
+  got = loader.load_checkpoint(d)
   assert got.format == "hf"
-  jax.tree.map(np.testing.assert_array_equal, got.params, interop.load_checkpoint(FIXTURE).params)
+  jax.tree.map(np.testing.assert_array_equal, got.params, loader.load_checkpoint(FIXTURE).params)
 
 
 @pytest.fixture(scope="module")
@@ -370,7 +373,7 @@ def test_sentencepiece_export(sentencepiece, tmp_path):
     model_lib.abstract_params(cfg),
   )
   uni = sentencepiece["unigram"]
-  interop.save_hf(tmp_path / "hf", cfg, params, tokenizer=uni)
+  hf_io.save_hf(tmp_path / "hf", cfg, params, tokenizer=uni)
   assert sorted(os.listdir(tmp_path / "hf")) == sorted(
     ["config.json", "model.safetensors", "spm.model", "special_tokens_map.json"]
     + ["tokenizer.json", "tokenizer_config.json"]
@@ -382,7 +385,7 @@ def test_sentencepiece_export(sentencepiece, tmp_path):
   back = bert_jax.load(tmp_path / "hf")
   assert back.tokenizer.fingerprint == uni.fingerprint
   with pytest.raises(ValueError) as e:
-    interop.save_hf(tmp_path / "bpe", cfg, params, tokenizer=sentencepiece["bpe"])
+    hf_io.save_hf(tmp_path / "bpe", cfg, params, tokenizer=sentencepiece["bpe"])
   _one_line(e, "only a unigram SentencePiece model exports", "BPE", "--tokenizer=false")
   assert not (tmp_path / "bpe").exists()
   if LIVE:
@@ -417,7 +420,7 @@ def test_one_line_errors(workdir, tmp_path):
     bert_jax.load(FIXTURE, step=7)
   _one_line(e, "step=7", "hf checkpoint has no steps")
   # init_from another architecture, named before any weights are read.
-  cfg = dataclasses.replace(interop.read_config(FIXTURE)[1], num_layers=3, hidden_size=48)
+  cfg = dataclasses.replace(loader.read_config(FIXTURE)[1], num_layers=3, hidden_size=48)
   with pytest.raises(ValueError) as e:
     train.restore_init_from(str(FIXTURE), cfg, model_lib.abstract_params(cfg))
   _one_line(e, "another architecture", "num_layers=2 (checkpoint) vs 3", "hidden_size=32")

@@ -3,7 +3,7 @@ r"""A regression task from real text: each Brown corpus sentence scored by its n
 tags), in STS-B's spirit of a real-valued target. Fine-tuned as `custom` with
 `--config.task.kind=regression`:
 
-  python scripts/make_regression_task.py --data_root=../shared/data/tasks --output=/tmp/nouns
+  python tools/tasks/make_regression_task.py --data_root=../shared/data/tasks --output=/tmp/nouns
   python -m bert_jax.finetune --config=configs/finetune.py:custom,seeds=3 \
       --config.task.kind=regression --config.task.train=/tmp/nouns/train.jsonl.gz \
       --config.task.dev=/tmp/nouns/dev.jsonl.gz --config.task.test=/tmp/nouns/test.jsonl.gz \

@@ -5,7 +5,7 @@ config, model and batch), the two taking turns so that host drift hits both alik
 The engine runs seeds one after another. This probe is the measurement that decides whether a
 vmapped multi-seed step would pay on a backend: run it there first.
 
-  python scripts/vmap_seeds_probe.py --size=tiny --seeds=4 --batch=8 --dtype=float32
+  python tools/probes/vmap_seeds_probe.py --size=tiny --seeds=4 --batch=8 --dtype=float32
 
 Prints one JSON line: the median time of S single steps, of one vmapped step, and their ratio
 (above 1: the vmapped step is faster).

@@ -2,7 +2,7 @@ r"""The first N questions of each squadshifts domain, as SQuAD v1.1 JSON files i
 layout (`DIR/squadshifts/{domain}_v1.0.json.gz`), for span-QA runs that fit a small machine
 while still training on three domains:
 
-  python scripts/make_squad_subset.py --data_root=../shared/data/tasks --output=/tmp/sq \
+  python tools/tasks/make_squad_subset.py --data_root=../shared/data/tasks --output=/tmp/sq \
       --train_questions=400 --eval_questions=600
   python -m bert_jax.finetune --config=configs/finetune.py:squadshifts,seeds=3,data_root=/tmp/sq \
       --config.init=CKPT --workdir=/tmp/ft_squad

@@ -1,23 +1,29 @@
 """HuggingFace PyTorch BertForPreTraining (BERT-tiny size, AdamW 1e-3, 10% warmup, linear
-decay, clip 1.0) trained on the batches of scripts/dump_masked_batches.py; prints held-out MLM
+decay, clip 1.0) trained on the batches of references/dump_masked_batches.py; prints held-out MLM
 accuracy and accuracy at [MASK]. Needs torch + transformers (setup.py extra `peers`).
 
-  python scripts/hf_reference_mlm.py 1e-3 4096   # lr, vocab size ([MASK] id 4)
+  python references/hf_reference_mlm.py --batches=DIR --lr=1e-3 --vocab_size=4096  # [MASK]: id 4
 """
 
-import sys
+import argparse
+import os
 
 import numpy as np
 import torch
 from transformers import BertConfig, BertForPreTraining
 
+ap = argparse.ArgumentParser()
+ap.add_argument("--batches", required=True, help="dump_masked_batches.py's --out directory")
+ap.add_argument("--lr", type=float, default=1e-3)
+ap.add_argument("--vocab_size", type=int, default=4096)
+a = ap.parse_args()
 torch.manual_seed(0)
 torch.set_num_threads(2)
-tr = np.load("/tmp/batches_train.npz")
-ev = np.load("/tmp/batches_eval.npz")
-lr = float(sys.argv[1]) if len(sys.argv) > 1 else 1e-3
+tr = np.load(os.path.join(a.batches, "batches_train.npz"))
+ev = np.load(os.path.join(a.batches, "batches_eval.npz"))
+lr = a.lr
 cfg = BertConfig(
-  vocab_size=int(sys.argv[2]) if len(sys.argv) > 2 else 4096,
+  vocab_size=a.vocab_size,
   hidden_size=128,
   num_hidden_layers=2,
   num_attention_heads=2,

@@ -1,8 +1,8 @@
-r"""A 4-way multiple-choice task from real data (issue #19 must-show 3): given a squadshifts
-question, choose the sentence of its article that contains the answer, among 4 sentences of that
-article. Fine-tuned as `custom` with `--config.task.kind=multiple_choice`:
+r"""A 4-way multiple-choice task from real data: given a squadshifts question, choose the
+sentence of its article that contains the answer, among 4 sentences of that article. Fine-tuned
+as `custom` with `--config.task.kind=multiple_choice`:
 
-  python scripts/make_mc_task.py --data_root=../shared/data/tasks --output=/tmp/sent_mc
+  python tools/tasks/make_mc_task.py --data_root=../shared/data/tasks --output=/tmp/sent_mc
   python -m bert_jax.finetune --config=configs/finetune.py:custom,seeds=3 \
       --config.task.name=squad_sentence_mc --config.task.kind=multiple_choice \
       --config.task.text_fields='("question", "choices")' \
