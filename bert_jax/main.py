@@ -76,7 +76,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-  cli.run(main, "main")
+  cli.run(main, "main", compilation_cache=True)
 
 
 if __name__ == "__main__":
