@@ -33,6 +33,8 @@ from typing import NoReturn
 from absl import app, flags
 from ml_collections.config_flags import config_flags
 
+from bert_jax import compile_cache
+
 # Errors whose message is all a user needs; anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, OSError, ImportError, FloatingPointError)
 
@@ -129,11 +131,15 @@ def _flags_parser(prog: str) -> Callable[[list[str]], list[str]]:
   return parse
 
 
-def run(main: Callable[[list[str]], None], prog: str) -> None:
-  """`app.run(main)` with one-line errors (see the module docstring)."""
+def run(main: Callable[[list[str]], None], prog: str, compilation_cache: bool = False) -> None:
+  """`app.run(main)` with one-line errors (see the module docstring); with `compilation_cache`,
+  a `--compilation_cache_dir` flag and JAX's persistent compilation cache (`compile_cache`)."""
+  cache_dir = compile_cache.define_flag() if compilation_cache else None
 
   def guarded(argv: list[str]) -> None:
     try:
+      if cache_dir is not None:
+        compile_cache.enable(cache_dir.value)
       main(argv)
     except BrokenPipeError:
       _closed_pipe()

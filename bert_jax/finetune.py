@@ -703,7 +703,7 @@ def run() -> None:
     if result.get("preempted"):
       sys.exit(preemption_lib.EXIT_PREEMPTED)
 
-  cli.run(main, "finetune")
+  cli.run(main, "finetune", compilation_cache=True)
 
 
 if __name__ == "__main__":

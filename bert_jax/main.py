@@ -95,7 +95,7 @@ def show_fill_mask(workdir: str, texts: list[str], top_k: int = 3) -> None:
 
 
 def run() -> None:
-  cli.run(main, "main")
+  cli.run(main, "main", compilation_cache=True)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,17 @@ def time_calls(fn: Callable[[], Any], reps: int, warmup: int = 1) -> list[float]
   return times
 
 
+def per_step_reps(run_n: Callable[[int], Any], steps: int, reps: int) -> list[float]:
+  """Seconds per step of each of `reps` back-to-back runs of `steps` steps (`run_n(steps)` must
+  wait for its last step only): an accelerator's steps queue up as they do in training."""
+  out = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    run_n(steps)
+    out.append((time.perf_counter() - t0) / steps)
+  return out
+
+
 def matmul_peak_gflops(dtype: str, n: int = 2048, reps: int = 7) -> float:
   """Best GFLOP/s over `reps` n x n x n matmuls in `dtype` (bf16 operands accumulate in f32,
   as the model's matmuls do), measured in this process. The best, not the median: a peak is

@@ -19,7 +19,7 @@ import statistics
 from absl import flags
 
 from bert_jax import cli
-from bert_jax.benchmark import lockstep, step, suite
+from bert_jax.benchmark import lockstep, measure, suite
 
 flags.DEFINE_string("size", "base", "Model size.")
 flags.DEFINE_integer("layers", 4, "num_layers of both sides (0: the size's own).")
@@ -55,7 +55,7 @@ def main(argv: list[str]) -> None:
         variant = {"num_layers": FLAGS.layers, **variant}
       spec = dict(size=FLAGS.size, seq=FLAGS.seq, batch=FLAGS.batch, dtype="float32", steps=0)
       spec.update(warmup=1, variant=variant, serve=True, peak=False)
-      workers.append(lockstep.LockstepWorker(name, step.ours_argv(spec), 3600, env=env))
+      workers.append(lockstep.LockstepWorker(name, measure.ours_argv(spec), 3600, env=env))
     got = lockstep.lockstep_rounds(*workers, FLAGS.rounds, FLAGS.turn_s, settle_steps=1)
     recs = [w.finish() for w in workers]
   finally:
