@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU comparison in one command, on a lent device machine or any GPU box whose python3 has
 # jax (CUDA), flax, optax, orbax-checkpoint, torch and transformers (docs/gpu.md):
-#   bash scripts/gpu/fetch_wheels.sh      # once, where pip reaches PyPI: .whl/
-#   bash scripts/gpu/device_run.sh [benchmark flags, e.g. --deadline=300]
+#   bash tools/gpu/fetch_wheels.sh      # once, where pip reaches PyPI: .whl/
+#   bash tools/gpu/device_run.sh [benchmark flags, e.g. --deadline=300]
 # Installs .whl/*.whl into /tmp/site, lets a bare checkout import bert_jax.configs as an install
 # would, and runs `python -m bert_jax.benchmark --gpu`, writing gpu.jsonl, gpu.log and env.txt
 # under $OUT (default ./gpu_out). The benchmark keeps to its --deadline (default 450 s).

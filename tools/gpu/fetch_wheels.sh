@@ -3,7 +3,7 @@
 # for `python -m bert_jax.benchmark --gpu`: the lent device machine's image has jax, flax, optax,
 # orbax-checkpoint, torch and transformers but not these (docs/gpu.md). --no-deps: their own
 # needs (absl-py, etils, cloudpickle, protobuf, numpy, PyYAML, packaging, psutil) are there.
-#   bash scripts/gpu/fetch_wheels.sh    # from the checkout's root; about 4 MB
+#   bash tools/gpu/fetch_wheels.sh    # from the checkout's root; about 4 MB
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PIP="${PIP:-python3 -m pip}"
