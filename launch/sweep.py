@@ -506,18 +506,22 @@ def _not_done(path: str, points: list[Point], root: str, stages: tuple[str, ...]
 def _call_passing_signals(cmd: list[str], env: dict[str, str] | None) -> tuple[int, bool]:
   """Runs `cmd`; SIGTERM/SIGINT/SIGHUP to this script are passed on to it (it saves and
   exits 75) instead of killing it. Returns (exit status, whether this script got a signal)."""
-  proc = subprocess.Popen(cmd, env=env)
+  procs: list[subprocess.Popen] = []
   got: list[int] = []
 
   def forward(signum: int, frame: Any) -> None:
     del frame
     got.append(signum)
-    if proc.poll() is None:
-      proc.send_signal(signum)  # a second copy (a terminal's process group) is harmless
+    if procs and procs[0].poll() is None:
+      procs[0].send_signal(signum)  # a second copy (a terminal's process group) is harmless
 
+  # Installed first: a signal while the command starts is passed on once it has started.
   old = {sig: signal.signal(sig, forward) for sig in preemption.SIGNALS}
   try:
-    rc = proc.wait()
+    procs.append(subprocess.Popen(cmd, env=env))
+    for signum in got:
+      procs[0].send_signal(signum)
+    rc = procs[0].wait()
   finally:
     for sig, handler in old.items():
       signal.signal(sig, handler)
@@ -699,12 +703,22 @@ def _parse(argv: list[str]) -> tuple[str, str, Options]:
   return FLAGS.experiment, FLAGS.root, opts
 
 
+def _stop_between_runs(signum: int, frame: Any) -> None:
+  """SIGTERM/SIGINT/SIGHUP while no run is running (a run gets it passed on instead)."""
+  del frame
+  raise Preempted(f"{signal.Signals(signum).name} between runs: rerun the sweep to resume")
+
+
 def main(argv: list[str]) -> int:
+  old = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
   try:
     experiment, root, opts = _parse(argv)
     if opts.backend != "local":
       launch(experiment, root, opts)
       return 0
+    # A scheduler signals every process of a point (this one too), at any moment.
+    for sig in preemption.SIGNALS:
+      signal.signal(sig, _stop_between_runs)
     failed = run(
       experiment,
       root,
@@ -726,6 +740,9 @@ def main(argv: list[str]) -> int:
   except subprocess.CalledProcessError as e:
     print(f"error: {_quote([str(c) for c in e.cmd])} exited {e.returncode}", file=sys.stderr)
     return 1
+  finally:
+    for sig, handler in old.items():
+      signal.signal(sig, handler)
   if failed:
     print(f"error: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
     return 1
