@@ -78,13 +78,19 @@ def _submit(cluster, tmp, name, data_dir, *extra):
 
 
 def _wait_for_step(workdir, step, job, cluster, timeout=300):
-  deadline = time.time() + timeout
+  """Blocks until the run in `workdir` has logged `step` (fails if its job ended first)."""
+  deadline, check_job = time.time() + timeout, 0.0
   while time.time() < deadline:
-    if (workdir / "metrics.jsonl").exists() and any(r["step"] >= step for r in _rows(workdir)):
-      return
-    records = cluster.jobs(job)
-    if records and records[0]["JobState"] not in ("PENDING", "RUNNING"):
-      break
+    try:
+      if any(r["step"] >= step for r in _rows(workdir)):
+        return
+    except (FileNotFoundError, ValueError):  # not written yet, or a line being written
+      pass
+    if time.time() > check_job:  # scontrol every 2 s, the metrics file every 0.1 s
+      records = cluster.jobs(job)
+      if records and records[0]["JobState"] not in ("PENDING", "RUNNING"):
+        break
+      check_job = time.time() + 2
     time.sleep(0.1)
   raise AssertionError(f"job {job} did not reach step {step}: {cluster.jobs(job)}")
 
