@@ -557,7 +557,7 @@ def scheduler_sweep(
   """What a scheduler backend (launch/schedulers.py) runs: every point's command, then the
   report, which reports only once every point ran what `opts.stages` asked for."""
   path = split_experiment(experiment)[0]
-  root = os.path.abspath(root)
+  root = root if "://" in root else os.path.abspath(root)
   ran = [s for s in opts.stages if s != "report"]
   report = [
     "launch/sweep.py",
@@ -588,6 +588,11 @@ def launch(experiment: str, root: str, opts: Options) -> None:
   check_overrides(path, points[0].arg, opts.overrides)
   if set(opts.stages) == {"report"}:
     raise ValueError(f"--stages=report runs nothing on --backend={opts.backend}: run it here")
+  if opts.backend == "slurm" and "://" in root:
+    raise ValueError(
+      f"--root={root}: SLURM writes the script and its logs there; give a directory every "
+      "node mounts (a gcsfuse mount of the bucket, NFS, Lustre)"
+    )
   if opts.backend == "tpu_vm":  # every worker of a slice joins the point's one JAX job
     opts = dataclasses.replace(opts, distributed=True)
   sweep = scheduler_sweep(experiment, root, points, opts)

@@ -404,6 +404,8 @@ def test_report_alone_waits_until_every_point_is_done(tmp_path, capsys):
   )
   assert r.returncode == 1
   assert r.stderr.strip() == "error: --stages=report runs nothing on --backend=slurm: run it here"
+  assert sweep.main([f"--experiment={TABLE5}", "--root=gs://b/t5", "--backend=slurm"]) == 1
+  assert "--root=gs://b/t5: SLURM writes the script and its logs there" in capsys.readouterr().err
 
 
 def test_tpu_vm_dry_run_is_one_queued_resource_per_point(capsys, tmp_path):
