@@ -4,7 +4,7 @@
 the job and ends bit-identical to an uninterrupted job; `launch/sweep.py --backend=slurm` runs
 its array, a task of it preempted and requeued, then the report.
 
-One cluster serves the session; the runs are tiny (BERT with hidden size 32, 24 steps, CPU,
+One cluster serves the session; the runs are tiny (BERT with hidden size 32, 30 steps, CPU,
 `--gpus-per-node=0`). Skipped where SLURM or munge is not installed.
 """
 
@@ -22,8 +22,8 @@ from test_train import _params, _rows
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SBATCH = str(REPO / "launch" / "slurm_gpu.sbatch")
-STEPS = 24
-SIGNAL_AT = 3  # the step after which the preempted job gets its SIGTERM
+STEPS = 30
+SIGNAL_AT = 2  # the step after which the preempted job gets its SIGTERM
 
 
 def _flags(workdir, data_dir, steps=STEPS):
@@ -173,7 +173,7 @@ def test_a_failed_job_is_not_requeued(jobs):
 
 # ----------------------------------------------------------------------------- sweep
 
-SWEEP_STEPS = 60
+SWEEP_STEPS = 100
 EXPERIMENT = '''"""Two tiny pretraining points (seeds 0, 1), each fine-tuned on an SST-2 fixture."""
 
 import importlib.util
