@@ -108,12 +108,17 @@ def jobs(slurm_cluster, tiny_data_dir, tmp_path_factory):
     stderr=subprocess.STDOUT,
     text=True,
   )
-  whole = _submit(slurm_cluster, tmp, "whole", tiny_data_dir)
-  cut = _submit(slurm_cluster, tmp, "cut", tiny_data_dir)
-  bad = _submit(slurm_cluster, tmp, "bad", tiny_data_dir, "--config.opt.no_such_key=1")
-  _wait_for_step(cut[1], SIGNAL_AT, cut[0], slurm_cluster)
-  slurm_cluster.run("scancel", "--signal=TERM", "--full", cut[0])
-  out, _ = reference.communicate(timeout=300)
+  try:
+    whole = _submit(slurm_cluster, tmp, "whole", tiny_data_dir)
+    cut = _submit(slurm_cluster, tmp, "cut", tiny_data_dir)
+    bad = _submit(slurm_cluster, tmp, "bad", tiny_data_dir, "--config.opt.no_such_key=1")
+    _wait_for_step(cut[1], SIGNAL_AT, cut[0], slurm_cluster)
+    slurm_cluster.run("scancel", "--signal=TERM", "--full", cut[0])
+    out, _ = reference.communicate(timeout=300)
+  finally:
+    if reference.poll() is None:  # the test failed before it ended
+      reference.kill()
+      reference.communicate()
   assert reference.returncode == 0, out[-3000:]
   runs = {"one": tmp / "one"}
   for name, (job, wd, log) in (("whole", whole), ("cut", cut), ("bad", bad)):
@@ -148,6 +153,7 @@ def test_sigterm_to_the_job_saves_one_step_requeues_and_resumes_exactly(jobs):
   assert len(saved) == 2 and saved[0] == saved[1], out[-3000:]  # both tasks, one step
   step = saved[0]
   assert SIGNAL_AT <= step < STEPS
+  assert "SIGTERM: every task saves a checkpoint and exits 75" in out  # the batch shell's trap
   assert f"Preempted: saved step {step}; rerun the same command to resume" in out
   assert "Exited with exit code 75" in out and "requeued, it resumes" in out
   assert f"Resumed from {wd / 'checkpoints'} at step {step}" in out
