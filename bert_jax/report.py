@@ -1,4 +1,4 @@
-"""Paper-style results tables and plots for a directory of runs (e.g. a sweep's --root).
+r"""Paper-style results tables and plots for a directory of runs (e.g. a sweep's --root).
 
   python -m bert_jax.report --root=/tmp/table5 [--paper=table5|table6|masking|wwm] \
       [--split=test|dev]
@@ -113,12 +113,16 @@ def find_runs(root: str, required: bool = True) -> list[Run]:
     if "metrics.jsonl" not in files:
       continue
     config = {}
-    if os.path.isfile(os.path.join(d, "config.json")):
-      with open(os.path.join(d, "config.json")) as f:
+    path = os.path.join(d, "config.json")
+    if os.path.isfile(path):
+      with open(path) as f:
         try:
-          config = flatten(json.load(f))
+          config = json.load(f)
         except ValueError:
-          raise ValueError(f"{os.path.join(d, 'config.json')}: not valid JSON") from None
+          raise ValueError(f"{path}: not valid JSON") from None
+      if not isinstance(config, dict):
+        raise ValueError(f"{path}: not a run's config (not a JSON object)")
+      config = flatten(config)
     name = os.path.relpath(d, root)
     runs.append(Run(name, config, read_metrics(os.path.join(d, "metrics.jsonl"))))
   if not runs and required:
