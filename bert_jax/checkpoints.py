@@ -368,15 +368,23 @@ def all_steps(path: str | os.PathLike) -> list[int]:
     mngr.close()
 
 
+class WorkdirError(ValueError):
+  """A file every step of a workdir shares (its tokenizer) is wrong: no checkpoint is to blame
+  and an older step would fail alike, so `load_newest` raises it at once."""
+
+
 def load_newest(path: str | os.PathLike, load: Callable[[int], T]) -> T:
   """`load(step)` of the newest step under the workdir `path` that loads. Read-only
   `restore_latest`: each step that fails is named in one warning with the reason and the one
-  before is tried; if none loads, one line names the directory (ValueError)."""
+  before is tried; if none loads, one line names the directory (ValueError). A WorkdirError
+  is raised as it is."""
   steps = sorted(all_steps(path), reverse=True)
   directory = checkpoint_dir(path)
   for step in steps:
     try:
       return load(step)
+    except WorkdirError:
+      raise
     except Exception as e:  # orbax/TensorStore raise many types for missing/corrupt files
       _warn_unreadable(directory, step, e, steps)
   raise ValueError(
@@ -396,12 +404,12 @@ def restore_data_iterator(directory: str, data_iter: Any) -> None:
   index, count = jax.process_index(), jax.process_count()
   own = d / f"process_{index}-of-{count}.json"
   if own.exists():
-    state = json.loads(own.read_text())
+    state = read_json(own)
   else:
     files = sorted(d.glob("process_*-of-*.json"))
     if not files:
       raise ValueError(f"{d} holds no data-iterator state")
-    states = [json.loads(f.read_text()) for f in files]
+    states = [read_json(f) for f in files]
     if any(s != states[0] for s in states):
       raise ValueError(
         f"{d}: the data-iterator states saved by {len(files)} processes differ, so they cannot "
@@ -503,6 +511,31 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise OSError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def read_json(path: str | os.PathLike, keys: tuple[str, ...] = ()) -> dict[str, Any]:
+  """A JSON object this project wrote (config.json, result.json, task.json, ...) read back;
+  an empty, torn or foreign file (not an object, or without `keys`) is one line naming it."""
+  path = os.fspath(path)
+  try:
+    text = epath.Path(path).read_text()
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{path}: no such file") from None
+  except UnicodeDecodeError:
+    raise ValueError(f"{path}: not a JSON file (not UTF-8 text)") from None
+  if not text.strip():
+    raise ValueError(f"{path}: empty file, not JSON")
+  try:
+    data = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+  if not isinstance(data, dict):
+    kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(data))
+    raise ValueError(f"{path}: holds a JSON {kind or 'number'}, not an object")
+  missing = [k for k in keys if k not in data]
+  if missing:
+    raise ValueError(f"{path}: no {', '.join(missing)} (not the file this run wrote)")
+  return data
 
 
 def copytree_atomic(src: str, dst: str | os.PathLike) -> None:
