@@ -41,6 +41,7 @@ import ml_collections
 import numpy as np
 from jax import Array
 
+from bert_jax import checkpoints as ckpt_lib
 from bert_jax import input_pipeline, interop
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
@@ -332,8 +333,7 @@ def load_head(path: str) -> tuple[dict[str, Any], Any]:
   p = pathlib.Path(path)
   if not (p / HEAD_FILE).is_file():
     raise FileNotFoundError(f"{p}: not a feature head dir (no {HEAD_FILE})")
-  with open(p / interop.TASK_FILE) as fh:
-    info = json.load(fh)
+  info = ckpt_lib.read_json(p / interop.TASK_FILE)
   return info, interop.unflatten(load_file(str(p / HEAD_FILE)))
 
 
