@@ -308,15 +308,23 @@ def all_steps(path: str | os.PathLike) -> list[int]:
     mngr.close()
 
 
+class WorkdirError(ValueError):
+  """A file every step of a workdir shares (its tokenizer) is wrong: no checkpoint is to blame
+  and an older step would fail alike, so `load_newest` raises it at once."""
+
+
 def load_newest(path: str | os.PathLike, load: Callable[[int], T]) -> T:
   """`load(step)` of the newest step under the workdir `path` that loads. Read-only
   `restore_latest`: each step that fails is named in one warning with the reason and the one
-  before is tried; if none loads, one line names the directory (ValueError)."""
+  before is tried; if none loads, one line names the directory (ValueError). A WorkdirError
+  is raised as it is."""
   steps = sorted(all_steps(path), reverse=True)
   directory = checkpoint_dir(path)
   for step in steps:
     try:
       return load(step)
+    except WorkdirError:
+      raise
     except Exception as e:  # orbax/TensorStore raise many types for missing/corrupt files
       _warn_unreadable(directory, step, e, steps)
   raise ValueError(
@@ -336,15 +344,15 @@ def restore_data_iterator(directory: str, data_iter: Any) -> None:
   index, count = jax.process_index(), jax.process_count()
   own = d / f"process_{index}-of-{count}.json"
   if own.exists():
-    state = json.loads(own.read_text())
+    state = files.read_json(own)
   else:
-    files = sorted(d.glob("process_*-of-*.json"))
-    if not files:
+    saved = sorted(d.glob("process_*-of-*.json"))
+    if not saved:
       raise ValueError(f"{d} holds no data-iterator state")
-    states = [json.loads(f.read_text()) for f in files]
+    states = [files.read_json(f) for f in saved]
     if any(s != states[0] for s in states):
       raise ValueError(
-        f"{d}: the data-iterator states saved by {len(files)} processes differ, so they cannot "
+        f"{d}: the data-iterator states saved by {len(saved)} processes differ, so they cannot "
         f"be mapped onto {count} processes; resume with the old process count"
       )
     state = states[0]

@@ -178,14 +178,26 @@ class AtomicDir:
       shutil.rmtree(old, ignore_errors=True)
 
 
-def read_json(path: pathlib.Path) -> dict[str, Any]:
-  """A JSON object from a local file; a missing file, bad JSON or another type is one line."""
-  if not path.is_file():
-    raise FileNotFoundError(f"{path}: no such file")
+def read_json(path: str | os.PathLike, keys: tuple[str, ...] = ()) -> dict[str, Any]:
+  """A JSON object this project wrote (config.json, result.json, task.json, ...) read back;
+  an empty, torn or foreign file (not an object, or without `keys`) is one line naming it."""
+  path = os.fspath(path)
   try:
-    data = json.loads(path.read_text())
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{path}: not valid JSON ({e})") from None
+    text = epath.Path(path).read_text()
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{path}: no such file") from None
+  except UnicodeDecodeError:
+    raise ValueError(f"{path}: not a JSON file (not UTF-8 text)") from None
+  if not text.strip():
+    raise ValueError(f"{path}: empty file, not JSON")
+  try:
+    data = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
   if not isinstance(data, dict):
-    raise ValueError(f"{path}: expected a JSON object")
+    kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(data))
+    raise ValueError(f"{path}: holds a JSON {kind or 'number'}, not an object")
+  missing = [k for k in keys if k not in data]
+  if missing:
+    raise ValueError(f"{path}: no {', '.join(missing)} (not the file this run wrote)")
   return data

@@ -168,8 +168,7 @@ def check_config(path: str, config_json: dict, allow_changes: str) -> None:
   """A rerun in the same workdir must be the same config (it resumes that run): a change is
   refused with one line unless `resume_allow_changes` lists it; logging may change."""
   if os.path.exists(path):
-    with open(path) as f:
-      stored = json.load(f)
+    stored = files.read_json(path)  # an empty or torn file: one line naming it
     diffs = {
       k: v
       for k, v in resume.compare({"config": stored}, config_json, {}).items()
@@ -483,6 +482,9 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
     "seeds": seeds,
     "dev": metrics.summarize_seeds([s["dev"] for s in seeds]),
     "test": metrics.summarize_seeds([s["test"] for s in seeds if s["test"]]),
+    # What a model that learned nothing scores (majority class, chance, ...), and the seeds
+    # (by index) whose main metric is at or below it.
+    "baseline": _baseline(task, data, seeds),
     "config": config_json,
   }
   if jax.process_index() == 0:
@@ -491,11 +493,28 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
   for split in ("dev", "test"):
     s = results[split].get(task.main_metric)
     if s:
+      base = results["baseline"]
+      low = base.get("at_or_below", {}).get(split, [])
       loop.console(
         f"{task.name} {split} {task.main_metric}: {s['mean']:.4f} ± {s['std']:.4f} "
-        f"(median {s['median']:.4f}, min {s['min']:.4f}, max {s['max']:.4f}, {s['n']} seeds)"
+        f"(median {s['median']:.4f}, min {s['min']:.4f}, max {s['max']:.4f}, {s['n']} "
+        f"seed{'s' if s['n'] != 1 else ''})"
+        + metrics.baseline_note(base, split, task.main_metric, low, s["n"])
       )
   return {**results, "preempted": False}
+
+
+def _baseline(task: tasks_lib.Task, data: dict, seeds: list[dict]) -> dict[str, Any]:
+  """results.json's baseline (tasks.metrics.baseline) with the seeds at or below it."""
+  from bert_jax.tasks import metrics
+
+  evals = {s: data[s][1].rows for s in ("dev", "test") if data[s] is not None}
+  base = metrics.baseline(task.kind, task.metrics, task.labels, data["train"][1].rows, evals)
+  if base["name"] != "none":
+    base["at_or_below"] = {
+      s: metrics.at_or_below(base, [r[s] for r in seeds], s, task.main_metric) for s in evals
+    }
+  return base
 
 
 def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, rules, preempt):
@@ -503,8 +522,7 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
   seed_dir = os.path.join(workdir, f"seed_{k}")
   done = os.path.join(seed_dir, SEED_RESULT)
   if os.path.exists(done):
-    with open(done) as f:
-      return json.load(f)
+    return files.read_json(done, keys=("dev", "test"))
   os.makedirs(seed_dir, exist_ok=True)
   seed = config.seed + k
   rows = data["train"][1].rows

@@ -109,10 +109,16 @@ def _orbax_tokenizer(meta: dict, directory: str) -> tokenizer_lib.Tokenizer | No
     candidates.append(os.path.join(meta["data_dir"], hf_io.TOKENIZER_DIR))
   for c in candidates:
     if os.path.isdir(c):
-      tok = tokenizer_lib.load_tokenizer(c)
+      try:
+        tok = tokenizer_lib.load_tokenizer(c)
+      except (ValueError, OSError) as e:  # the workdir's tokenizer, not a checkpoint
+        raise ckpt_lib.WorkdirError(f"the run's tokenizer does not load: {e}") from None
       want = meta.get("tokenizer", {}).get("fingerprint")
       if want and tok.fingerprint != want:
-        raise ValueError(f"{c}: tokenizer does not match the checkpoint's fingerprint")
+        raise ckpt_lib.WorkdirError(
+          f"{c}: this tokenizer (fingerprint {tok.fingerprint[:12]}) is not the one the "
+          f"checkpoints were trained with ({want[:12]}); they are fine: put that tokenizer back"
+        )
       return tok
   return None
 

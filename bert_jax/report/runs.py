@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert_jax import trees
+from bert_jax.files import read_json
 
 REPORT_DIR = "report"
 
@@ -84,12 +85,9 @@ def find_runs(root: str, required: bool = True) -> list[Run]:
     if "metrics.jsonl" not in files:
       continue
     config = {}
-    if os.path.isfile(os.path.join(d, "config.json")):
-      with open(os.path.join(d, "config.json")) as f:
-        try:
-          config = config_fields(json.load(f))
-        except ValueError:
-          raise ValueError(f"{os.path.join(d, 'config.json')}: not valid JSON") from None
+    path = os.path.join(d, "config.json")
+    if os.path.isfile(path):
+      config = config_fields(read_json(path))
     name = os.path.relpath(d, root)
     runs.append(Run(name, config, read_metrics(os.path.join(d, "metrics.jsonl"))))
   if not runs and required:

@@ -333,8 +333,7 @@ def load_head(path: str) -> tuple[dict[str, Any], Any]:
   p = pathlib.Path(path)
   if not (p / HEAD_FILE).is_file():
     raise FileNotFoundError(f"{p}: not a feature head dir (no {HEAD_FILE})")
-  with open(p / hf_io.TASK_FILE) as fh:
-    info = json.load(fh)
+  info = files.read_json(p / hf_io.TASK_FILE)
   return info, trees.unflatten(load_file(str(p / HEAD_FILE)))
 
 
