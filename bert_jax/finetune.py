@@ -40,7 +40,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-from absl import logging
 
 from bert_jax import checkpoints as ckpt_lib
 from bert_jax import (
@@ -61,6 +60,7 @@ from bert_jax import tasks as tasks_lib
 from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.tasks import batches as batches_lib
 from bert_jax.tasks import features as features_lib
+from bert_jax.tasks import kinds
 
 RESULTS = "results.json"
 SEED_RESULT = "result.json"
@@ -100,7 +100,7 @@ def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_
 
   t = config.task
   splits: dict[str, Any] = {}
-  if t.kind == "span_qa":
+  if kinds.get(t.kind).examples == "squad":
     from bert_jax.tasks import squad
 
     for split in SPLITS:
@@ -124,7 +124,9 @@ def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_
       )
       qa = tasks_lib.QAInfo(examples, metas, stats, tokenizer, **config.squad.to_dict())
       splits[split] = (examples, enc, qa)
-    return tasks_lib.Task(t.name, t.kind, (), tuple(t.metrics) or ("f1", "exact_match")), splits
+    return tasks_lib.Task(
+      t.name, t.kind, (), tuple(t.metrics) or kinds.default_metrics(t.kind)
+    ), splits
   examples = {
     s: readers.read_split(t, s) if readers.has_split(t, s) or s == "train" else None for s in SPLITS
   }
@@ -142,8 +144,6 @@ def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_
   for s in SPLITS:
     if examples[s] is not None and labels:
       readers.check_labels(examples[s], labels, s)
-  from bert_jax.tasks import kinds
-
   names = tuple(t.metrics) or kinds.default_metrics(t.kind, labels)
   task = tasks_lib.Task(t.name, t.kind, labels, names)
   for s in SPLITS:
@@ -228,7 +228,7 @@ def state_init_fn(model, tx, length: int = 8):
   (`sharding.init_sharded` materialises it sharded)."""
 
   def init(rng):
-    shape = (1, 2, length) if model.kind == "multiple_choice" else (1, length)
+    shape = (1, 2, length) if kinds.get(model.kind).choices else (1, length)
     ids = jnp.zeros(shape, jnp.int32)
     args = model.example_inputs(length) if hasattr(model, "example_inputs") else None
     params = model.init({"params": rng}, *(args or (ids, ids, jnp.ones_like(ids))))["params"]
@@ -292,7 +292,7 @@ def evaluate(p_eval, params, task, split_data, config, mesh, pad_id) -> dict[str
       n = rows[r]["input_ids"].shape[-1]
       for k, v in out.items():
         preds.setdefault(k, [None] * len(rows))[r] = (
-          v[j][:n] if v.ndim > 1 and task.kind != "multiple_choice" else v[j]
+          v[j][:n] if v.ndim > 1 and not task.spec.choices else v[j]
         )
   result = task.score(preds, rows, extra)
   if count:
@@ -703,10 +703,6 @@ def run() -> None:
 
   def main(argv: list[str]) -> None:
     del argv
-    from absl import flags
-
-    if not flags.FLAGS["verbosity"].present:
-      logging.set_verbosity(logging.WARNING)
     if f["num_cpu_devices"].value:
       jax.config.update("jax_num_cpu_devices", f["num_cpu_devices"].value)
     if f["distributed"].value:

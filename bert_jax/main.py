@@ -42,9 +42,6 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv: list[str]) -> None:
   del argv
-  if not flags.FLAGS["verbosity"].present:
-    # orbax and grain log every save at INFO; progress goes to stdout.
-    logging.set_verbosity(logging.WARNING)
   import jax
 
   from bert_jax import files

@@ -1,5 +1,5 @@
 """Fault suite, resume mismatches and non-finite gradients: each case a real
-`python -m bert_jax.main` run against real files (issue #20)."""
+`python -m bert_jax.main` run against real files."""
 
 import json
 import os

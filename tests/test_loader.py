@@ -97,7 +97,7 @@ def nsp_data(tmp_path_factory):
   return mk.build_nsp_data(str(FIXTURE / "vocab.txt"), str(tmp_path_factory.mktemp("nsp") / "d"))
 
 
-# --- Must show 1: a run exported to HuggingFace ----------------------------------------------
+# --- A run exported to HuggingFace ------------------------------------------------------------
 
 
 def test_round_trip_workdir_to_hf(workdir, tmp_path):
@@ -170,7 +170,7 @@ def test_exported_tokenizer_matches_transformers_fixture(tmp_path):
   assert not tokenizer_files.load_hf_tokenizer(google).lowercase
 
 
-# --- Must show 2: a HuggingFace dir in the notebook API --------------------------------------
+# --- A HuggingFace dir in the notebook API ----------------------------------------------------
 
 
 def test_load_hf_dir_matches_transformers():
@@ -188,7 +188,7 @@ def test_load_hf_dir_matches_transformers():
     _check_hidden(m, live_hidden, atol=1e-5)
 
 
-# --- Must show 3: continued pretraining from HuggingFace weights ------------------------------
+# --- Continued pretraining from HuggingFace weights --------------------------------------------
 
 
 def _train_rows(wd):
@@ -400,7 +400,7 @@ def test_sentencepiece_export(sentencepiece, tmp_path):
     _check_fill_mask(ours, theirs, atol=1e-5)
 
 
-# --- Must show 4: one-line errors ------------------------------------------------------------
+# --- One-line errors --------------------------------------------------------------------------
 
 
 def test_one_line_errors(workdir, tmp_path):
