@@ -78,7 +78,10 @@ def main(argv: list[str]) -> None:
     sys.exit(preemption.EXIT_PREEMPTED)
   texts = list(_CONFIG.value.log.fill_mask)
   if texts and jax.process_count() == 1 and result["step"] == _CONFIG.value.opt.total_steps:
-    show_fill_mask(_WORKDIR.value, texts)
+    if files.is_remote(_WORKDIR.value):  # bert_jax.load reads local paths (or a gcsfuse mount)
+      print("fill_mask: skipped (the workdir is on an object store)", flush=True)
+    else:
+      show_fill_mask(_WORKDIR.value, texts)
 
 
 def show_fill_mask(workdir: str, texts: list[str], top_k: int = 3) -> None:
