@@ -33,7 +33,7 @@ from bert_jax.benchmark import host
 
 
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, size="tiny", steps=3_000)
+  a = config_lib.parse_arg(arg, size="tiny", steps=6_000)
   c = config_lib.base_config(a.size)
   c.model.vocab_size = c.data.train_vocab_size = 4096
   c.model.dtype = "bfloat16" if host.cpu_has_bf16() else "float32"
@@ -45,9 +45,9 @@ def get_config(arg=None):
   c.masking.max_predictions = 10  # 15% of 64
   c.data.dupe_factor = 5
   c.data.eval_fraction = 0.05
-  c.data.batch_size = 32
+  c.data.batch_size = 16
   c.masking.mode = "dynamic"
-  c.opt.lr = 2e-3
+  c.opt.lr = 1.4e-3
   c.opt.total_steps = a.steps
   c.opt.warmup_steps = max(1, a.steps // 20)
   c.ckpt.every_steps = max(1, a.steps // 4)
