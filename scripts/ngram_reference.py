@@ -2,8 +2,9 @@
 training split predict on the eval split, at exactly the trainer's eval masks (static: the
 same positions and replacements `train.make_eval_step` scores). The masking settings (mask
 seed, rate, max predictions, whole-word) are the run's, read from WORKDIR/config.json, or the
-data's defaults when given a data directory alone. On configs/local.py's data it gets
-RESULT_PLACEHOLDER.
+data's defaults when given a data directory alone. On configs/local.py's data (its one held-out
+document, 451 targets) it gets 31.0%, 27.1% at [MASK], where the model reaches 34.2% and 31.2%;
+the training split's most frequent token 6.2%.
 
   python scripts/ngram_reference.py WORKDIR        # or WORKDIR/data
 
