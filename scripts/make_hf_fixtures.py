@@ -156,6 +156,11 @@ def roundtrip_config(steps: int = 300, data_dir: str | None = None, nsp: bool = 
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config(f"steps={steps}")
+  # The recipe the fixtures were recorded with (the default's before it changed), in float32
+  # on every host (the default computes in bf16 where the CPU has it; the export is float32).
+  c.model.dtype = "float32"
+  c.data.batch_size, c.opt.lr, c.model.initializer_range = 8, 1e-3, 0.02
+  c.model.hidden_dropout_prob = c.model.attention_dropout_prob = 0.1
   c.model.hidden_size = 32
   c.model.intermediate_size = 64
   c.data.dupe_factor = 1
