@@ -54,6 +54,17 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
 BUNDLED_CORPUS = os.path.join(os.path.dirname(__file__), "data", "sample_public_domain.txt")
 
 
+def cpu_has_bf16() -> bool:
+  """Whether this (Linux x86) CPU has bf16 matmul instructions (AVX512-BF16 or AMX-BF16); where
+  it has not, XLA:CPU emulates bf16, slower than float32 (the CPU configs' dtype rule)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      flags = f.read()
+  except OSError:
+    return False
+  return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def scaled_base(scale: str) -> ml_collections.ConfigDict:
   """The base of every experiment. full: BERT-Base as in the paper. cpu: the tiny model on the
   bundled corpus, sized for a 2-core machine (each point a few minutes)."""

@@ -141,15 +141,35 @@ def check(
 
 
 def check_built_data(metadata: dict[str, Any], wanted: dict[str, Any], data_dir: str) -> None:
-  """One-line error when an auto-built data directory was built with other options than the
-  config asks for now (it would otherwise be reused silently)."""
-  have = {**data_signature(metadata), "input": metadata.get("source", {}).get("input")}
-  diffs = {k: (have.get(k), v) for k, v in wanted.items() if have.get(k) != v}
-  if diffs:
+  """One-line error unless an auto-built data directory holds what the config asks for now:
+  `wanted` is `pretraining_data.build_options` plus `input_sha256` (the input's content, so the
+  same text under another path, e.g. after a reinstall, is the same data) and `tokenizer` (the
+  vocab's fingerprint; None: not compared)."""
+  source = metadata.get("source", {})
+  built_sha = source.get("input_sha256")
+  if not built_sha:
     raise ValueError(
-      f"{data_dir} was built with other options: {format_changes(diffs)} (built -> config); "
-      "delete it to "
-      "rebuild, or set config.data.dir to the data you want"
+      f"{data_dir}/metadata.json does not record the content of the text it was built from "
+      "(built by an older bert_jax): delete it to rebuild, or set config.data.dir to it to use "
+      "it as it is"
+    )
+  have = data_signature(metadata)
+  skip = ("input", "input_sha256", "tokenizer")
+  diffs = {k: (have.get(k), v) for k, v in wanted.items() if k not in skip and have.get(k) != v}
+  if wanted.get("tokenizer") and wanted["tokenizer"] != metadata["tokenizer"]["fingerprint"]:
+    diffs["tokenizer"] = (metadata["tokenizer"]["fingerprint"][:12], wanted["tokenizer"][:12])
+  text = built_sha != wanted["input_sha256"]
+  if text:
+    diffs = {
+      f"the text of {wanted['input']} (sha256)": (built_sha[:12], wanted["input_sha256"][:12]),
+      **diffs,
+    }
+  if diffs:
+    what = ("other text and options" if len(diffs) > 1 else "other text") if text else None
+    raise ValueError(
+      f"{data_dir} was built {'from ' + what if what else 'with other options'}: "
+      f"{format_changes(diffs)} (built -> config); delete it to rebuild, or set "
+      "config.data.dir to the data you want"
     )
 
 

@@ -36,7 +36,6 @@ from bert_jax import (
   optim,
   pretraining_data,
   resume,
-  tokenizer_training,
 )
 from bert_jax import model as model_lib
 from bert_jax import preemption as preemption_lib
@@ -76,85 +75,6 @@ def model_and_optimizer(
   cfg = bert_config(config)
   model = model_lib.BertForPreTraining(model_lib.resolve_kernels(cfg, platform))
   return cfg, model, optim.make_optimizer(config.opt), objectives.Objective.from_config(config)
-
-
-def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
-  """The dataset directory: `config.data.dir`, or build `config.data.input` into
-  `<workdir>/data` on first use (the bundled default does this).
-
-  ArrayRecord reads local files only, so data on an object store is refused with one line,
-  never copied to local disk behind the user's back; and under a gs:// workdir `<workdir>/data`
-  is not built (a local build would sit on process 0's disk only, invisible to the other hosts
-  and to the next run on another machine): set config.data.dir to a local create_data output.
-  """
-  if config.data.dir and files.is_remote(config.data.dir):
-    raise ValueError(
-      f"config.data.dir={config.data.dir}: ArrayRecord reads local files only; copy the data to "
-      "local disk on every host (e.g. gcloud storage cp -r) and set config.data.dir to the copy"
-    )
-  if not config.data.dir and files.is_remote(workdir):
-    raise ValueError(
-      f"workdir {workdir} is on an object store, where <workdir>/data cannot be built "
-      "(ArrayRecord reads local files only): build config.data.input with python -m "
-      "bert_jax.create_data into a local directory on every host and set config.data.dir to it"
-    )
-  if config.data.dir:
-    if not os.path.isfile(os.path.join(config.data.dir, "metadata.json")):
-      raise FileNotFoundError(
-        f"config.data.dir={config.data.dir} has no metadata.json: build it with "
-        "python -m bert_jax.create_data"
-      )
-    return config.data.dir
-  if not config.data.input:
-    raise ValueError("set config.data.dir (a create_data output) or config.data.input (text)")
-  data_dir = os.path.join(workdir, "data")
-  if os.path.isfile(os.path.join(data_dir, "metadata.json")):
-    resume.check_built_data(input_pipeline.read_metadata(data_dir), build_options(config), data_dir)
-    return data_dir
-  n_vocab = config.data.train_vocab_size
-  if n_vocab and config.data.vocab:
-    raise ValueError("set config.data.vocab or config.data.train_vocab_size, not both")
-  if n_vocab and n_vocab != config.model.vocab_size:
-    raise ValueError(
-      f"config.data.train_vocab_size={n_vocab} but config.model.vocab_size="
-      f"{config.model.vocab_size}: set both to the same number"
-    )
-  if jax.process_index() == 0:
-    vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
-    if n_vocab:
-      # A WordPiece vocab of the corpus itself (lower-cased like BERT's uncased vocab).
-      vocab = os.path.join(workdir, "vocab.txt")
-      tok, _ = tokenizer_training.train(config.data.input, "wordpiece", n_vocab, vocab)
-      if tok.vocab_size != n_vocab:
-        raise ValueError(
-          f"config.data.train_vocab_size={n_vocab}: {config.data.input} only yields "
-          f"{tok.vocab_size} WordPiece tokens; ask for fewer"
-        )
-      loop.console(f"Trained a {n_vocab}-token WordPiece vocab on {config.data.input} into {vocab}")
-    loop.console(f"Building pretraining data from {config.data.input} into {data_dir}")
-    summary = pretraining_data.build(
-      **build_options(config), output_dir=data_dir, vocab=vocab, progress=False
-    )
-    loop.console(pretraining_data.format_summary(summary))
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
-    multihost_utils.sync_global_devices("bert_jax:data_built")
-  return data_dir
-
-
-def build_options(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """What `ensure_data` builds `<workdir>/data` with, as metadata.json records it."""
-  return {
-    "input": config.data.input,
-    "max_seq_length": config.data.max_seq_length,
-    "max_predictions_per_seq": config.masking.max_predictions,
-    "short_seq_prob": config.data.short_seq_prob,
-    "dupe_factor": config.data.dupe_factor,
-    "nsp": bool(config.objective.nsp),
-    "eval_fraction": config.data.eval_fraction,
-    "seed": config.data.seed,
-  }
 
 
 def validate(config: ml_collections.ConfigDict, mesh, metadata: dict) -> None:
@@ -387,7 +307,7 @@ def _peer_lost(workdir: str, config, lock) -> None:
 def _train_and_evaluate(config, workdir: str, preempt) -> dict[str, Any]:
   mesh = sh.make_mesh(config.mesh.shape)
   rules = sh.rules_from_config(config.mesh.rules)
-  data_dir = ensure_data(config, workdir)
+  data_dir = pretraining_data.ensure_built(config, workdir)
   metadata = input_pipeline.read_metadata(data_dir)
   validate(config, mesh, metadata)
   tokenizer = tokenizer_lib.load_tokenizer(os.path.join(data_dir, "tokenizer"))

@@ -13,7 +13,7 @@ import pytest
 from test_train import _env, _main_cmd, _params, _rows, _run_two_processes
 
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import config_lib, pretraining_data, train
+from bert_jax import config_lib, pretraining_data
 from bert_jax import model as model_lib
 from bert_jax import tokenizer as tokenizer_lib
 
@@ -128,7 +128,7 @@ def test_auto_built_data_not_reused_with_other_options(tmp_path):
   c.data.eval_fraction = 0.05  # as configs/local.py
   wd = tmp_path / "wd"
   pretraining_data.build(
-    **train.build_options(c),
+    **pretraining_data.build_options(c),
     output_dir=str(wd / "data"),
     vocab=tokenizer_lib.default_vocab_path(),
     num_workers=1,

@@ -16,7 +16,7 @@ import pytest
 from test_faults_restore import _truncate_largest
 from test_train import ROOT, _env, _main_cmd
 
-from bert_jax import api, files, loop, preemption, train
+from bert_jax import api, files, loop, preemption, pretraining_data
 from bert_jax import checkpoints as ckpt_lib
 
 
@@ -175,10 +175,10 @@ def test_data_on_an_object_store_is_refused():
 
   config = ml_collections.ConfigDict({"data": {"dir": "gs://b/data", "input": ""}})
   with pytest.raises(ValueError, match=r"^config.data.dir=gs://b/data: ArrayRecord reads local"):
-    train.ensure_data(config, "/tmp/wd")
+    pretraining_data.ensure_built(config, "/tmp/wd")
   config.data.dir, config.data.input = "", "corpus.txt"
   with pytest.raises(ValueError, match=r"^workdir gs://b/run is on an object store, where"):
-    train.ensure_data(config, "gs://b/run")
+    pretraining_data.ensure_built(config, "gs://b/run")
 
 
 def test_unsupported_workdir_fails_before_compute(tmp_path):

@@ -32,9 +32,10 @@ def read_text(path: str) -> str:
 
 
 def cpu_has_bf16() -> bool:
-  """Whether this (Linux x86) CPU has bf16 matmul instructions (AVX512-BF16 or AMX-BF16)."""
-  flags = read_text("/proc/cpuinfo")
-  return "avx512_bf16" in flags or "amx_bf16" in flags
+  """config_lib.cpu_has_bf16 (imported when asked: the peer worker never asks)."""
+  from bert_jax import config_lib
+
+  return config_lib.cpu_has_bf16()
 
 
 def default_dtypes() -> list[str]:
