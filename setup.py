@@ -9,6 +9,9 @@ with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
   LONG_DESCRIPTION = f.read()
 
 PLOTS = ["matplotlib>=3.8"]
+# The versions the code is tested with: jax 0.10.2 / flax 0.12.8 here (CPU, the test suite;
+# requirements-lock.txt pins that set), jax 0.11.2 / flax 0.12.10 on a GPU (docs/gpu.md).
+JAX = ">=0.10.2,<0.12"
 
 setuptools.setup(
   name="bert_jax",
@@ -34,11 +37,11 @@ setuptools.setup(
   package_dir={"bert_jax.configs": "configs"},
   package_data={"bert_jax": ["data/*.txt"]},
   install_requires=[
-    "jax==0.10.2",
-    "flax==0.12.8",
+    f"jax{JAX}",
+    "flax>=0.12.8,<0.13",
     "optax>=0.2.8",
-    "orbax-checkpoint==0.12.8",
-    "grain==0.2.18",
+    "orbax-checkpoint>=0.12.8,<0.13",
+    "grain>=0.2.18,<0.3",
     "array_record>=0.8.6",
     "sentencepiece>=0.2",
     "tokenizers>=0.22",
@@ -53,10 +56,16 @@ setuptools.setup(
     "test": ["pytest>=8", "ruff>=0.6", *PLOTS],  # the tests check report's plots too
     "tfds": ["tensorflow-datasets>=4.9.10"],  # create_data --tfds_name
     "plots": PLOTS,  # report's loss plots
-    "tpu": ["jax[tpu]==0.10.2"],
-    "cuda": ["jax[cuda12]==0.10.2"],
+    "tpu": [f"jax[tpu]{JAX}"],
+    # NVIDIA GPUs: the CUDA 12 or CUDA 13 wheels of jaxlib's plugin (with CUDA's libraries);
+    # `cuda` is the CUDA 12 one.
+    "cuda": [f"jax[cuda12]{JAX}"],
+    "cuda12": [f"jax[cuda12]{JAX}"],
+    "cuda13": [f"jax[cuda13]{JAX}"],
     "tf": ["tensorflow-cpu"],
     "gcs": ["gcsfs", "google-cloud-storage"],  # gs:// workdirs
+    # The CPU comparison's peers (transformers 4.x still has the Flax BERT); a GPU box's own
+    # torch / transformers serve `benchmark --gpu` (docs/gpu.md).
     "peers": ["torch==2.13.0", "transformers==4.57.6"],
   },
   entry_points={
@@ -68,7 +77,7 @@ setuptools.setup(
       "bert_jax_convert=bert_jax.convert:run",
       "bert_jax_benchmark=bert_jax.benchmark.__main__:run",
       "bert_jax_aot=bert_jax.aot:run",
-      "bert_jax_report=bert_jax.report:run",
+      "bert_jax_report=bert_jax.report.__main__:run",
     ]
   },
 )

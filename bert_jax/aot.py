@@ -3,13 +3,14 @@ r"""Ahead-of-time compile of the real train step for a TPU slice, from a CPU hos
   JAX_PLATFORMS=cpu python -m bert_jax.aot --config=configs/bert_large.py --topology=v5e-16 \
       [--mesh='(1,-1,1)'] [--config.data.batch_size=512 ...]
 
-Builds the same `train.make_train_step` jitted with the same shardings as training, on an
-abstract state (`train.create_state` under `jax.eval_shape`: no arrays are allocated) and an
-abstract batch, and compiles it with libtpu's compile-only devices for a named topology
-(`pip install 'bert_jax[tpu]'`; no TPU needed). Prints per-device memory (arguments, temporaries,
-outputs) against the chip's HBM, FLOPs and compile time; exits 1 with a one-line "does not
-fit" when XLA runs out of HBM. `--topology=cpu` compiles for the local CPU devices instead
-(no libtpu; `--num_cpu_devices` fakes more), as a quick check of the same code path.
+Builds the train step exactly as training jits it (`train.jit_train_step`: same shardings, state
+donated) on an abstract state (`train.abstract_state`, `jax.eval_shape`: no arrays are
+allocated) and an abstract batch, and compiles it with libtpu's compile-only devices for a
+named topology (`pip install 'bert_jax[tpu]'`; no TPU needed). Prints per-device memory
+(arguments, temporaries, outputs) against the chip's HBM, FLOPs and compile time; exits 1 with
+a one-line "does not fit" when XLA runs out of HBM. `--topology=cpu` compiles for the local CPU
+devices instead (no libtpu; `--num_cpu_devices` fakes more), as a quick check of the same code
+path.
 """
 
 from __future__ import annotations

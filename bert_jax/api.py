@@ -1,6 +1,6 @@
 """Notebook API: `bert_jax.load(path)` -> a model to probe, fill masks with, or embed text.
 
-`path` is anything `interop.load_checkpoint` reads: a training workdir (latest step, or
+`path` is anything `loader.load_checkpoint` reads: a training workdir (latest step, or
 `step=`), one orbax step, a HuggingFace dir, a Google TF checkpoint or a params dir. Works in a
 plain single-device process with no mesh, whatever mesh the checkpoint was saved on.
 
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import interop
+from bert_jax import loader, params_tree
 from bert_jax import model as model_lib
 
 MASK_TEXT = "[MASK]"
@@ -39,7 +39,7 @@ class Embedded:
 
 class Bert:
   """A loaded checkpoint: `config` (BertConfig), `params`, `tokenizer`, `meta`, `step`
-  (None outside a workdir) and `format` (see `interop.FORMATS`)."""
+  (None outside a workdir) and `format` (see `loader.FORMATS`)."""
 
   def __init__(
     self,
@@ -56,7 +56,7 @@ class Bert:
     self.meta = meta
     self.step = step
     self.format = format
-    self.has_heads = interop.is_pretraining(params)
+    self.has_heads = params_tree.is_pretraining(params)
     self.model = (model_lib.BertForPreTraining if self.has_heads else model_lib.BertModel)(config)
 
   def __repr__(self) -> str:
@@ -66,10 +66,15 @@ class Bert:
       f"step={self.step}, params={model_lib.count_params(self.params):,})"
     )
 
-  @functools.partial(jax.jit, static_argnums=(0, 5))
-  def _forward(self, params, ids, segments, mask, hidden_states: bool):
+  @functools.partial(jax.jit, static_argnums=(0, 5, 6))
+  def _forward(self, params, ids, segments, mask, hidden_states: bool, attentions: bool = False):
     return self.model.apply(
-      {"params": params}, ids, segments, mask, output_hidden_states=hidden_states
+      {"params": params},
+      ids,
+      segments,
+      mask,
+      output_hidden_states=hidden_states,
+      output_attentions=attentions,
     )
 
   def _need_tokenizer(self) -> None:
@@ -134,6 +139,17 @@ class Bert:
       results.append(per_mask)
     return results[0] if single else results
 
+  def attention(self, text: str, layer: int = -1) -> tuple[list[str], np.ndarray]:
+    """(wordpieces with [CLS]/[SEP], attention probabilities [heads, T, T] of `layer`: 0 is
+    the first layer, -1 the last); row q is how query q distributes over the keys."""
+    self._need_tokenizer()
+    ids_list = [self.tokenizer.cls_id, *self.tokenizer.encode(text), self.tokenizer.sep_id]
+    ids, mask = self._batch([ids_list])
+    out = self._forward(self.params, ids, np.zeros_like(ids), mask, False, True)
+    n = len(ids_list)
+    probs = np.asarray(out["attentions"][layer][0, :, :n, :n])
+    return [self.tokenizer.id_to_token(t) for t in ids_list], probs
+
   def embed(self, texts: list[str], layers: tuple[int, ...] = (-1,)) -> Embedded:
     """Hidden states of the chosen layers (0 = embeddings, -1 = last layer), per token."""
     self._need_tokenizer()
@@ -155,10 +171,10 @@ def load(path: str, step: int | None = None, device: Any = None) -> Bert:
   latest step that does not load (a truncated or corrupt file) is named in one warning and the
   one before is tried, as the trainer does."""
   target_device = device or jax.devices()[0]
-  if step is None and interop.detect_format(path) == "workdir":
-    ck = ckpt_lib.load_newest(path, lambda s: interop.load_checkpoint(path, s))
+  if step is None and loader.detect_format(path) == "workdir":
+    ck = ckpt_lib.load_newest(path, lambda s: loader.load_checkpoint(path, s))
   else:
-    ck = interop.load_checkpoint(path, step)
+    ck = loader.load_checkpoint(path, step)
   cfg = dataclasses.replace(ck.config, remat_policy="none")
   cfg = model_lib.resolve_kernels(cfg, target_device.platform)
   params = jax.device_put(ck.params, target_device)

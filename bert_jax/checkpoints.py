@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import logging as py_logging
 import os
 import re
-import shutil
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -27,6 +25,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from bert_jax import files
 from bert_jax import model as model_lib
 
 T = TypeVar("T")
@@ -44,65 +43,9 @@ SHAPE_FIELDS = (
 )
 
 
-# Object stores a workdir may live on. gs:// is what orbax serves natively (TensorStore's GCS
-# driver for arrays, gcsfs through etils.epath for the rest); other epath schemes (s3://, az://)
-# have no orbax array path.
-REMOTE_SCHEMES = ("gs",)
-# What etils.epath and orbax need for gs:// beyond this package's dependencies: gcsfs (epath's
-# fsspec backend; tensorflow's gfile serves instead when installed) and google-cloud-storage
-# (orbax asks for the bucket's layout when it deletes an old step).
-_GCS_PACKAGES = {"gcsfs": "gcsfs", "google.cloud.storage": "google-cloud-storage"}
-
-
-def scheme(path: str | os.PathLike) -> str | None:
-  """'gs' for gs://bucket/x, None for a local path."""
-  m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", os.fspath(path))
-  return m.group(1).lower() if m else None
-
-
-def is_remote(path: str | os.PathLike) -> bool:
-  return scheme(path) is not None
-
-
-def _missing_gcs_packages() -> list[str]:
-  missing = []
-  try:
-    import fsspec
-
-    fsspec.get_filesystem_class("gcs")  # gcsfs, or whatever implementation is registered
-  except (ImportError, ValueError):
-    if importlib.util.find_spec("tensorflow") is None:
-      missing.append(_GCS_PACKAGES["gcsfs"])
-  try:
-    importlib.import_module("google.cloud.storage")
-  except ImportError:
-    missing.append(_GCS_PACKAGES["google.cloud.storage"])
-  return missing
-
-
-def as_path(path: str | os.PathLike, what: str = "path") -> epath.Path:
-  """`path` as an epath.Path that this code can serve: a local path made absolute (orbax needs
-  absolute paths; a URL is never made "absolute" into ./gs:/...), or gs://. Anything else is
-  one line (ValueError; ImportError naming the packages gs:// lacks), raised before compute."""
-  text = os.fspath(path)
-  kind = scheme(text)
-  if kind is None:
-    return epath.Path(os.path.abspath(text))
-  if kind not in REMOTE_SCHEMES:
-    raise ValueError(
-      f"{what} {text}: the {kind}:// scheme is not supported (a local path or gs://bucket/path)"
-    )
-  missing = _missing_gcs_packages()
-  if missing:
-    raise ImportError(
-      f"{what} {text}: gs:// needs {' and '.join(missing)} (pip install {' '.join(missing)})"
-    )
-  return epath.Path(text)
-
-
 def checkpoint_dir(path: str | os.PathLike) -> str:
   """Accepts a workdir, its checkpoints/ dir, or one step dir; returns the manager dir."""
-  p = as_path(path)
+  p = files.as_path(path)
   if (p / "checkpoints").is_dir():
     return str(p / "checkpoints")
   return str(p)
@@ -231,9 +174,9 @@ class Checkpointer:
         for tmp in epath.Path(self.directory).glob("*" + ocp.utils.TMP_DIR_SUFFIX + "*"):
           with contextlib.suppress(OSError):
             tmp.rmtree()
-      reason = _root_cause(e)[:400]
+      reason = files.root_cause(e)[:400]
       # TensorStore ends an OS error with [os_error_code='28']: say it as strerror does.
-      if m := re.search(r"os_error_code='?(\d+)", _root_cause(e)):
+      if m := re.search(r"os_error_code='?(\d+)", files.root_cause(e)):
         reason = f"{os.strerror(int(m.group(1)))} (errno {m.group(1)})"
       raise OSError(f"cannot write a checkpoint in {self.directory}: {reason}") from e
 
@@ -335,15 +278,12 @@ def _warn_unreadable(directory: str, step: int, error: BaseException, steps: lis
   older = [s for s in steps if s < step]
   then = f"trying step {older[0]}" if older else "no older checkpoint"
   logging.warning(
-    "checkpoint %s/%d does not restore (%s); %s", directory, step, _root_cause(error)[:400], then
+    "checkpoint %s/%d does not restore (%s); %s",
+    directory,
+    step,
+    files.root_cause(error)[:400],
+    then,
   )
-
-
-def _root_cause(error: BaseException) -> str:
-  """The innermost exception on one line: TensorStore's own message says what is wrong."""
-  while error.__cause__ or error.__context__:
-    error = error.__cause__ or error.__context__
-  return f"{type(error).__name__}: " + " ".join(str(error).split())
 
 
 def _all_processes(ok: bool) -> bool:
@@ -368,15 +308,23 @@ def all_steps(path: str | os.PathLike) -> list[int]:
     mngr.close()
 
 
+class WorkdirError(ValueError):
+  """A file every step of a workdir shares (its tokenizer) is wrong: no checkpoint is to blame
+  and an older step would fail alike, so `load_newest` raises it at once."""
+
+
 def load_newest(path: str | os.PathLike, load: Callable[[int], T]) -> T:
   """`load(step)` of the newest step under the workdir `path` that loads. Read-only
   `restore_latest`: each step that fails is named in one warning with the reason and the one
-  before is tried; if none loads, one line names the directory (ValueError)."""
+  before is tried; if none loads, one line names the directory (ValueError). A WorkdirError
+  is raised as it is."""
   steps = sorted(all_steps(path), reverse=True)
   directory = checkpoint_dir(path)
   for step in steps:
     try:
       return load(step)
+    except WorkdirError:
+      raise
     except Exception as e:  # orbax/TensorStore raise many types for missing/corrupt files
       _warn_unreadable(directory, step, e, steps)
   raise ValueError(
@@ -396,15 +344,15 @@ def restore_data_iterator(directory: str, data_iter: Any) -> None:
   index, count = jax.process_index(), jax.process_count()
   own = d / f"process_{index}-of-{count}.json"
   if own.exists():
-    state = json.loads(own.read_text())
+    state = files.read_json(own)
   else:
-    files = sorted(d.glob("process_*-of-*.json"))
-    if not files:
+    saved = sorted(d.glob("process_*-of-*.json"))
+    if not saved:
       raise ValueError(f"{d} holds no data-iterator state")
-    states = [json.loads(f.read_text()) for f in files]
+    states = [files.read_json(f) for f in saved]
     if any(s != states[0] for s in states):
       raise ValueError(
-        f"{d}: the data-iterator states saved by {len(files)} processes differ, so they cannot "
+        f"{d}: the data-iterator states saved by {len(saved)} processes differ, so they cannot "
         f"be mapped onto {count} processes; resume with the old process count"
       )
     state = states[0]
@@ -481,64 +429,6 @@ def restore_params(path: str, abstract_params: Any, step: int | None = None) -> 
   finally:
     mngr.close()
   return r.params, meta
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-  """Writes `text` to `path` under a temporary name, then renames it: a kill or a full disk
-  never leaves a partial file. On an object store (no rename) the object is written directly:
-  an object upload is all-or-nothing. Errors are one line naming `path`."""
-  path = os.fspath(path)
-  if is_remote(path):
-    try:
-      epath.Path(path).write_text(text)
-    except Exception as e:  # gcsfs/fsspec raise their own types for HTTP errors
-      raise OSError(f"cannot write {path}: {_root_cause(e)[:400]}") from None
-    return
-  tmp = path + ".tmp"
-  try:
-    with open(tmp, "w") as f:
-      f.write(text)
-    os.replace(tmp, path)
-  except OSError as e:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise OSError(f"cannot write {path}: {e.strerror or e}") from None
-
-
-def copytree_atomic(src: str, dst: str | os.PathLike) -> None:
-  """Copies the local directory `src` to `dst` unless `dst` is there already: locally under a
-  temporary name, then a rename (as `write_atomic`); on an object store file by file, with a
-  partial copy (a killed run) counted as absent and done again."""
-  dst = os.fspath(dst)
-  if is_remote(dst):
-    files = sorted(
-      os.path.relpath(os.path.join(root, n), src) for root, _, names in os.walk(src) for n in names
-    )
-    target = epath.Path(dst)
-    try:
-      done = [
-        (target / f).exists()
-        and (target / f).stat().length == os.path.getsize(os.path.join(src, f))
-        for f in files
-      ]
-      if all(done):
-        return
-      for f in files:
-        (target / f).write_bytes(epath.Path(src, f).read_bytes())
-    except Exception as e:
-      raise OSError(f"cannot copy {src} to {dst}: {_root_cause(e)[:400]}") from None
-    return
-  if os.path.isdir(dst):
-    return
-  tmp = dst.rstrip("/") + ".tmp"
-  try:
-    if os.path.exists(tmp):  # left by a killed run
-      shutil.rmtree(tmp)
-    shutil.copytree(src, tmp)
-    os.replace(tmp, dst)
-  except OSError as e:  # shutil.Error too
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise OSError(f"cannot copy {src} to {dst}: {e.strerror or e}") from None
 
 
 def single_device_target(abstract: Any, device: Any = None) -> Any:

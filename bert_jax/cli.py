@@ -9,7 +9,9 @@ An entry module defines its absl flags at module level (only entry modules defin
   if __name__ == "__main__":
     run()
 
-`cli.run` gives every command the same failure behaviour:
+`cli.run` gives every command the same behaviour:
+- `--help` prints the command's docstring and its own flags and exits 0 (`--helpfull`: every
+  flag of every library);
 - a bad flag, extra arguments, or a config file that does not load (missing file, unknown key,
   wrong type, bad :ARG) ends in one line `PROG: error: ...` and exit status 2, before anything
   is created or computed;
@@ -20,18 +22,30 @@ An entry module defines its absl flags at module level (only entry modules defin
 A config flag (`config_flags.DEFINE_config_file`) takes a path (`--config=configs/local.py:mini`)
 or the name of a bundled config (`--config=local:mini`): `configs/` ships inside the package as
 `bert_jax.configs`, so names work from any directory after a non-editable `pip install`.
+A config field that holds a tuple takes a Python tuple (`--config.task.text_fields="('a','b')"`),
+repeated flags (`--config.task.text_fields=a --config.task.text_fields=b`) or, where the value
+is no Python literal, comma-separated strings (`--config.task.text_fields=title,text`).
+
+Logging is absl's at WARNING (orbax and grain log every read and save at INFO) unless
+`--verbosity` is given.
 """
 
 from __future__ import annotations
 
+import ast
+import difflib
 import importlib.util
 import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
-from absl import app, flags
-from ml_collections.config_flags import config_flags
+import ml_collections
+from absl import app, flags, logging
+from ml_collections.config_flags import config_flags, tuple_parser
+
+from bert_jax import compile_cache
 
 # Errors whose message is all a user needs; anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, OSError, ImportError, FloatingPointError)
@@ -109,10 +123,128 @@ def resolve_config_args(argv: list[str], flag_values: flags.FlagValues = flags.F
   return out
 
 
-def _flags_parser(prog: str) -> Callable[[list[str]], list[str]]:
+class CommaTupleParser(tuple_parser.TupleParser):
+  """ml_collections' tuple parser, plus `a,b` -> ('a', 'b'): what a user types for a tuple of
+  strings (its parser reads it as the one string 'a,b'). A Python literal (`"('a','b')"`,
+  `1,-1,1`) parses as before; an element holding a comma needs the literal form."""
+
+  def parse(self, argument):
+    if isinstance(argument, str) and "," in argument:
+      try:
+        ast.literal_eval(argument)
+      except (ValueError, SyntaxError):
+        return tuple(part.strip() for part in argument.split(",") if part.strip())
+    return super().parse(argument)
+
+
+# Every config flag's tuple fields (registered for the type, so before any config is parsed).
+config_flags.register_flag_parser_for_type(tuple, CommaTupleParser())
+
+_HELP = {"--help", "-help", "-?", "--helpshort", "-helpshort"}
+_HELP_FULL = {"--helpfull", "-helpfull"}
+
+
+def _help(main: Callable, argv: list[str]) -> None:
+  """Prints the entry module's docstring and flags and exits 0 on --help (absl's own help
+  exits 1 and, from a console script, lists no flag: it looks them up under sys.argv[0])."""
+  args = argv[1 : argv.index("--")] if "--" in argv else argv[1:]
+  full = any(a in _HELP_FULL for a in args)
+  if not full and not any(a in _HELP for a in args):
+    return
+  # absl files a flag under its module's name, or under sys.argv[0] for `python -m`'s __main__.
+  name = main.__module__
+  module = sys.modules.get(name)
+  key = sys.argv[0] if name == "__main__" else name
+  text = (module.__doc__ if module else None) or f"USAGE: {os.path.basename(argv[0])} [flags]"
+  listing = flags.FLAGS.get_help() if full else flags.FLAGS.module_help(key)
+  try:
+    print(text.rstrip() + "\n\nflags:\n" + listing)
+    if not full:
+      print("\nTry --helpfull to get a list of all flags.")
+    sys.stdout.flush()
+  except BrokenPipeError:  # `--help | head`
+    _closed_pipe()
+  sys.exit(0)
+
+
+def _config_args(argv: list[str], names: set[str]) -> Iterator[tuple[str, str, str]]:
+  """(flag, kind, text) of argv's config flags: kind 'file' (text: the value) or 'override'
+  (text: the field path of `--config.a.b=v`, `--config.a.b v` or `--noconfig.a.b`)."""
+  args = iter(argv[1:])
+  for arg in args:
+    if arg == "--" or not arg.startswith("-"):
+      continue
+    key, eq, value = arg.lstrip("-").partition("=")
+    if key in names:
+      value = value if eq else next(args, "")
+      yield key, "file", value
+      continue
+    for name in names:
+      for prefix in (f"{name}.", f"no{name}."):
+        if key.startswith(prefix):
+          yield name, "override", key[len(prefix) :]
+
+
+def _unknown_key(config: object, path: str) -> str | None:
+  """'unknown config key a.b (did you mean a.c?)' if `path` is not a field of `config`."""
+  node, parts = config, path.split(".")
+  for i, part in enumerate(parts):
+    where = ".".join(parts[:i])
+    if not isinstance(node, ml_collections.ConfigDict):
+      return f"config key {path}: {where} is a {type(node).__name__}, not a section"
+    if part not in node:
+      close = difflib.get_close_matches(part, list(node.keys()), n=1)
+      hint = f" (did you mean {'.'.join([*parts[:i], close[0]])}?)" if close else ""
+      return f"unknown config key {path}{hint}"
+    node = node[part]
+  return None
+
+
+def config_error(error: BaseException, argv: list[str], resolved: list[str]) -> str:
+  """One line for a config flag that did not load: a missing file, an unknown key (with the
+  closest known one), an error raised by the file's get_config(). `resolved`: argv after
+  `resolve_config_args` (what was loaded); messages show what the user typed."""
+  names = {n for n in flags.FLAGS if config_flags.is_config_flag(flags.FLAGS[n])}
+  typed = {n: v for n, k, v in _config_args(argv, names) if k == "file"}
+  found = list(_config_args(resolved, names))
+  for name, kind, value in found:
+    path = value.split(":", 1)[0]
+    if kind == "file" and path and not os.path.isfile(path):
+      return f"config file {typed.get(name, value).split(':', 1)[0]} not found"
+  text = str(error)
+  m = re.match(r"flag --(\S+?)=.*?: Error whilst parsing config file", text, re.S)
+  if m:  # get_config() raised: its own message, after the config it was given
+    last = one_line(text).removeprefix("ValueError: ")
+    return f"--{m.group(1)}={typed.get(m.group(1), '')}: {last}"
+  if isinstance(error, KeyError | AttributeError):
+    for name, kind, value in found:
+      if kind != "file":
+        continue
+      try:
+        config = config_flags.ConfigFileFlagParser(name).parse(value)
+      except Exception:  # the file's own error is reported below
+        break
+      for other, k, field in found:
+        message = _unknown_key(config, field) if k == "override" and other == name else None
+        if message:
+          return message
+  if isinstance(error, OSError) and "earlier failure to load" in text:
+    inner = error.__cause__ or error
+    lines = [ln.strip() for ln in str(inner).splitlines() if ln.strip()]
+    path = next((v.split(":", 1)[0] for v in typed.values()), "")
+    return f"config file {path}: {lines[-1]}"
+  return one_line(error)
+
+
+def _flags_parser(prog: str, main: Callable) -> Callable[[list[str]], list[str]]:
   def parse(argv: list[str]) -> list[str]:
+    _help(main, argv)
     try:
-      rest = flags.FLAGS(resolve_config_args(argv))
+      args = resolve_config_args(argv)
+    except ValueError as e:  # an unknown bundled config name
+      fail(prog, e, 2)
+    try:
+      rest = flags.FLAGS(args)
       for name in flags.FLAGS:
         flag = flags.FLAGS[name]
         if config_flags.is_config_flag(flag) and flag.present:
@@ -121,7 +253,7 @@ def _flags_parser(prog: str) -> Callable[[list[str]], list[str]]:
     except BrokenPipeError:  # `--help | head`
       _closed_pipe()
     except (flags.Error, AttributeError, KeyError, TypeError, *USER_ERRORS) as e:
-      fail(prog, e, 2)
+      fail(prog, config_error(e, argv, args), 2)
     if len(rest) > 1:
       fail(prog, f"unexpected arguments: {' '.join(rest[1:])}", 2)
     return rest
@@ -129,11 +261,17 @@ def _flags_parser(prog: str) -> Callable[[list[str]], list[str]]:
   return parse
 
 
-def run(main: Callable[[list[str]], None], prog: str) -> None:
-  """`app.run(main)` with one-line errors (see the module docstring)."""
+def run(main: Callable[[list[str]], None], prog: str, compilation_cache: bool = False) -> None:
+  """`app.run(main)` with one-line errors (see the module docstring); with `compilation_cache`,
+  a `--compilation_cache_dir` flag and JAX's persistent compilation cache (`compile_cache`)."""
+  cache_dir = compile_cache.define_flag() if compilation_cache else None
 
   def guarded(argv: list[str]) -> None:
+    if not flags.FLAGS["verbosity"].present:
+      logging.set_verbosity(logging.WARNING)
     try:
+      if cache_dir is not None:
+        compile_cache.enable(cache_dir.value)
       main(argv)
     except BrokenPipeError:
       _closed_pipe()
@@ -142,4 +280,4 @@ def run(main: Callable[[list[str]], None], prog: str) -> None:
         raise
       fail(prog, e)
 
-  app.run(guarded, flags_parser=_flags_parser(prog))
+  app.run(guarded, flags_parser=_flags_parser(prog, main))

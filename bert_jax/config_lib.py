@@ -54,6 +54,17 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
 BUNDLED_CORPUS = os.path.join(os.path.dirname(__file__), "data", "sample_public_domain.txt")
 
 
+def cpu_has_bf16() -> bool:
+  """Whether this (Linux x86) CPU has bf16 matmul instructions (AVX512-BF16 or AMX-BF16); where
+  it has not, XLA:CPU emulates bf16, slower than float32 (the CPU configs' dtype rule)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      flags = f.read()
+  except OSError:
+    return False
+  return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def scaled_base(scale: str) -> ml_collections.ConfigDict:
   """The base of every experiment. full: BERT-Base as in the paper. cpu: the tiny model on the
   bundled corpus, sized for a 2-core machine (each point a few minutes)."""
@@ -152,10 +163,12 @@ def base_config(size: str = "base") -> ml_collections.ConfigDict:
   c.opt.total_steps = 1_000_000
   c.opt.clip_norm = 1.0
   c.opt.grad_accum_steps = 1
-  # A step whose gradient is not finite (a finite loss can have one): 'stop' leaves the state
-  # unchanged and stops naming the step; 'skip' leaves params and optimizer state unchanged,
-  # counts it (train/skipped_steps) and goes on. Either way no NaN state is ever saved.
+  # A step whose update is not finite (gradient, new parameters or optimizer state; a finite
+  # loss can have one): 'stop' leaves the state unchanged and stops naming the step; 'skip'
+  # leaves params and optimizer state unchanged, counts it (train/skipped_steps) and goes on,
+  # until max_consecutive_skips steps in a row end the run. No NaN state is ever saved.
   c.opt.nonfinite = "stop"
+  c.opt.max_consecutive_skips = 10
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.shape = (1, -1, 1)  # (data, fsdp, tensor); one -1 takes the remaining devices

@@ -35,23 +35,32 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
-from absl import logging
 
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import input_pipeline, interop, optim, resume, train
+from bert_jax import (
+  files,
+  hf_io,
+  input_pipeline,
+  loader,
+  loop,
+  multihost,
+  optim,
+  params_tree,
+  resume,
+)
 from bert_jax import model as model_lib
 from bert_jax import preemption as preemption_lib
 from bert_jax import sharding as sh
 from bert_jax import tasks as tasks_lib
 from bert_jax import tokenizer as tokenizer_lib
+from bert_jax.tasks import batches as batches_lib
 from bert_jax.tasks import features as features_lib
+from bert_jax.tasks import kinds
 
 RESULTS = "results.json"
 SEED_RESULT = "result.json"
@@ -83,7 +92,7 @@ def model_config(config: ml_collections.ConfigDict) -> tuple[model_lib.BertConfi
     cfg = model_lib.BertConfig(**fields)
     vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
     return cfg, tokenizer_lib.WordPieceTokenizer.from_file(vocab)
-  _, stored = interop.read_config(config.init)
+  _, stored = loader.read_config(config.init)
   return dataclasses.replace(stored, **run), None
 
 
@@ -93,7 +102,7 @@ def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_
 
   t = config.task
   splits: dict[str, Any] = {}
-  if t.kind == "span_qa":
+  if kinds.get(t.kind).examples == "squad":
     from bert_jax.tasks import squad
 
     for split in SPLITS:
@@ -117,7 +126,9 @@ def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_
       )
       qa = tasks_lib.QAInfo(examples, metas, stats, tokenizer, **config.squad.to_dict())
       splits[split] = (examples, enc, qa)
-    return tasks_lib.Task(t.name, t.kind, (), tuple(t.metrics) or ("f1", "exact_match")), splits
+    return tasks_lib.Task(
+      t.name, t.kind, (), tuple(t.metrics) or kinds.default_metrics(t.kind)
+    ), splits
   examples = {
     s: readers.read_split(t, s) if readers.has_split(t, s) or s == "train" else None for s in SPLITS
   }
@@ -135,9 +146,7 @@ def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_
   for s in SPLITS:
     if examples[s] is not None and labels:
       readers.check_labels(examples[s], labels, s)
-  from bert_jax.tasks import metrics
-
-  names = tuple(t.metrics) or metrics.default_metrics(t.kind, labels)
+  names = tuple(t.metrics) or kinds.default_metrics(t.kind, labels)
   task = tasks_lib.Task(t.name, t.kind, labels, names)
   for s in SPLITS:
     if examples[s] is None:
@@ -161,8 +170,7 @@ def check_config(path: str, config_json: dict, allow_changes: str) -> None:
   """A rerun in the same workdir must be the same config (it resumes that run): a change is
   refused with one line unless `resume_allow_changes` lists it; logging may change."""
   if os.path.exists(path):
-    with open(path) as f:
-      stored = json.load(f)
+    stored = files.read_json(path)  # an empty or torn file: one line naming it
     diffs = {
       k: v
       for k, v in resume.compare({"config": stored}, config_json, {}).items()
@@ -185,7 +193,7 @@ def check_config(path: str, config_json: dict, allow_changes: str) -> None:
         "config.json to check them against: remove them or use another --workdir"
       )
     if jax.process_index() == 0:
-      ckpt_lib.write_atomic(path, json.dumps(config_json, indent=2) + "\n")
+      files.write_atomic(path, json.dumps(config_json, indent=2) + "\n")
 
 
 def validate(config: ml_collections.ConfigDict, mesh) -> None:
@@ -214,95 +222,7 @@ def validate(config: ml_collections.ConfigDict, mesh) -> None:
     raise ValueError(f"config.opt.nonfinite must be 'stop' or 'skip', not {config.opt.nonfinite!r}")
 
 
-# ----------------------------------------------------------------------------- batches
-
-
-def buckets(config: ml_collections.ConfigDict) -> tuple[int, ...]:
-  max_len = config.data.max_seq_length
-  return tuple(sorted({b for b in config.data.buckets if b < max_len} | {max_len}))
-
-
-def bucket_length(length: int, bucket_lengths: tuple[int, ...]) -> int:
-  return next((b for b in bucket_lengths if b >= length), bucket_lengths[-1])
-
-
-def collate(
-  rows: list[dict[str, np.ndarray]],
-  indices: np.ndarray,
-  batch_size: int,
-  bucket_lengths,
-  pad_id: int,
-) -> dict[str, np.ndarray]:
-  """Rows at `indices` (fewer than batch_size: filled with weight-0 copies of the first) as
-  one batch padded to its bucket length; adds input_mask, weight and row."""
-  real = len(indices)
-  idx = np.concatenate([indices, np.full(batch_size - real, indices[0])]).astype(np.int64)
-  picked = [rows[i] for i in idx]
-  length = bucket_length(max(r["input_ids"].shape[-1] for r in picked), bucket_lengths)
-  pads = {"input_ids": pad_id, "segment_ids": 0, "label_ids": -1}
-  batch: dict[str, np.ndarray] = {}
-  for key in picked[0]:
-    if key in pads:
-      out = np.full((batch_size, *picked[0][key].shape[:-1], length), pads[key], np.int32)
-      for i, r in enumerate(picked):
-        out[i, ..., : r[key].shape[-1]] = r[key]
-      batch[key] = out
-    elif key == "features":  # frozen-encoder features [L_row, K, D]: pad the length axis
-      out = np.zeros((batch_size, length, *picked[0][key].shape[1:]), picked[0][key].dtype)
-      for i, r in enumerate(picked):
-        out[i, : len(r[key])] = r[key]
-      batch[key] = out
-    elif key not in ("n_words",):
-      batch[key] = np.stack([np.asarray(r[key]) for r in picked])
-  lengths = np.array([r["input_ids"].shape[-1] for r in picked])
-  mask = np.arange(length) < lengths.reshape(-1, *([1] * (batch["input_ids"].ndim - 1)))
-  if batch["input_ids"].ndim == 3:  # multiple choice: each choice row has its own length
-    mask = batch["input_ids"] != pad_id
-    mask[..., 0] = True
-  batch["input_mask"] = mask.astype(np.int32)
-  batch["weight"] = (np.arange(batch_size) < real).astype(np.float32)
-  batch["row"] = np.where(np.arange(batch_size) < real, idx, -1).astype(np.int32)
-  return batch
-
-
-def host_slice(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """This process's rows of a global batch (every process builds the same global batch)."""
-  n, p = jax.process_count(), jax.process_index()
-  b = len(batch["weight"]) // n
-  return {k: v[p * b : (p + 1) * b] for k, v in batch.items()}
-
-
-def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
-  return np.random.default_rng([seed, epoch]).permutation(n)
-
-
-def train_batches(rows, seed, batch_size, start_step, bucket_lengths, pad_id) -> Iterator:
-  """Epoch after epoch of shuffled batches (the last partial one kept), from `start_step`."""
-  per_epoch = math.ceil(len(rows) / batch_size)
-  for step in itertools.count(start_step):
-    epoch, i = divmod(step, per_epoch)
-    order = epoch_order(seed, epoch, len(rows))
-    yield collate(
-      rows, order[i * batch_size : (i + 1) * batch_size], batch_size, bucket_lengths, pad_id
-    )
-
-
-def eval_batches(rows, batch_size, bucket_lengths, pad_id) -> Iterator:
-  """Every row once, grouped by length so batches pad little."""
-  order = np.argsort([r["input_ids"].shape[-1] for r in rows], kind="stable")
-  for i in range(0, len(rows), batch_size):
-    yield collate(rows, order[i : i + batch_size], batch_size, bucket_lengths, pad_id)
-
-
 # ----------------------------------------------------------------------------- steps
-
-
-MODEL_INPUTS = ("input_ids", "segment_ids", "input_mask")
-
-
-def model_inputs(model) -> tuple[str, ...]:
-  """The batch fields a model takes (the feature-based tagger: features, input_mask)."""
-  return getattr(model, "inputs", MODEL_INPUTS)
 
 
 def state_init_fn(model, tx, length: int = 8):
@@ -310,7 +230,7 @@ def state_init_fn(model, tx, length: int = 8):
   (`sharding.init_sharded` materialises it sharded)."""
 
   def init(rng):
-    shape = (1, 2, length) if model.kind == "multiple_choice" else (1, length)
+    shape = (1, 2, length) if kinds.get(model.kind).choices else (1, length)
     ids = jnp.zeros(shape, jnp.int32)
     args = model.example_inputs(length) if hasattr(model, "example_inputs") else None
     params = model.init({"params": rng}, *(args or (ids, ids, jnp.ones_like(ids))))["params"]
@@ -321,7 +241,7 @@ def state_init_fn(model, tx, length: int = 8):
 
 def make_train_step(model, tx, task: tasks_lib.Task, grad_accum_steps: int = 1):
   """`train_step(state, batch, rng) -> (state, metrics)`: the trainer's accumulation and
-  guarded update around the task's loss."""
+  guarded update (optim) around the task's loss; metrics as `loop.Job` reads them."""
 
   def train_step(state, batch, rng):
     rng = jax.random.fold_in(rng, state["step"])
@@ -330,24 +250,24 @@ def make_train_step(model, tx, task: tasks_lib.Task, grad_accum_steps: int = 1):
     def loss_fn(params, micro, micro_rng):
       logits = model.apply(
         {"params": params},
-        *(micro[k] for k in model_inputs(model)),
+        *(micro[k] for k in batches_lib.model_inputs(model)),
         deterministic=False,
         rngs={"dropout": micro_rng},
       )
-      loss_sum, count = task.losses(logits, micro)
-      return loss_sum / total, {"loss_sum": loss_sum, "count": count}
+      loss_sum, _ = task.losses(logits, micro)
+      return loss_sum / total, loss_sum
 
     grad_fn = jax.grad(loss_fn, has_aux=True)
-    grads, sums = train.accumulate_grads(grad_fn, state["params"], batch, rng, grad_accum_steps)
-    new_state, update_metrics = train.apply_update(state, grads, tx)
-    return new_state, {**sums, **update_metrics}
+    grads, loss_sum = optim.accumulate_grads(grad_fn, state["params"], batch, rng, grad_accum_steps)
+    new_state, update_metrics = optim.apply_update(state, grads, tx)
+    return new_state, {"loss": loss_sum / total, **update_metrics}
 
   return train_step
 
 
 def make_eval_step(model, task: tasks_lib.Task):
   def eval_step(params, batch):
-    inputs = (batch[k] for k in model_inputs(model))
+    inputs = (batch[k] for k in batches_lib.model_inputs(model))
     logits = model.apply({"params": params}, *inputs, deterministic=True)
     loss_sum, count = task.losses(logits, batch)
     return {**task.predict(logits), "row": batch["row"], "loss_sum": loss_sum, "count": count}
@@ -361,9 +281,11 @@ def evaluate(p_eval, params, task, split_data, config, mesh, pad_id) -> dict[str
   rows = enc.rows
   preds: dict[str, list] = {}
   loss_sum = count = 0.0
-  bl = buckets(config)
-  for batch in eval_batches(rows, config.data.eval_batch_size, bl, pad_id):
-    out = jax.device_get(p_eval(params, input_pipeline.to_global(host_slice(batch), mesh)))
+  bl = batches_lib.buckets(config)
+  for batch in batches_lib.eval_batches(rows, config.data.eval_batch_size, bl, pad_id):
+    out = jax.device_get(
+      p_eval(params, input_pipeline.to_global(batches_lib.host_slice(batch), mesh))
+    )
     loss_sum += float(out.pop("loss_sum"))
     count += float(out.pop("count"))
     for j, r in enumerate(out.pop("row")):
@@ -372,7 +294,7 @@ def evaluate(p_eval, params, task, split_data, config, mesh, pad_id) -> dict[str
       n = rows[r]["input_ids"].shape[-1]
       for k, v in out.items():
         preds.setdefault(k, [None] * len(rows))[r] = (
-          v[j][:n] if v.ndim > 1 and task.kind != "multiple_choice" else v[j]
+          v[j][:n] if v.ndim > 1 and not task.spec.choices else v[j]
         )
   result = task.score(preds, rows, extra)
   if count:
@@ -423,25 +345,35 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       best = (score, res)
   out = {**best[1], "grid": grid}
   if jax.process_index() == 0:
-    ckpt_lib.write_atomic(os.path.join(workdir, RESULTS), json.dumps(out, indent=2) + "\n")
-  train.console(f"grid: best dev {out['main_metric']} {best[0]:.4f} at {out['recipe']}")
+    files.write_atomic(os.path.join(workdir, RESULTS), json.dumps(out, indent=2) + "\n")
+  loop.console(f"grid: best dev {out['main_metric']} {best[0]:.4f} at {out['recipe']}")
   return out
 
 
 def run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """One recipe, every seed, in `workdir`. Everything a user can get wrong (config, checkpoint,
   task files) is checked before the workdir is touched."""
-  workdir = str(ckpt_lib.as_path(workdir, "workdir"))  # one line for an unservable scheme
-  if ckpt_lib.is_remote(workdir):
+  workdir = str(files.as_path(workdir, "workdir"))  # one line for an unservable scheme
+  if files.is_remote(workdir):
     raise ValueError(
       f"--workdir={workdir}: fine-tuning writes its best/ params dir and predictions with "
       "local file APIs; use a local (or gcsfuse-mounted) directory"
     )
-  prep = prepare(config)
-  os.makedirs(workdir, exist_ok=True)
-  with preemption_lib.WorkdirLock(workdir):
-    preemption_lib.clear_status(workdir)
-    return _run_point(config, workdir, prep)
+  with preemption_lib.Preemption() as preempt:
+    prep = prepare(config)
+    os.makedirs(workdir, exist_ok=True)
+    with preemption_lib.WorkdirLock(workdir) as lock:
+      unregister = multihost.on_cleanup(lambda: _peer_lost(workdir, config, lock))
+      try:
+        return _run_point(config, workdir, prep, preempt)
+      finally:
+        unregister()
+
+
+def _peer_lost(workdir: str, config, lock) -> None:
+  """After a lost peer, before the process ends: the run's record and the lock (process 0)."""
+  preemption_lib.write_status(workdir, 0, config.seeds, True, state="peer_lost")
+  lock.release()
 
 
 @dataclasses.dataclass
@@ -466,7 +398,7 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
   cfg, tokenizer = model_config(config)
   init_params = None
   if config.init:
-    ck = interop.load_checkpoint(config.init, like=cfg)  # host arrays, placed per seed below
+    ck = loader.load_checkpoint(config.init, like=cfg)  # host arrays, placed per seed below
     tokenizer = ck.tokenizer
     init_params = ck.params["bert"] if "bert" in ck.params else ck.params
     if tokenizer is None:
@@ -484,7 +416,7 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
   task, data = load_task_data(config, tokenizer)
   counts = {s: (len(d[0]) if d else 0) for s, d in data.items()}
   truncated = {s: (d[1].n_truncated if d else 0) for s, d in data.items()}
-  train.console(
+  loop.console(
     f"{task.name} ({task.kind}): "
     + ", ".join(
       f"{s} {counts[s]}" + (f" ({truncated[s]} truncated)" if truncated[s] else "")
@@ -501,11 +433,11 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
     s: d[2].stats for s, d in data.items() if d and d[2] is not None and hasattr(d[2], "stats")
   }
   if extra_info:
-    train.console(f"offset check: {json.dumps(extra_info)}")
+    loop.console(f"offset check: {json.dumps(extra_info)}")
   if features_lib.enabled(config):  # the frozen encoder runs once per row, here
     features_lib.check(config, task.kind)
     info = features_lib.add_features(config, cfg, init_params, data, tokenizer.pad_id, mesh, rules)
-    train.console(
+    loop.console(
       f"features: hidden states {info['layers']} of every row in {info['seconds']:.1f}s "
       f"({info['bytes'] / 2**20:.0f} MiB, {config.features.dtype})"
     )
@@ -514,19 +446,23 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
   )
 
 
-def _run_point(config: ml_collections.ConfigDict, workdir: str, prep: Prepared) -> dict[str, Any]:
+def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
   mesh, rules, cfg, tokenizer = prep.mesh, prep.rules, prep.cfg, prep.tokenizer
   task, data, init_params = prep.task, prep.data, prep.init_params
   counts, truncated, extra_info = prep.counts, prep.truncated, prep.offsets
 
   config_json = ckpt_lib.to_json(config.to_dict())
   check_config(os.path.join(workdir, "config.json"), config_json, config.resume_allow_changes)
+  # The config is this workdir's: from here the previous run's record no longer describes it.
+  preemption_lib.clear_status(workdir)
   seeds = []
   for k in range(config.seeds):
-    res = run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, rules)
+    res = run_seed(
+      config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, rules, preempt
+    )
     if res.get("preempted"):
       preemption_lib.write_status(workdir, k, config.seeds, True)
-      train.console(f"Preempted in seed {k}: rerun the same command to resume")
+      loop.console(f"Preempted in seed {k}: rerun the same command to resume")
       return {"preempted": True}
     seeds.append(res)
   from bert_jax.tasks import metrics
@@ -548,28 +484,47 @@ def _run_point(config: ml_collections.ConfigDict, workdir: str, prep: Prepared) 
     "seeds": seeds,
     "dev": metrics.summarize_seeds([s["dev"] for s in seeds]),
     "test": metrics.summarize_seeds([s["test"] for s in seeds if s["test"]]),
+    # What a model that learned nothing scores (majority class, chance, ...), and the seeds
+    # (by index) whose main metric is at or below it.
+    "baseline": _baseline(task, data, seeds),
     "config": config_json,
   }
   if jax.process_index() == 0:
-    ckpt_lib.write_atomic(os.path.join(workdir, RESULTS), json.dumps(results, indent=2) + "\n")
+    files.write_atomic(os.path.join(workdir, RESULTS), json.dumps(results, indent=2) + "\n")
   preemption_lib.write_status(workdir, config.seeds, config.seeds, False)
   for split in ("dev", "test"):
     s = results[split].get(task.main_metric)
     if s:
-      train.console(
+      base = results["baseline"]
+      low = base.get("at_or_below", {}).get(split, [])
+      loop.console(
         f"{task.name} {split} {task.main_metric}: {s['mean']:.4f} ± {s['std']:.4f} "
-        f"(median {s['median']:.4f}, min {s['min']:.4f}, max {s['max']:.4f}, {s['n']} seeds)"
+        f"(median {s['median']:.4f}, min {s['min']:.4f}, max {s['max']:.4f}, {s['n']} "
+        f"seed{'s' if s['n'] != 1 else ''})"
+        + metrics.baseline_note(base, split, task.main_metric, low, s["n"])
       )
   return {**results, "preempted": False}
 
 
-def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, rules) -> dict:
+def _baseline(task: tasks_lib.Task, data: dict, seeds: list[dict]) -> dict[str, Any]:
+  """results.json's baseline (tasks.metrics.baseline) with the seeds at or below it."""
+  from bert_jax.tasks import metrics
+
+  evals = {s: data[s][1].rows for s in ("dev", "test") if data[s] is not None}
+  base = metrics.baseline(task.kind, task.metrics, task.labels, data["train"][1].rows, evals)
+  if base["name"] != "none":
+    base["at_or_below"] = {
+      s: metrics.at_or_below(base, [r[s] for r in seeds], s, task.main_metric) for s in evals
+    }
+  return base
+
+
+def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, rules, preempt):
   """Trains seed k (resuming its checkpoint), returns its result (also `seed_<k>/result.json`)."""
   seed_dir = os.path.join(workdir, f"seed_{k}")
   done = os.path.join(seed_dir, SEED_RESULT)
   if os.path.exists(done):
-    with open(done) as f:
-      return json.load(f)
+    return files.read_json(done, keys=("dev", "test"))
   os.makedirs(seed_dir, exist_ok=True)
   seed = config.seed + k
   rows = data["train"][1].rows
@@ -595,116 +550,85 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
   )
   restored = ckpt.restore_latest(abstract)
   best: dict[str, Any] = {"step": 0, "dev": None, "test": {}}
+  window: dict[str, float] = {}
   if restored is not None:
     start_step, state, meta = restored
-    best = meta["best"]
-    train.console(f"seed {k}: resumed at step {start_step}")
+    best, window = meta["best"], meta.get("pending_metrics", {})
+    loop.console(f"seed {k}: resumed at step {start_step}")
   else:
     start_step = 0
     if init_params is not None and "bert" in abstract["params"]:
-      placed = interop.place(
-        interop.to_layout(init_params, cfg.scan_layers), abstract["params"]["bert"]
+      placed = params_tree.place(
+        params_tree.to_layout(init_params, cfg.scan_layers), abstract["params"]["bert"]
       )
       state = {**state, "params": {**state["params"], "bert": placed}}
 
-  batch_sh = sh.batch_sharding(mesh)
   with sh.mesh_context(mesh, rules):
-    p_train = jax.jit(
-      make_train_step(model, tx, task, config.opt.grad_accum_steps),
-      in_shardings=(state_sh, batch_sh, sh.replicated(mesh)),
-      out_shardings=(state_sh, sh.replicated(mesh)),
-      donate_argnums=0,
+    p_train = sh.jit_step(
+      make_train_step(model, tx, task, config.opt.grad_accum_steps), mesh, state_sh
     )
-    p_eval = jax.jit(
-      make_eval_step(model, task),
-      in_shardings=(state_sh["params"], batch_sh),
-      out_shardings=sh.replicated(mesh),
-    )
-  logger = train.MetricLogger(seed_dir, start_step)
-  bl = buckets(config)
-  batches = train_batches(rows, seed, batch_size, start_step, bl, tokenizer.pad_id)
-  pending = {"loss_sum": 0.0, "count": 0.0, "steps": 0}
-  window_start = run_start = time.perf_counter()
-  step = start_step
-  stop = False
+    p_eval = sh.jit_eval(make_eval_step(model, task), mesh, state_sh["params"])
+  logger = loop.MetricLogger(seed_dir, start_step)
+  config_json = ckpt_lib.to_json(config.to_dict())
   main = task.main_metric
+  run_start = time.perf_counter()
 
-  def evaluate_split(split):
-    return evaluate(p_eval, state["params"], task, data[split], config, mesh, tokenizer.pad_id)
+  def evaluate_split(split, params):
+    return evaluate(p_eval, params, task, data[split], config, mesh, tokenizer.pad_id)
 
-  def consume(step: int, m) -> None:
-    """Host side of a finished step (read after the next one is dispatched, so the device
-    never waits on the host): the non-finite check and the log window."""
-    nonlocal pending, window_start
-    m = jax.device_get(m)
-    if m["nonfinite"]:
-      if config.opt.nonfinite != "skip":
-        raise FloatingPointError(
-          f"seed {k}: non-finite gradient at step {step}; stopped without applying it"
-        )
-      logging.warning("seed %d: non-finite gradient at step %d: update skipped", k, step)
-    pending["loss_sum"] += float(m["loss_sum"])
-    pending["count"] += float(m["count"])
-    pending["steps"] += 1
-    if step % config.log.every_steps and step != total_steps:
-      return
-    now = time.perf_counter()
-    sps = pending["steps"] / max(now - window_start, 1e-9)
-    loss = pending["loss_sum"] / max(pending["count"], 1.0)
-    lr = float(optim.learning_rate_schedule(opt)(step - 1))
-    logger.write(
-      step, "train", {"loss": loss, "learning_rate": lr, "grad_norm": float(m["grad_norm"])}
-    )
-    logger.write(step, "perf", {"steps_per_sec": sps, "examples_per_sec": sps * batch_size})
-    eta = (total_steps - step) * (now - run_start) / max(step - start_step, 1)
-    train.console(
-      f"{train.progress_bar(step / total_steps)} seed {k + 1}/{config.seeds} | epoch "
-      f"{(step - 1) // per_epoch + 1}/{config.opt.epochs} | step {step}/{total_steps} | "
-      f"loss {loss:.4f} | {sps * batch_size:.1f} ex/s | ETA {train.format_duration(eta)}"
-    )
-    pending = {"loss_sum": 0.0, "count": 0.0, "steps": 0}
-    window_start = now
+  def evaluate_and_select(step: int, state: Any) -> None:
+    """Dev at this step; a new best dev point is kept (params dir) and scored on test."""
+    nonlocal best
+    dev = evaluate_split("dev", state["params"])
+    logger.write(step, "dev", dev)
+    msg = f"dev @ {step}: {loop.format_metrics(dev)}"
+    if best["dev"] is None or dev[main] > best["dev"][main]:
+      best = {"step": step, "dev": dev, "test": {}}
+      if data["test"] is not None:
+        same = data["test"] is data["dev"]  # the same rows: the dev scores are the test's
+        best["test"] = dev if same else evaluate_split("test", state["params"])
+        logger.write(step, "test", best["test"])
+      save_best(os.path.join(seed_dir, BEST), cfg, state["params"], tokenizer, task, config)
+      write_predictions(seed_dir, data)
+      msg += "  (best so far)"
+    loop.console(msg)
 
-  prev = None  # (step, metrics) dispatched last, consumed after the next dispatch
-  with preemption_lib.Preemption() as preempt:
-    while step < total_steps and not stop:
-      batch = input_pipeline.to_global(host_slice(next(batches)), mesh)
-      state, m = p_train(state, batch, step_rng)
-      step += 1
-      if prev is not None:
-        consume(*prev)
-      prev = (step, m)
-      stop = preempt.should_stop(step)
-      if step % eval_every == 0 or step == total_steps or stop:
-        consume(*prev)  # the checkpoint and the eval follow every step's host side
-        prev = None
-      if step % eval_every == 0 or step == total_steps:
-        dev = evaluate_split("dev")
-        logger.write(step, "dev", dev)
-        msg = f"dev @ {step}: " + " | ".join(f"{a} {b:.4f}" for a, b in dev.items())
-        if best["dev"] is None or dev[main] > best["dev"][main]:
-          best = {"step": step, "dev": dev, "test": {}}
-          if data["test"] is not None:
-            same = data["test"] is data["dev"]  # the same rows: the dev scores are the test's
-            best["test"] = dev if same else evaluate_split("test")
-            logger.write(step, "test", best["test"])
-          save_best(os.path.join(seed_dir, BEST), cfg, state["params"], tokenizer, task, config)
-          write_predictions(seed_dir, data)
-          msg += "  (best so far)"
-        train.console(msg)
-      if step % eval_every == 0 or step == total_steps or stop:
-        ckpt.save(
-          step,
-          state,
-          None,
-          {"best": best, "config": ckpt_lib.to_json(config.to_dict())},
-          force=True,
-        )
-  ckpt.close()
-  logger.close()
-  if stop and step < total_steps:
+  def save(step: int, state: Any, window: dict[str, float]) -> None:
+    meta = {"best": best, "config": config_json, "pending_metrics": window}
+    ckpt.save(step, state, None, meta, force=True)
+
+  bl = batches_lib.buckets(config)
+  job = loop.Job(
+    step_fn=p_train,
+    batches=map(
+      batches_lib.host_slice,
+      batches_lib.train_batches(rows, seed, batch_size, start_step, bl, tokenizer.pad_id),
+    ),
+    preemption=preempt,
+    mesh=mesh,
+    rng=step_rng,
+    total_steps=total_steps,
+    logger=logger,
+    learning_rate=optim.learning_rate_schedule(opt),
+    evaluate=evaluate_and_select,
+    save=save,
+    log_every=config.log.every_steps,
+    eval_every=eval_every,
+    ckpt_every=eval_every,
+    examples_per_step=batch_size,
+    nonfinite=config.opt.nonfinite,
+    max_consecutive_skips=config.opt.max_consecutive_skips,
+    describe=lambda step, _: f"epoch {(step - 1) // per_epoch + 1}/{config.opt.epochs}",
+    label=f"seed {k + 1}/{config.seeds}",
+  )
+  try:
+    result = loop.run(job, state, start_step, window)
+  finally:
+    ckpt.close()
+    logger.close()
+  if result.preempted:
     return {"preempted": True}
-  result = {
+  out = {
     "seed": seed,
     "best_step": best["step"],
     "best_epoch": math.ceil(best["step"] / per_epoch),
@@ -713,8 +637,8 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
     "train_seconds": round(time.perf_counter() - run_start, 1),
   }
   if jax.process_index() == 0:
-    ckpt_lib.write_atomic(done, json.dumps(result, indent=2) + "\n")
-  return result
+    files.write_atomic(done, json.dumps(out, indent=2) + "\n")
+  return out
 
 
 def write_predictions(seed_dir: str, data: dict) -> None:
@@ -742,7 +666,7 @@ def save_best(path, cfg, params, tokenizer, task: tasks_lib.Task, config) -> Non
   if features_lib.enabled(config):  # head only: a params dir needs the encoder
     features_lib.save_head(path, cfg, host, tokenizer, info, config)
     return
-  interop.save_params_dir(path, cfg, host, overwrite=True, tokenizer=tokenizer, task=info)
+  hf_io.save_params_dir(path, cfg, host, overwrite=True, tokenizer=tokenizer, task=info)
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -781,19 +705,21 @@ def run() -> None:
 
   def main(argv: list[str]) -> None:
     del argv
-    from absl import flags
-
-    if not flags.FLAGS["verbosity"].present:
-      logging.set_verbosity(logging.WARNING)
     if f["num_cpu_devices"].value:
       jax.config.update("jax_num_cpu_devices", f["num_cpu_devices"].value)
     if f["distributed"].value:
-      jax.distributed.initialize()
-    result = finetune(f["config"].value, f["workdir"].value)
+      multihost.initialize("finetune")
+    try:
+      result = finetune(f["config"].value, f["workdir"].value)
+    except Exception:
+      multihost.wait_for_lost_peer()  # a lost peer ends the process in one line, exit 75
+      raise
+    if f["distributed"].value:
+      multihost.shutdown()
     if result.get("preempted"):
       sys.exit(preemption_lib.EXIT_PREEMPTED)
 
-  cli.run(main, "finetune")
+  cli.run(main, "finetune", compilation_cache=True)
 
 
 if __name__ == "__main__":

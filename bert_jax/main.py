@@ -4,8 +4,10 @@ r"""Pretraining entry point: flags only.
       --config.data.dir=/data/wiki_books_128
 
 Exit status: 0 when the run reached its last step; 75 (`preemption.EXIT_PREEMPTED`) when
-SIGTERM, SIGINT or SIGHUP stopped it after saving a checkpoint (rerun the same command to
-resume); 1 for an error a user can fix (one line on stderr), 2 for a bad flag or config.
+SIGTERM, SIGINT or SIGHUP stopped it (after saving a checkpoint once training had started;
+rerun the same command to resume); 1 for an error a user can fix (one line on stderr), 2 for a
+bad flag or config. A config with `log.fill_mask` texts ends by loading the final checkpoint
+as a notebook would (`bert_jax.load`) and printing the top predictions for each [MASK].
 """
 
 import sys
@@ -40,24 +42,23 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv: list[str]) -> None:
   del argv
-  if not flags.FLAGS["verbosity"].present:
-    # orbax and grain log every save at INFO; progress goes to stdout.
-    logging.set_verbosity(logging.WARNING)
   import jax
 
-  from bert_jax import checkpoints
+  from bert_jax import files
 
   # A workdir this code cannot serve (s4://, gs:// without gcsfs) fails before the pod joins up.
-  checkpoints.as_path(_WORKDIR.value, "--workdir")
+  files.as_path(_WORKDIR.value, "--workdir")
   if _CPU_DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
+  from bert_jax import multihost, preemption, train
+
   if _DISTRIBUTED.value:
-    jax.distributed.initialize(
+    multihost.initialize(
+      "main",
       coordinator_address=_COORDINATOR.value,
       num_processes=_NUM_PROCESSES.value,
       process_id=_PROCESS_ID.value,
     )
-  from bert_jax import preemption, train
 
   logging.info(
     "JAX %s: %d processes, %d devices (%s)",
@@ -68,15 +69,33 @@ def main(argv: list[str]) -> None:
   )
   try:
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  finally:
-    if _DISTRIBUTED.value:
-      jax.distributed.shutdown()
+  except Exception:
+    multihost.wait_for_lost_peer()  # a lost peer ends the process in one line, exit 75
+    raise
+  if _DISTRIBUTED.value:
+    multihost.shutdown()
   if result["preempted"]:
     sys.exit(preemption.EXIT_PREEMPTED)
+  texts = list(_CONFIG.value.log.fill_mask)
+  if texts and jax.process_count() == 1 and result["step"] == _CONFIG.value.opt.total_steps:
+    if files.is_remote(_WORKDIR.value):  # bert_jax.load reads local paths (or a gcsfuse mount)
+      print("fill_mask: skipped (the workdir is on an object store)", flush=True)
+    else:
+      show_fill_mask(_WORKDIR.value, texts)
+
+
+def show_fill_mask(workdir: str, texts: list[str], top_k: int = 3) -> None:
+  """The final checkpoint's top predictions for each [MASK] of each text (stdout)."""
+  import bert_jax
+
+  m = bert_jax.load(workdir)
+  for text in texts:
+    shown = " / ".join(", ".join(f"{t} {p:.2f}" for t, p in pm) for pm in m.fill_mask(text, top_k))
+    print(f"fill_mask: {text}  ->  {shown}", flush=True)
 
 
 def run() -> None:
-  cli.run(main, "main")
+  cli.run(main, "main", compilation_cache=True)
 
 
 if __name__ == "__main__":

@@ -115,14 +115,18 @@ def example_key(seed: Any, example_id: Any, epoch: Any = None) -> Array:
   return key
 
 
+def num_to_predict(lengths: Any, max_predictions: int, masked_lm_prob: float) -> np.ndarray:
+  """How many positions a sequence of each length masks: the original's
+  min(max_predictions, max(1, int(round(len(tokens) * masked_lm_prob)))). On the host in
+  float64, rounded half to even as Python's round: a float32 product on device can land on the
+  other side of a .5 boundary."""
+  n = np.asarray(lengths, np.int64)
+  return np.minimum(max_predictions, np.maximum(1, np.round(n * masked_lm_prob))).astype(np.int64)
+
+
 def _num_to_predict_table(length: int, cfg: MaskingConfig) -> np.ndarray:
-  # Built on the host with Python's round (half to even, float64) so the count matches the
-  # original's int(round(len(tokens) * masked_lm_prob)) exactly; a float32 product on device
-  # can land on the other side of a .5 boundary.
-  return np.array(
-    [min(cfg.max_predictions, max(1, round(n * cfg.masked_lm_prob))) for n in range(length + 1)],
-    dtype=np.int32,
-  )
+  lengths = np.arange(length + 1)
+  return num_to_predict(lengths, cfg.max_predictions, cfg.masked_lm_prob).astype(np.int32)
 
 
 def _select_tokens(bits_L: Array, cand_L: Array, n: Array, max_predictions: int) -> Array:

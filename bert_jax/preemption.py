@@ -21,6 +21,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -30,6 +31,8 @@ import jax
 import numpy as np
 from absl import logging
 from etils import epath
+
+from bert_jax import files
 
 # The exit status of a run stopped by SIGTERM/SIGINT/SIGHUP after saving its checkpoint: rerun
 # the same command to resume (sysexits.h EX_TEMPFAIL). 0 means the run reached its last step.
@@ -50,15 +53,31 @@ def _sync_manager() -> Any:
   return distributed.global_state.preemption_sync_manager
 
 
+class Preempted(SystemExit):
+  """A signal stopped the run before it trained a step (while it built data, trained a vocab
+  or restored): there was nothing new to save, so it stops at once, with `EXIT_PREEMPTED`
+  (rerun to resume). A SystemExit, so that no `except Exception` on the way swallows it, while
+  every `with` on the way (the workdir lock) still closes."""
+
+  def __init__(self, message: str):
+    super().__init__(EXIT_PREEMPTED)
+    self.message = message
+
+
 class Preemption:
-  """Context manager: `should_stop(step)`, called once per step by every process, is True at
-  the same step on all processes once any of them got SIGTERM, SIGINT or SIGHUP."""
+  """Context manager over a whole run: `should_stop(step)`, called once per step by every
+  process, is True at the same step on all processes once any of them got SIGTERM, SIGINT or
+  SIGHUP. A signal that comes before the training loop starts (`training()`) raises
+  `Preempted` at once in a one-process run; with several processes it is kept for the loop's
+  first step, where all of them agree to stop (stopping one process early would leave the
+  others waiting in a collective)."""
 
   def __init__(self):
     self.signal: int | None = None  # the signal this process received, if any
     self._old: dict[int, Any] = {}
     self._multi = jax.process_count() > 1
     self._jax_owns_sigterm = _sync_manager() is not None
+    self._training = False
 
   def __enter__(self) -> Preemption:
     for sig in SIGNALS:
@@ -70,12 +89,20 @@ class Preemption:
         pass
     return self
 
+  def training(self) -> None:
+    """From now on a signal saves the current step and stops (the loop has started)."""
+    self._training = True
+
   def _handle(self, signum: int, frame: Any) -> None:
     del frame
     first = self.signal is None
     self.signal = signum
+    name = signal.Signals(signum).name
+    if not self._training and not self._multi:
+      message = f"{name} received before training started: stopped, nothing to save"
+      print(f"{message}; rerun the same command to resume", file=sys.stderr, flush=True)
+      raise Preempted(message)
     if first:
-      name = signal.Signals(signum).name
       logging.warning("%s received: saving a checkpoint, then exiting", name)
     if self._jax_owns_sigterm:
       os.kill(os.getpid(), signal.SIGTERM)  # JAX's handler starts the cross-host agreement
@@ -102,25 +129,23 @@ class Preemption:
 # ----------------------------------------------------------------------------- run status
 
 
-def _is_remote(path: str) -> bool:
-  return "://" in os.fspath(path)
-
-
 def clear_status(workdir: str) -> None:
   """Forgets the previous run's ending (process 0, at start)."""
   if jax.process_index() == 0:
     epath.Path(workdir, STATUS_FILE).unlink(missing_ok=True)
 
 
-def write_status(workdir: str, step: int, total_steps: int, preempted: bool) -> None:
-  """Records how the run ended; `launch/sweep.py` reads it to decide a point is finished."""
+def write_status(
+  workdir: str, step: int, total_steps: int, preempted: bool, state: str | None = None
+) -> None:
+  """Records how the run ended (`state`: finished, preempted, stopped, or as given, e.g.
+  peer_lost); `launch/sweep.py` reads it to decide a point is finished."""
   if jax.process_index() != 0:
     return
-  from bert_jax import checkpoints  # the atomic write; orbax is not needed to read the status
-
-  state = "preempted" if preempted else ("finished" if step >= total_steps else "stopped")
+  if state is None:
+    state = "preempted" if preempted else ("finished" if step >= total_steps else "stopped")
   record = {"state": state, "step": int(step), "total_steps": int(total_steps)}
-  checkpoints.write_atomic(str(epath.Path(workdir, STATUS_FILE)), json.dumps(record))
+  files.write_atomic(str(epath.Path(workdir, STATUS_FILE)), json.dumps(record))
 
 
 def read_status(workdir: str) -> dict | None:
@@ -165,7 +190,7 @@ class WorkdirLock:
   SETTLE_S = 1.0
 
   def __init__(self, workdir: str):
-    self.remote = _is_remote(workdir)
+    self.remote = files.is_remote(workdir)
     self.path = str(epath.Path(workdir, LOCK_FILE))
     self.held = False
     self._owner: dict[str, Any] = {}

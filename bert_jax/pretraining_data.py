@@ -1,707 +1,50 @@
 """Text documents -> BERT pretraining sequences -> ArrayRecord shards + metadata.json.
 
 The library behind `python -m bert_jax.create_data` (its flags are the arguments of `build`) and
-the trainer's first-use data build:
+the trainer's dataset (`ensure_built`):
 
   summary = pretraining_data.build("corpus/*.txt.gz", "DIR", vocab="vocab.txt")
+  data_dir = pretraining_data.ensure_built(config, workdir)   # config.data.dir or <workdir>/data
 
 Input: one sentence a line, a blank line between documents (the original BERT format); .txt or
 .gz, comma-separated globs; or a local TFDS text dataset (--tfds_name, --tfds_data_dir; never
-downloaded). A document also ends at the end of its file.
+downloaded). A document also ends at the end of its file. Reading: bert_jax.corpus.
 
-Sequences follow google-research/bert `create_instances_from_document`: a target length of
-max_seq_length - 3 (a random shorter one with probability short_seq_prob, drawn per document),
-sentences accumulated until the chunk reaches it, segment A a random prefix of the chunk, B its
-real continuation (50%) or a random span of another document (unused sentences are put back),
-then the longer segment trimmed at a random end until the pair fits. `--dupe_factor` passes
-re-draw segmentation and pairing (the original's default was 10; ours is 1 because masking is
-done on the fly, see bert_jax.masking). With --nsp=False sentences are packed up to
-max_seq_length - 2 tokens (RoBERTa FULL-SENTENCES, a [SEP] between documents; or
-DOC-SENTENCES, never crossing a document boundary); a sentence longer than that is truncated.
+Sequences follow google-research/bert `create_instances_from_document` (NSP pairs), or pack
+full sentences when NSP is off (RoBERTa FULL-/DOC-SENTENCES): bert_jax.sequences. `--dupe_factor`
+passes re-draw segmentation and pairing (the original's default was 10, to re-draw its static
+masks too; ours is 1 because the trainer masks on the fly, bert_jax.masking, unless --write_masks
+stores static masks).
 
-Streaming, parallel and deterministic: a first pass scatters documents over random bucket files
-of about a chunk each (an external shuffle); each bucket is then read and shuffled in memory and
-chunks of ~4 MB of text are cut from them, so every chunk is a uniform random sample of the
-corpus whatever its order and size. Each chunk is an independent work unit (tokenize with
-`encode_batch`, build sequences) whose random generator is seeded from (seed, split, dupe pass,
-chunk index); the random "other document" for NSP comes from the same chunk. Workers (spawned
-processes) run units; the parent writes results in chunk order and numbers examples
-sequentially, so the output is byte-identical for any --num_workers, and at most a few chunks
-are in memory at once (the buckets take about the size of the uncompressed text, in a
-temporary directory inside --output_dir).
-
-Held-out documents (--eval_fraction) are chosen by a hash of their text (duplicates land in the
-same split); a corpus that fits in one chunk gets at least 3 eval documents (at most a tenth of
-its documents, and at least one). Eval documents are
-grouped into their own chunks and get a single pass (no dupes).
+Streaming, parallel and deterministic (bert_jax.data_writer): documents are shuffled externally
+into chunks of ~4 MB of text, each chunk a uniform random sample of the corpus and an
+independent work unit seeded from (seed, split, dupe pass, chunk index); workers build the
+sequences and the parent writes them in chunk order, so the output is byte-identical for any
+--num_workers and memory stays at a few chunks. Held-out documents (--eval_fraction) are chosen
+by a hash of their text; a corpus that fits in one chunk gets at least 3 eval documents (at
+most a tenth of its documents, and at least one).
 
 Output (the record format is bert_jax.records): DIR/{train,eval}-NNNNN-of-NNNNN
-.array_record, DIR/tokenizer/, DIR/metadata.json. Everything is written under a temporary
-directory and renamed at the end, metadata.json last.
+.array_record, DIR/tokenizer/, DIR/metadata.json (the options, the tokenizer's fingerprint, the
+counts, and `source.input_sha256`: what the input text is, whatever its path). Everything is
+written under a temporary directory and renamed at the end, metadata.json last.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import glob
-import gzip
-import hashlib
 import itertools
 import json
 import multiprocessing
 import os
-import random
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
 from typing import Any
 
-import numpy as np
-from absl import logging
-
-from bert_jax import records
-
-MAX_LINE_CHARS = 100_000  # longer lines are not sentences (minified code, binary dumps): skipped
-# A file without blank lines would otherwise be one document of unbounded size.
-MAX_DOC_SENTENCES = 50_000
-MAX_DOC_CHARS = 16 << 20
-CHUNK_CHARS = 4 << 20  # text per work unit
-# Buckets of about a chunk each up to 16 GB of text (bigger corpora get bigger buckets, each
-# still shuffled in memory); write buffers share a fixed budget.
-MAX_BUCKETS = 4096
-BUFFER_BUDGET_CHARS = 256 << 20
-MIN_EVAL_DOCS = 3
-_SPLIT_CODE = {"train": 0, "eval": 1}
-PACKINGS = ("nsp_pairs", "full_sentences", "doc_sentences")
-
-
-@dataclasses.dataclass(frozen=True)
-class Options:
-  """Everything that shapes the output (also what workers need)."""
-
-  vocab: str
-  max_seq_length: int = 128
-  max_predictions_per_seq: int = 20
-  masked_lm_prob: float = 0.15
-  short_seq_prob: float = 0.1
-  dupe_factor: int = 1
-  seed: int = 12345
-  nsp: bool = True
-  packing: str = "full_sentences"  # used when nsp=False
-  eval_fraction: float = 0.01
-  write_masks: bool = False
-  whole_word_mask: bool = False
-
-  @property
-  def layout(self) -> str:
-    return "nsp_pairs" if self.nsp else self.packing
-
-  def validate(self) -> None:
-    if not 8 <= self.max_seq_length <= 65535:
-      raise ValueError(f"--max_seq_length must be in [8, 65535], got {self.max_seq_length}")
-    if self.dupe_factor < 1:
-      raise ValueError(f"--dupe_factor must be >= 1, got {self.dupe_factor}")
-    if not 0.0 <= self.short_seq_prob <= 1.0:
-      raise ValueError(f"--short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
-    if not 0.0 <= self.eval_fraction < 1.0:
-      raise ValueError(f"--eval_fraction must be in [0, 1), got {self.eval_fraction}")
-    if not self.nsp and self.packing not in ("full_sentences", "doc_sentences"):
-      raise ValueError(f"--packing must be full_sentences or doc_sentences, got {self.packing!r}")
-    if not 0 < self.max_predictions_per_seq <= self.max_seq_length:
-      raise ValueError(
-        f"--max_predictions_per_seq must be in [1, max_seq_length], got "
-        f"{self.max_predictions_per_seq}"
-      )
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def expand_inputs(patterns: str) -> list[str]:
-  """Comma-separated globs -> sorted, de-duplicated files; a glob matching nothing is an error."""
-  files: list[str] = []
-  for pattern in patterns.split(","):
-    pattern = pattern.strip()
-    if not pattern:
-      continue
-    matches = sorted(m for m in glob.glob(os.path.expanduser(pattern), recursive=True))
-    matches = [m for m in matches if os.path.isfile(m)]
-    if not matches:
-      raise FileNotFoundError(f"--input: no file matches {pattern!r}")
-    files.extend(matches)
-  if not files:
-    raise ValueError("--input is empty")
-  return list(dict.fromkeys(files))
-
-
-class _Reader:
-  """Streams documents (lists of stripped sentences) from files, counting what it skips."""
-
-  def __init__(self, files: list[str]):
-    self.files = files
-    self.skipped: collections.Counter = collections.Counter()
-    self.pseudo_document_splits = 0
-    self.total_bytes = sum(os.path.getsize(f) for f in files)
-    self.done_bytes = 0  # input bytes fully consumed (for progress)
-    self._raw = None
-
-  def position(self) -> int:
-    try:
-      return self.done_bytes + (self._raw.tell() if self._raw else 0)
-    except (OSError, ValueError):
-      return self.done_bytes
-
-  def _lines(self, path: str) -> Iterator[str]:
-    raw = open(path, "rb")  # noqa: SIM115 -- closed below; kept to report progress
-    self._raw = raw
-    f = gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
-    skipped = collections.Counter()
-    try:
-      try:
-        head = f.read(1 << 16)
-      except (OSError, EOFError) as e:
-        raise ValueError(f"{path}: cannot read ({e})") from e
-      if not head:
-        logging.warning("create_data: %s is empty", path)
-        self.skipped["empty_files"] += 1
-        return
-      if b"\0" in head:
-        logging.warning("create_data: %s looks binary (NUL bytes): skipped", path)
-        self.skipped["binary_files"] += 1
-        return
-      f.seek(0)
-      limit = 4 * MAX_LINE_CHARS + 4  # bytes: enough for MAX_LINE_CHARS of any UTF-8
-      while True:
-        try:
-          line = f.readline(limit)
-        except (OSError, EOFError) as e:
-          raise ValueError(f"{path}: corrupt or truncated ({e})") from e
-        if not line:
-          break
-        if len(line) >= limit and not line.endswith(b"\n"):
-          while True:  # drain the rest of the line in bounded pieces
-            rest = f.readline(limit)
-            if not rest or rest.endswith(b"\n"):
-              break
-          skipped["lines_over_100k_chars"] += 1
-          continue
-        if b"\0" in line:
-          skipped["lines_with_nul_bytes"] += 1
-          continue
-        try:
-          text = line.decode("utf-8")
-        except UnicodeDecodeError:
-          skipped["non_utf8_lines"] += 1
-          continue
-        if len(text) > MAX_LINE_CHARS:
-          skipped["lines_over_100k_chars"] += 1
-          continue
-        yield text.strip()
-    finally:
-      self.done_bytes += os.path.getsize(path)
-      self._raw = None
-      f.close()
-      raw.close()
-      for reason, n in sorted(skipped.items()):
-        logging.warning("create_data: %s: skipped %d %s", path, n, reason.replace("_", " "))
-      self.skipped.update(skipped)
-
-  def documents(self) -> Iterator[list[str]]:
-    for path in self.files:
-      yield from self._split_documents(self._lines(path))
-
-  def _split_documents(self, lines: Iterable[str]) -> Iterator[list[str]]:
-    doc: list[str] = []
-    chars = 0
-    for text in lines:
-      if not text:
-        if doc:
-          yield doc
-          doc, chars = [], 0
-        continue
-      doc.append(text)
-      chars += len(text)
-      if len(doc) >= MAX_DOC_SENTENCES or chars >= MAX_DOC_CHARS:
-        self.pseudo_document_splits += 1
-        yield doc
-        doc, chars = [], 0
-    if doc:
-      yield doc
-
-
-def _tfds_documents(name: str, data_dir: str | None, split: str, key: str):
-  """(documents, size estimate) of a locally prepared TFDS text dataset (lines = sentences)."""
-  try:
-    import tensorflow_datasets as tfds
-  except ImportError:
-    raise ImportError(
-      "--tfds_name needs tensorflow-datasets: pip install 'bert_jax[tfds]'"
-    ) from None
-
-  try:
-    builder = tfds.builder(name, data_dir=data_dir, try_gcs=False)
-    source = builder.as_data_source(split=split)
-  except Exception as e:  # noqa: BLE001 -- tfds raises many types; one line for the user
-    raise ValueError(
-      f"--tfds_name={name}: not prepared under --tfds_data_dir={data_dir} (never downloaded): {e}"
-    ) from e
-
-  def documents():
-    for i in range(len(source)):
-      text = source[i][key]
-      if isinstance(text, bytes):
-        text = text.decode("utf-8", errors="replace")
-      doc = [s.strip() for s in text.split("\n")]
-      doc = [s for s in doc if s and len(s) <= MAX_LINE_CHARS]
-      if doc:
-        yield doc
-
-  return documents(), 4000 * len(source)  # ~a Wikipedia article per record
-
-
-def _doc_hash(doc: list[str]) -> int:
-  h = hashlib.blake2b(digest_size=8)
-  for s in doc:
-    h.update(s.encode("utf-8", errors="surrogatepass"))
-    h.update(b"\n")
-  return int.from_bytes(h.digest(), "little")
-
-
-@dataclasses.dataclass
-class _Unit:
-  split: str
-  index: int
-  docs: list[list[str]]
-
-
-def estimate_chars(files: list[str]) -> int:
-  """Rough size of the text (gzip's trailer holds the uncompressed size mod 2**32)."""
-  total = 0
-  for path in files:
-    size = os.path.getsize(path)
-    if path.endswith(".gz") and size >= 18:
-      with open(path, "rb") as f:
-        f.seek(-4, os.SEEK_END)
-        isize = int.from_bytes(f.read(4), "little")
-      total += isize if isize >= size else 4 * size  # wrapped (> 4 GiB) or multi-member
-    else:
-      total += size
-  return total
-
-
-def _seeded_rng(*parts) -> random.Random:
-  """A generator seeded from a hash of parts (stable across processes and Python versions)."""
-  key = "/".join(map(str, parts)).encode()
-  return random.Random(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little"))
-
-
-class _Scatter:
-  """Pass 1: routes documents to train/eval and scatters them over random bucket files.
-
-  Pass 2 shuffles each bucket in memory and cuts chunks from it, so each chunk is a uniform
-  random sample of the corpus and the random "other document" of NSP is as representative as in
-  the original (which draws from the whole corpus). A bucket alone keeps the corpus order: a
-  chunk cut from an unshuffled bucket bigger than a chunk, or spanning two buckets, would draw
-  its "other documents" from one stretch of the corpus (one source), which changes the length
-  statistics. Memory: a write buffer per bucket (a fixed total); one bucket when reading.
-  """
-
-  MAX_BUFFER_CHARS = 1 << 20
-  MIN_BUFFER_CHARS = 64 << 10
-
-  def __init__(
-    self, directory: str, est_chars: int, eval_fraction: float, chunk_chars: int, seed: int
-  ):
-    self.directory = directory
-    self.eval_fraction = eval_fraction
-    self.chunk_chars = chunk_chars
-    self.seed = seed
-    self.rng = random.Random(seed)
-    self.num_buckets = {
-      "train": min(MAX_BUCKETS, max(1, -(-est_chars // chunk_chars))),
-      "eval": min(MAX_BUCKETS, max(1, -(-int(est_chars * eval_fraction) // chunk_chars))),
-    }
-    per_bucket = BUFFER_BUDGET_CHARS // sum(self.num_buckets.values())
-    self.buffer_chars = min(self.MAX_BUFFER_CHARS, max(self.MIN_BUFFER_CHARS, per_bucket))
-    self.buffers = {(s, b): [] for s, n in self.num_buckets.items() for b in range(n)}
-    self.buffered = dict.fromkeys(self.buffers, 0)
-    self.documents = {"train": 0, "eval": 0}
-
-  def _path(self, split: str, bucket: int) -> str:
-    return os.path.join(self.directory, f"{split}-{bucket:04d}.txt")
-
-  def _flush(self, key) -> None:
-    if self.buffers[key]:
-      with open(self._path(*key), "a", encoding="utf-8", errors="surrogatepass") as f:
-        f.write("".join(self.buffers[key]))
-      self.buffers[key] = []
-      self.buffered[key] = 0
-
-  def _add(self, split: str, doc: list[str]) -> None:
-    key = (split, self.rng.randrange(self.num_buckets[split]))
-    text = "\n".join(doc) + "\n\n"
-    self.buffers[key].append(text)
-    self.buffered[key] += len(text)
-    self.documents[split] += 1
-    if self.buffered[key] >= self.buffer_chars:
-      self._flush(key)
-
-  def scatter(self, docs: Iterator[list[str]], report=lambda: None) -> None:
-    # Buffer one chunk first: if the corpus ends inside it, it is "small" and gets at least
-    # MIN_EVAL_DOCS eval documents (the smallest hashes); otherwise a hash threshold decides.
-    first: list[list[str]] = []
-    size = 0
-    small = True
-    for doc in docs:
-      first.append(doc)
-      size += sum(map(len, doc))
-      if size >= self.chunk_chars:
-        small = False
-        break
-    eval_ids: set[int] = set()
-    if small and self.eval_fraction > 0 and len(first) > 1:
-      # Never more than a tenth of a tiny corpus (the bundled sample has 15 documents).
-      n = len(first)
-      k = min(max(MIN_EVAL_DOCS, round(self.eval_fraction * n)), max(1, n // 10))
-      eval_ids = set(sorted(range(n), key=lambda i: (_doc_hash(first[i]), i))[:k])
-    threshold = int(self.eval_fraction * 2**64)
-    i = 0
-    for source in (first, docs):
-      for doc in source:
-        if small:
-          self._add("eval" if i in eval_ids else "train", doc)
-        else:
-          self._add("eval" if _doc_hash(doc) < threshold else "train", doc)
-        i += 1
-        if i % 1024 == 0:
-          report()
-    for key in self.buffers:
-      self._flush(key)
-    report()
-
-  def _read_bucket(self, split: str, bucket: int) -> list[list[str]]:
-    path = self._path(split, bucket)
-    if not os.path.exists(path):
-      return []
-    docs: list[list[str]] = []
-    with open(path, encoding="utf-8", errors="surrogatepass") as f:
-      doc: list[str] = []
-      for line in f:
-        line = line.rstrip("\n")
-        if line:
-          doc.append(line)
-        else:
-          docs.append(doc)
-          doc = []
-    os.remove(path)
-    return docs
-
-  def units(self, split: str) -> Iterator[_Unit]:
-    """Pass 2: chunks of ~chunk_chars of text from the shuffled buckets, one after another.
-
-    A chunk spanning two buckets joins random subsets of two random samples: still random.
-    """
-    index = 0
-    pending: list[list[str]] = []
-    size = 0
-    for bucket in range(self.num_buckets[split]):
-      docs = self._read_bucket(split, bucket)
-      _seeded_rng(self.seed, "bucket", split, bucket).shuffle(docs)
-      for doc in docs:
-        pending.append(doc)
-        size += sum(map(len, doc))
-        if size >= self.chunk_chars:
-          yield _Unit(split, index, pending)
-          index += 1
-          pending, size = [], 0
-    if pending:
-      yield _Unit(split, index, pending)
-
-
-# ----------------------------------------------------------------------------- sequences
-
-
-def _unit_rng(seed: int, split: str, dupe: int, chunk: int) -> random.Random:
-  return _seeded_rng(seed, split, dupe, chunk)
-
-
-def _truncate_pair(a: list[int], b: list[int], max_num_tokens: int, rng: random.Random):
-  """BERT's truncate_seq_pair: trim the longer side at a random end until the pair fits."""
-  a0, a1, b0, b1 = 0, len(a), 0, len(b)
-  while (a1 - a0) + (b1 - b0) > max_num_tokens:
-    front = rng.random() < 0.5
-    if a1 - a0 > b1 - b0:
-      if front:
-        a0 += 1
-      else:
-        a1 -= 1
-    elif front:
-      b0 += 1
-    else:
-      b1 -= 1
-  return a[a0:a1], b[b0:b1]
-
-
-def _nsp_pairs(
-  docs: list[list[list[int]]],
-  index: int,
-  max_seq_length: int,
-  short_seq_prob: float,
-  rng: random.Random,
-  emit,
-) -> None:
-  """Sequences of one document, as BERT's create_instances_from_document (before masking)."""
-  document = docs[index]
-  max_num_tokens = max_seq_length - 3
-  target = max_num_tokens
-  if rng.random() < short_seq_prob:
-    target = rng.randint(2, max_num_tokens)
-  chunk: list[list[int]] = []
-  length = 0
-  i = 0
-  while i < len(document):
-    chunk.append(document[i])
-    length += len(document[i])
-    if i == len(document) - 1 or length >= target:
-      a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-      tokens_a = [t for s in chunk[:a_end] for t in s]
-      tokens_b: list[int] = []
-      if len(chunk) == 1 or rng.random() < 0.5:
-        is_random_next = True
-        target_b = target - len(tokens_a)
-        for _ in range(10):  # avoid the same document (a one-document chunk cannot)
-          other = rng.randint(0, len(docs) - 1)
-          if other != index:
-            break
-        other_doc = docs[other]
-        for j in range(rng.randint(0, len(other_doc) - 1), len(other_doc)):
-          tokens_b.extend(other_doc[j])
-          if len(tokens_b) >= target_b:
-            break
-        i -= len(chunk) - a_end  # put the unused sentences back
-      else:
-        is_random_next = False
-        tokens_b = [t for s in chunk[a_end:] for t in s]
-      tokens_a, tokens_b = _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng)
-      emit(tokens_a, tokens_b, is_random_next)
-      chunk, length = [], 0
-    i += 1
-
-
-def _packed(
-  docs: list[list[list[int]]], max_seq_length: int, cross_documents: bool, sep_id: int, emit
-) -> int:
-  """Full sentences packed up to max_seq_length - 2 tokens; returns #truncated sentences."""
-  cap = max_seq_length - 2
-  truncated = 0
-  current: list[int] = []
-  doc_break = False
-  for doc in docs:
-    for sentence in doc:
-      if len(sentence) > cap:
-        sentence = sentence[:cap]
-        truncated += 1
-      extra = 1 if (doc_break and current) else 0
-      if current and len(current) + extra + len(sentence) > cap:
-        emit(current, [], False)
-        current, extra = [], 0
-      if extra:
-        current.append(sep_id)  # RoBERTa's separator between documents
-      doc_break = False
-      current.extend(sentence)
-    if cross_documents:
-      doc_break = True
-    elif current:
-      emit(current, [], False)
-      current = []
-  if current:
-    emit(current, [], False)
-  return truncated
-
-
-# ----------------------------------------------------------------------------- workers
-
-_WORKER: dict[str, Any] = {}
-
-
-def _init_worker(opts: Options) -> None:
-  from bert_jax.tokenizer import load_tokenizer
-
-  os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-  _WORKER["opts"] = opts
-  _WORKER["tok"] = load_tokenizer(opts.vocab)
-
-
-def _process_unit(unit: _Unit) -> dict[str, Any]:
-  """Tokenizes one chunk and builds its sequences (all dupe passes)."""
-  opts: Options = _WORKER["opts"]
-  tok = _WORKER["tok"]
-  texts = [s for doc in unit.docs for s in doc]
-  ids = tok.encode_batch(texts)
-  docs: list[list[list[int]]] = []
-  k = 0
-  no_tokens = 0
-  for doc in unit.docs:
-    tdoc = []
-    for _ in doc:
-      if ids[k]:
-        tdoc.append(ids[k])
-      else:
-        no_tokens += 1
-      k += 1
-    if tdoc:
-      docs.append(tdoc)
-  del ids, texts
-
-  cls, sep = tok.cls_id, tok.sep_id
-  tokens: list[int] = []
-  lengths: list[int] = []
-  len_as: list[int] = []
-  labels: list[int] = []
-
-  def emit(a: list[int], b: list[int], is_random_next: bool) -> None:
-    tokens.append(cls)
-    tokens.extend(a)
-    tokens.append(sep)
-    len_as.append(len(a) + 2)
-    if b:
-      tokens.extend(b)
-      tokens.append(sep)
-      lengths.append(len(a) + len(b) + 3)
-    else:
-      lengths.append(len(a) + 2)
-    labels.append(int(is_random_next))
-
-  truncated = 0
-  passes = opts.dupe_factor if unit.split == "train" else 1
-  for dupe in range(passes):
-    if opts.nsp:
-      rng = _unit_rng(opts.seed, unit.split, dupe, unit.index)
-      for index in range(len(docs)):
-        _nsp_pairs(docs, index, opts.max_seq_length, opts.short_seq_prob, rng, emit)
-    else:
-      truncated += _packed(docs, opts.max_seq_length, opts.packing == "full_sentences", sep, emit)
-  dtype = records.token_dtype(tok.vocab_size)
-  return dict(
-    split=unit.split,
-    tokens=np.asarray(tokens, dtype=dtype),
-    lengths=np.asarray(lengths, dtype=np.int64),
-    len_a=np.asarray(len_as, dtype=np.int64),
-    labels=np.asarray(labels, dtype=np.uint8),
-    documents=len(docs),
-    sentences=sum(len(d) for d in docs),
-    sentences_without_tokens=no_tokens,
-    truncated_sentences=truncated,
-  )
-
-
-class _InProcess:
-  """The apply_async interface of a Pool, run in this process (--num_workers=1)."""
-
-  def __init__(self, opts: Options):
-    _init_worker(opts)
-
-  def apply_async(self, fn, args):
-    result = fn(*args)
-    return type("Done", (), {"get": lambda self, timeout=None: result})()
-
-  def close(self):
-    pass
-
-  def terminate(self):
-    pass
-
-  def join(self):
-    pass
-
-
-# ----------------------------------------------------------------------------- writing
-
-
-class _ShardWriter:
-  """Writes one split's records into numbered shards under a temporary directory."""
-
-  def __init__(self, directory: str, split: str, records_per_shard: int):
-    from array_record.python.array_record_module import ArrayRecordWriter
-
-    self._writer_cls = ArrayRecordWriter
-    self.directory, self.split, self.per_shard = directory, split, records_per_shard
-    self.paths: list[str] = []
-    self._writer = None
-    self._in_shard = 0
-    self.num_records = 0
-    self.num_tokens = 0
-
-  def write(self, record: bytes) -> None:
-    if self._writer is None or self._in_shard >= self.per_shard:
-      self._close_shard()
-      path = os.path.join(self.directory, f"{self.split}-{len(self.paths):05d}.partial")
-      self.paths.append(path)
-      self._writer = self._writer_cls(path, records.ARRAY_RECORD_OPTIONS)
-      self._in_shard = 0
-    self._writer.write(record)
-    self._in_shard += 1
-    self.num_records += 1
-
-  def _close_shard(self) -> None:
-    if self._writer is not None:
-      self._writer.close()
-      self._writer = None
-
-  def finish(self) -> list[tuple[str, str]]:
-    """Closes; returns (temporary path, final file name) pairs."""
-    self._close_shard()
-    n = len(self.paths)
-    return [(p, f"{self.split}-{i:05d}-of-{n:05d}.array_record") for i, p in enumerate(self.paths)]
-
-
-class _Masker:
-  """--write_masks: bert_jax.masking.mask_batch with rng example_key(seed, example_id)."""
-
-  BATCH = 1024
-
-  def __init__(self, tok, opts: Options):
-    # A host-side tool: never grab an accelerator (or print libtpu's probing errors).
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import jax
-
-    from bert_jax import masking
-
-    self.cfg = masking.MaskingConfig(
-      max_predictions=opts.max_predictions_per_seq,
-      masked_lm_prob=opts.masked_lm_prob,
-      whole_word=opts.whole_word_mask,
-    )
-    tables = masking.tables_from_tokenizer(tok)
-    seed, cfg = opts.seed, self.cfg
-    self.mask_id = int(tok.mask_id)
-    self.length = opts.max_seq_length
-    self.fn = jax.jit(lambda i, x, m: masking.mask_batch(seed, i, None, x, m, tables, cfg))
-
-  def __call__(self, first_id: int, tokens_list: list[np.ndarray]):
-    """Yields (masked_ids, positions, original_ids) per sequence."""
-    for start in range(0, len(tokens_list), self.BATCH):
-      part = tokens_list[start : start + self.BATCH]
-      ids_BL = np.zeros((self.BATCH, self.length), np.int32)
-      mask_BL = np.zeros((self.BATCH, self.length), np.int32)
-      for r, t in enumerate(part):
-        ids_BL[r, : len(t)] = t
-        mask_BL[r, : len(t)] = 1
-      eid_B = (first_id + start + np.arange(self.BATCH)).astype(np.int32)
-      out = {k: np.asarray(v) for k, v in self.fn(eid_B, ids_BL, mask_BL).items()}
-      for r, t in enumerate(part):
-        m = int(out["masked_lm_weights"][r].sum())
-        yield (
-          out["input_ids"][r, : len(t)],
-          out["masked_lm_positions"][r, :m],
-          out["masked_lm_ids"][r, :m],
-        )
-
-
-# ----------------------------------------------------------------------------- driver
+from bert_jax import corpus, data_writer, records, sequences
 
 
 def _check_output_dir(output_dir: str, overwrite: bool) -> list[str]:
@@ -712,7 +55,7 @@ def _check_output_dir(output_dir: str, overwrite: bool) -> list[str]:
     return []
   old = []
   for name in sorted(os.listdir(output_dir)):
-    is_shard = name.endswith(".array_record") and name.split("-")[0] in _SPLIT_CODE
+    is_shard = name.endswith(".array_record") and name.split("-")[0] in data_writer.SPLITS
     if name in ("metadata.json", "tokenizer") or is_shard:
       old.append(os.path.join(output_dir, name))
   if old and not overwrite:
@@ -721,13 +64,6 @@ def _check_output_dir(output_dir: str, overwrite: bool) -> list[str]:
       "pass --overwrite to replace it"
     )
   return old
-
-
-def _num_to_predict(n: np.ndarray, opts: Options) -> np.ndarray:
-  # The original's min(max_predictions, max(1, int(round(len(tokens) * masked_lm_prob)))).
-  return np.minimum(
-    opts.max_predictions_per_seq, np.maximum(1, np.round(n * opts.masked_lm_prob))
-  ).astype(np.int64)
 
 
 def build(
@@ -753,7 +89,7 @@ def build(
   num_workers: int | None = None,
   records_per_shard: int = 100_000,
   overwrite: bool = False,
-  chunk_chars: int = CHUNK_CHARS,
+  chunk_chars: int = data_writer.CHUNK_CHARS,
   progress: bool = True,
 ) -> dict[str, Any]:
   """Builds a pretraining dataset in output_dir; returns the summary (also in metadata.json)."""
@@ -766,7 +102,7 @@ def build(
     raise ValueError("give exactly one of --input and --tfds_name")
   if records_per_shard < 1:
     raise ValueError(f"--records_per_shard must be >= 1, got {records_per_shard}")
-  opts = Options(
+  opts = sequences.Options(
     vocab=os.path.abspath(vocab) if vocab else default_vocab_path(),
     max_seq_length=max_seq_length,
     max_predictions_per_seq=max_predictions_per_seq,
@@ -787,19 +123,23 @@ def build(
   tok = load_tokenizer(opts.vocab)
   token_dtype = records.token_dtype(tok.vocab_size)
   if input is not None:
-    reader = _Reader(expand_inputs(input))
+    reader = corpus.DocumentReader(corpus.expand_inputs(input))
     documents = reader.documents()
-    est_chars = estimate_chars(reader.files)
+    est_chars = corpus.estimate_chars(reader.files)
+    input_sha256 = corpus.content_sha256(reader.files)
   else:
-    reader = _Reader([])
-    documents, est_chars = _tfds_documents(tfds_name, tfds_data_dir, tfds_split, tfds_text_key)
+    reader = corpus.DocumentReader([])
+    input_sha256 = None
+    documents, est_chars = corpus.tfds_documents(
+      tfds_name, tfds_data_dir, tfds_split, tfds_text_key
+    )
   if num_workers is None:
     num_workers = os.cpu_count() or 1
-  masker = _Masker(tok, opts) if write_masks else None
+  masker = data_writer.Masker(tok, opts) if write_masks else None
 
   os.makedirs(output_dir, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".create_data-", dir=output_dir)
-  writers = {s: _ShardWriter(tmp, s, records_per_shard) for s in _SPLIT_CODE}
+  writers = {s: data_writer.ShardWriter(tmp, s, records_per_shard) for s in data_writer.SPLITS}
   stats = collections.Counter()
   mask_kinds = collections.Counter()
   next_id = 0
@@ -807,20 +147,20 @@ def build(
   bar = _progress_bar(0, False)
   try:
     if num_workers <= 1:
-      pool = _InProcess(opts)
+      pool = data_writer.InProcess(opts)
     else:
       ctx = multiprocessing.get_context("spawn")
-      pool = ctx.Pool(num_workers, initializer=_init_worker, initargs=(opts,))
+      pool = ctx.Pool(num_workers, initializer=data_writer.init_worker, initargs=(opts,))
     pending: collections.deque = collections.deque()
     max_in_flight = max(2, num_workers + 1)  # bounds memory: a few chunks at a time
 
     def drain_one():
       nonlocal next_id
       result = pending.popleft().get()
-      next_id = _write_result(result, writers, next_id, masker, opts, stats, mask_kinds)
+      next_id = data_writer.write_result(result, writers, next_id, masker, opts, stats, mask_kinds)
       bar.update(stats["documents"], stats)
 
-    scatter = _Scatter(tmp, est_chars, eval_fraction, chunk_chars, seed)
+    scatter = data_writer.Scatter(tmp, est_chars, eval_fraction, chunk_chars, seed)
     bar = _progress_bar(reader.total_bytes, progress, "reading", "B")
     scatter.scatter(documents, lambda: bar.update(reader.position(), stats))
     bar.close()
@@ -828,7 +168,7 @@ def build(
     for unit in itertools.chain(scatter.units("train"), scatter.units("eval")):
       if len(pending) >= max_in_flight:
         drain_one()
-      pending.append(pool.apply_async(_process_unit, (unit,)))
+      pending.append(pool.apply_async(data_writer.process_unit, (unit,)))
       stats[f"{unit.split}_chunks"] += 1
     while pending:
       drain_one()
@@ -876,7 +216,12 @@ def build(
       "splits": splits,
       "stats": summary["stats"],
       "skipped": summary["skipped"],
-      "source": {"input": input, "tfds_name": tfds_name, "vocab": opts.vocab},
+      "source": {
+        "input": input,
+        "input_sha256": input_sha256,
+        "tfds_name": tfds_name,
+        "vocab": opts.vocab,
+      },
     }
     tok.save(os.path.join(tmp, "tokenizer"))
     with open(os.path.join(tmp, "metadata.json"), "w") as f:
@@ -895,45 +240,10 @@ def build(
     raise
   finally:
     for w in writers.values():
-      w._close_shard()
+      w.close()
     shutil.rmtree(tmp, ignore_errors=True)
   summary["output_dir"] = output_dir
   return summary
-
-
-def _write_result(result, writers, next_id, masker, opts, stats, mask_kinds) -> int:
-  split = result["split"]
-  writer = writers[split]
-  tokens, lengths, len_a, labels = (result[k] for k in ("tokens", "lengths", "len_a", "labels"))
-  offsets = np.concatenate([[0], np.cumsum(lengths)])
-  seqs = [tokens[offsets[i] : offsets[i + 1]] for i in range(len(lengths))]
-  masks = masker(next_id, seqs) if masker is not None else None
-  for i, seq in enumerate(seqs):
-    if masks is None:
-      writer.write(records.encode(next_id, labels[i], len_a[i], seq))
-    else:
-      masked, positions, original = next(masks)
-      masked = masked.astype(seq.dtype)
-      writer.write(records.encode(next_id, labels[i], len_a[i], seq, positions, original, masked))
-      stats["masked_positions"] += len(positions)
-      replaced = masked[positions]
-      is_mask = replaced == masker.mask_id
-      mask_kinds["mask"] += int(is_mask.sum())
-      mask_kinds["same"] += int((replaced == original).sum())
-      mask_kinds["random"] += int((~is_mask & (replaced != original)).sum())
-    next_id += 1
-  stats[f"{split}_tokens"] += int(lengths.sum())
-  stats["sequences"] += len(lengths)
-  stats["tokens"] += int(lengths.sum())
-  stats["is_next"] += int((labels == 0).sum())
-  stats["short_128"] += int((lengths < 128).sum())
-  stats["short_64"] += int((lengths < 64).sum())
-  stats["below_max"] += int((lengths < opts.max_seq_length).sum())
-  stats["expected_masked_positions"] += int(_num_to_predict(lengths, opts).sum())
-  for key in ("documents", "sentences", "sentences_without_tokens", "truncated_sentences"):
-    stats[key] += result[key]
-  stats[f"{split}_documents"] += result["documents"]
-  return next_id
 
 
 def _summary(stats, mask_kinds, reader, opts, splits, seconds, num_workers) -> dict[str, Any]:
@@ -1038,3 +348,105 @@ def format_summary(summary: dict[str, Any]) -> str:
   )
   lines.append(f"{summary['seconds']:.1f} s with {summary['num_workers']} workers")
   return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- a run's dataset
+
+
+def build_options(config) -> dict[str, Any]:
+  """The `build` arguments that a training config's data section asks for."""
+  return {
+    "input": config.data.input,
+    "max_seq_length": config.data.max_seq_length,
+    "max_predictions_per_seq": config.masking.max_predictions,
+    "short_seq_prob": config.data.short_seq_prob,
+    "dupe_factor": config.data.dupe_factor,
+    "nsp": bool(config.objective.nsp),
+    "eval_fraction": config.data.eval_fraction,
+    "seed": config.data.seed,
+  }
+
+
+def ensure_built(config, workdir: str) -> str:
+  """The dataset directory of a training run: `config.data.dir`, or `config.data.input` built
+  into `<workdir>/data` on first use, with a WordPiece vocab of `config.data.train_vocab_size`
+  trained on it first (into `<workdir>/vocab.txt`) when that is set (the bundled default).
+
+  `<workdir>/data` is reused when it was built from the same text (its content_sha256, wherever
+  the files are now: a reinstall moves the bundled corpus), the same options and the same
+  vocab; anything else is refused in one line naming what differs.
+
+  ArrayRecord reads local files only, so data on an object store is refused with one line,
+  never copied to local disk behind the user's back; and under a gs:// workdir `<workdir>/data`
+  is not built (a local build would sit on process 0's disk only, invisible to the other hosts
+  and to the next run on another machine): set config.data.dir to a local create_data output.
+  """
+  import jax
+
+  from bert_jax import files, resume, tokenizer_training
+  from bert_jax import tokenizer as tokenizer_lib
+  from bert_jax.input_pipeline import read_metadata
+
+  if config.data.dir and files.is_remote(config.data.dir):
+    raise ValueError(
+      f"config.data.dir={config.data.dir}: ArrayRecord reads local files only; copy the data to "
+      "local disk on every host (e.g. gcloud storage cp -r) and set config.data.dir to the copy"
+    )
+  if not config.data.dir and files.is_remote(workdir):
+    raise ValueError(
+      f"workdir {workdir} is on an object store, where <workdir>/data cannot be built "
+      "(ArrayRecord reads local files only): build config.data.input with python -m "
+      "bert_jax.create_data into a local directory on every host and set config.data.dir to it"
+    )
+  if config.data.dir:
+    if not os.path.isfile(os.path.join(config.data.dir, "metadata.json")):
+      raise FileNotFoundError(
+        f"config.data.dir={config.data.dir} has no metadata.json: build it with "
+        "python -m bert_jax.create_data"
+      )
+    return config.data.dir
+  if not config.data.input:
+    raise ValueError("set config.data.dir (a create_data output) or config.data.input (text)")
+  data_dir = os.path.join(workdir, "data")
+  options = build_options(config)
+  n_vocab = config.data.train_vocab_size
+  trained_vocab = os.path.join(workdir, "vocab.txt")
+  if os.path.isfile(os.path.join(data_dir, "metadata.json")):
+    if n_vocab:  # what the data was built with: trained from the same text, so the same
+      vocab = trained_vocab if os.path.isfile(trained_vocab) else None
+    else:
+      vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
+    wanted = {
+      **options,
+      "input_sha256": corpus.content_sha256(corpus.expand_inputs(config.data.input)),
+      "tokenizer": tokenizer_lib.load_tokenizer(vocab).fingerprint if vocab else None,
+    }
+    resume.check_built_data(read_metadata(data_dir), wanted, data_dir)
+    return data_dir
+  if n_vocab and config.data.vocab:
+    raise ValueError("set config.data.vocab or config.data.train_vocab_size, not both")
+  if n_vocab and n_vocab != config.model.vocab_size:
+    raise ValueError(
+      f"config.data.train_vocab_size={n_vocab} but config.model.vocab_size="
+      f"{config.model.vocab_size}: set both to the same number"
+    )
+  if jax.process_index() == 0:
+    vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
+    if n_vocab:
+      # A WordPiece vocab of the corpus itself (lower-cased like BERT's uncased vocab).
+      vocab = trained_vocab
+      tok, _ = tokenizer_training.train(config.data.input, "wordpiece", n_vocab, vocab)
+      if tok.vocab_size != n_vocab:
+        raise ValueError(
+          f"config.data.train_vocab_size={n_vocab}: {config.data.input} only yields "
+          f"{tok.vocab_size} WordPiece tokens; ask for fewer"
+        )
+      print(f"Trained a {n_vocab}-token WordPiece vocab on {config.data.input} into {vocab}")
+    print(f"Building pretraining data from {config.data.input} into {data_dir}", flush=True)
+    summary = build(**options, output_dir=data_dir, vocab=vocab, progress=False)
+    print(format_summary(summary), flush=True)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("bert_jax:data_built")
+  return data_dir

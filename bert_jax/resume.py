@@ -15,6 +15,8 @@ from typing import Any
 
 from etils import epath
 
+from bert_jax import files, trees
+
 # Config keys (or whole sections) whose change keeps a resume exact, or only changes how the
 # rest of the run is carried out. opt.total_steps: extending a run is the usual reason to
 # change it; the schedule is recomputed for the new total from the restored step on.
@@ -71,18 +73,6 @@ def data_signature(metadata: dict[str, Any]) -> dict[str, Any]:
   return sig
 
 
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-  """{"opt": {"lr": 1}} -> {"opt.lr": 1}; lists stay values."""
-  out: dict[str, Any] = {}
-  for k, v in d.items():
-    key = f"{prefix}{k}"
-    if isinstance(v, dict) and v:
-      out.update(flatten(v, key + "."))
-    else:
-      out[key] = v
-  return out
-
-
 def _matches(key: str, names: Iterable[str]) -> bool:
   return any(n == "*" or key == n or key.startswith(n + ".") for n in names)
 
@@ -107,7 +97,7 @@ def compare(
 ) -> dict[str, tuple]:
   """{field: (checkpoint value, this run's value)} for every difference: config keys (dotted),
   'tokenizer' (fingerprints) and 'dataset.<option>' of the data's metadata.json."""
-  diffs = _changes(flatten(stored_meta.get("config", {})), flatten(config))
+  diffs = _changes(trees.flatten(stored_meta.get("config", {}), "."), trees.flatten(config, "."))
   stored_fp = stored_meta.get("tokenizer", {}).get("fingerprint")
   if stored_fp and stored_fp != metadata["tokenizer"]["fingerprint"]:
     diffs["tokenizer"] = (stored_fp[:12], metadata["tokenizer"]["fingerprint"][:12])
@@ -151,15 +141,35 @@ def check(
 
 
 def check_built_data(metadata: dict[str, Any], wanted: dict[str, Any], data_dir: str) -> None:
-  """One-line error when an auto-built data directory was built with other options than the
-  config asks for now (it would otherwise be reused silently)."""
-  have = {**data_signature(metadata), "input": metadata.get("source", {}).get("input")}
-  diffs = {k: (have.get(k), v) for k, v in wanted.items() if have.get(k) != v}
-  if diffs:
+  """One-line error unless an auto-built data directory holds what the config asks for now:
+  `wanted` is `pretraining_data.build_options` plus `input_sha256` (the input's content, so the
+  same text under another path, e.g. after a reinstall, is the same data) and `tokenizer` (the
+  vocab's fingerprint; None: not compared)."""
+  source = metadata.get("source", {})
+  built_sha = source.get("input_sha256")
+  if not built_sha:
     raise ValueError(
-      f"{data_dir} was built with other options: {format_changes(diffs)} (built -> config); "
-      "delete it to "
-      "rebuild, or set config.data.dir to the data you want"
+      f"{data_dir}/metadata.json does not record the content of the text it was built from "
+      "(built by an older bert_jax): delete it to rebuild, or set config.data.dir to it to use "
+      "it as it is"
+    )
+  have = data_signature(metadata)
+  skip = ("input", "input_sha256", "tokenizer")
+  diffs = {k: (have.get(k), v) for k, v in wanted.items() if k not in skip and have.get(k) != v}
+  if wanted.get("tokenizer") and wanted["tokenizer"] != metadata["tokenizer"]["fingerprint"]:
+    diffs["tokenizer"] = (metadata["tokenizer"]["fingerprint"][:12], wanted["tokenizer"][:12])
+  text = built_sha != wanted["input_sha256"]
+  if text:
+    diffs = {
+      f"the text of {wanted['input']} (sha256)": (built_sha[:12], wanted["input_sha256"][:12]),
+      **diffs,
+    }
+  if diffs:
+    what = ("other text and options" if len(diffs) > 1 else "other text") if text else None
+    raise ValueError(
+      f"{data_dir} was built {'from ' + what if what else 'with other options'}: "
+      f"{format_changes(diffs)} (built -> config); delete it to rebuild, or set "
+      "config.data.dir to the data you want"
     )
 
 
@@ -167,8 +177,6 @@ def record_changes(path: str, step: int, diffs: dict[str, tuple]) -> None:
   """Adds {"step", "changes": {field: [checkpoint, now]}} to `path` (config_changes.jsonl):
   config.json keeps the run's original config. The file is rewritten whole (atomically), not
   appended to: object stores (gs://) have no append, and it gains one row per resume."""
-  from bert_jax import checkpoints  # the atomic write; orbax stays out of resume's imports
-
   row = {"step": int(step), "changes": {k: list(v) for k, v in diffs.items()}}
   try:
     old = epath.Path(path).read_text()
@@ -176,4 +184,4 @@ def record_changes(path: str, step: int, diffs: dict[str, tuple]) -> None:
     old = ""
   if old and not old.endswith("\n"):  # a torn last row of an older version's append
     old = old[: old.rfind("\n") + 1]
-  checkpoints.write_atomic(path, old + json.dumps(row) + "\n")
+  files.write_atomic(path, old + json.dumps(row) + "\n")

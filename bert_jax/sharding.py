@@ -52,7 +52,9 @@ DEFAULT_RULES: Rules = (
   (ACT_KV, None),  # head dim stays whole
   # MLM logits are NOT constrained to 'tensor': in jax 0.10.2 that constraint, with the tied
   # table sharded ('tensor', 'fsdp'), gives wrong gradients on a (2,2,2) mesh (max error 0.2
-  # in the embeddings; tests/test_sharding.py guards it). They are small (P=20 positions).
+  # in the embeddings; tests/test_sharding.py guards it). They are small at the masked
+  # positions (P = max_predictions, 20 at length 128, 80 at 512); an LTR model's cover every
+  # position (P = L), a larger replicated [B, L, V] that the same bug rules out sharding.
   (ACT_VOCAB, None),
   (VOCAB, "tensor"),  # word embedding / decoder rows
   (EMBED, "fsdp"),  # every weight's hidden dim is FSDP-sharded (gathered per layer)
@@ -126,6 +128,27 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
+
+
+def jit_step(step_fn: Callable[..., Any], mesh: Mesh, state_sh: Any) -> Callable[..., Any]:
+  """`step_fn(state, batch, rng) -> (state, metrics)` jitted with explicit shardings (state as
+  `state_sh`, batch over the data axes, rng and metrics replicated) and the state donated: the
+  one way training, fine-tuning, the AOT check and the benchmark compile a step (trace it
+  under `mesh_context`)."""
+  return jax.jit(
+    step_fn,
+    in_shardings=(state_sh, batch_sharding(mesh), replicated(mesh)),
+    out_shardings=(state_sh, replicated(mesh)),
+    donate_argnums=0,
+  )
+
+
+def jit_eval(eval_fn: Callable[..., Any], mesh: Mesh, params_sh: Any) -> Callable[..., Any]:
+  """`eval_fn(params, batch) -> outputs` jitted with the params' shardings, the batch over the
+  data axes and the outputs replicated (trace it under `mesh_context`)."""
+  return jax.jit(
+    eval_fn, in_shardings=(params_sh, batch_sharding(mesh)), out_shardings=replicated(mesh)
+  )
 
 
 @contextlib.contextmanager

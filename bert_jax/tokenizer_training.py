@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator
 
 from absl import logging
 
-from bert_jax import pretraining_data
+from bert_jax import corpus
 from bert_jax import tokenizer as tokenizer_lib
 
 _SNIFF_BYTES = 8192
@@ -47,7 +47,7 @@ class CorpusReader:
 
   def __init__(self, pattern: str):
     self.pattern = pattern
-    self.files = pretraining_data.expand_inputs(pattern)
+    self.files = corpus.expand_inputs(pattern)
     self.num_lines = 0
     self.num_bad_lines = 0
 

@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
-import shutil
-import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,14 +26,16 @@ from etils import epath
 
 from bert_jax import checkpoints as ckpt_lib
 from bert_jax import (
+  files,
   input_pipeline,
-  interop,
+  loader,
+  loop,
   masking,
+  multihost,
   objectives,
   optim,
   pretraining_data,
   resume,
-  tokenizer_training,
 )
 from bert_jax import model as model_lib
 from bert_jax import preemption as preemption_lib
@@ -57,6 +55,7 @@ PEAK_FLOPS = {
   "NVIDIA A100-SXM4-80GB": 312e12,
   "NVIDIA A100-SXM4-40GB": 312e12,
   "NVIDIA H100 80GB HBM3": 989e12,
+  "NVIDIA H200": 989e12,
 }
 
 
@@ -76,85 +75,6 @@ def model_and_optimizer(
   cfg = bert_config(config)
   model = model_lib.BertForPreTraining(model_lib.resolve_kernels(cfg, platform))
   return cfg, model, optim.make_optimizer(config.opt), objectives.Objective.from_config(config)
-
-
-def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> str:
-  """The dataset directory: `config.data.dir`, or build `config.data.input` into
-  `<workdir>/data` on first use (the bundled default does this).
-
-  ArrayRecord reads local files only, so data on an object store is refused with one line,
-  never copied to local disk behind the user's back; and under a gs:// workdir `<workdir>/data`
-  is not built (a local build would sit on process 0's disk only, invisible to the other hosts
-  and to the next run on another machine): set config.data.dir to a local create_data output.
-  """
-  if config.data.dir and ckpt_lib.is_remote(config.data.dir):
-    raise ValueError(
-      f"config.data.dir={config.data.dir}: ArrayRecord reads local files only; copy the data to "
-      "local disk on every host (e.g. gcloud storage cp -r) and set config.data.dir to the copy"
-    )
-  if not config.data.dir and ckpt_lib.is_remote(workdir):
-    raise ValueError(
-      f"workdir {workdir} is on an object store, where <workdir>/data cannot be built "
-      "(ArrayRecord reads local files only): build config.data.input with python -m "
-      "bert_jax.create_data into a local directory on every host and set config.data.dir to it"
-    )
-  if config.data.dir:
-    if not os.path.isfile(os.path.join(config.data.dir, "metadata.json")):
-      raise FileNotFoundError(
-        f"config.data.dir={config.data.dir} has no metadata.json: build it with "
-        "python -m bert_jax.create_data"
-      )
-    return config.data.dir
-  if not config.data.input:
-    raise ValueError("set config.data.dir (a create_data output) or config.data.input (text)")
-  data_dir = os.path.join(workdir, "data")
-  if os.path.isfile(os.path.join(data_dir, "metadata.json")):
-    resume.check_built_data(input_pipeline.read_metadata(data_dir), build_options(config), data_dir)
-    return data_dir
-  n_vocab = config.data.train_vocab_size
-  if n_vocab and config.data.vocab:
-    raise ValueError("set config.data.vocab or config.data.train_vocab_size, not both")
-  if n_vocab and n_vocab != config.model.vocab_size:
-    raise ValueError(
-      f"config.data.train_vocab_size={n_vocab} but config.model.vocab_size="
-      f"{config.model.vocab_size}: set both to the same number"
-    )
-  if jax.process_index() == 0:
-    vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
-    if n_vocab:
-      # A WordPiece vocab of the corpus itself (lower-cased like BERT's uncased vocab).
-      vocab = os.path.join(workdir, "vocab.txt")
-      tok, _ = tokenizer_training.train(config.data.input, "wordpiece", n_vocab, vocab)
-      if tok.vocab_size != n_vocab:
-        raise ValueError(
-          f"config.data.train_vocab_size={n_vocab}: {config.data.input} only yields "
-          f"{tok.vocab_size} WordPiece tokens; ask for fewer"
-        )
-      console(f"Trained a {n_vocab}-token WordPiece vocab on {config.data.input} into {vocab}")
-    console(f"Building pretraining data from {config.data.input} into {data_dir}")
-    summary = pretraining_data.build(
-      **build_options(config), output_dir=data_dir, vocab=vocab, progress=False
-    )
-    console(pretraining_data.format_summary(summary))
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-
-    multihost_utils.sync_global_devices("bert_jax:data_built")
-  return data_dir
-
-
-def build_options(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """What `ensure_data` builds `<workdir>/data` with, as metadata.json records it."""
-  return {
-    "input": config.data.input,
-    "max_seq_length": config.data.max_seq_length,
-    "max_predictions_per_seq": config.masking.max_predictions,
-    "short_seq_prob": config.data.short_seq_prob,
-    "dupe_factor": config.data.dupe_factor,
-    "nsp": bool(config.objective.nsp),
-    "eval_fraction": config.data.eval_fraction,
-    "seed": config.data.seed,
-  }
 
 
 def validate(config: ml_collections.ConfigDict, mesh, metadata: dict) -> None:
@@ -199,45 +119,6 @@ def validate(config: ml_collections.ConfigDict, mesh, metadata: dict) -> None:
 # ----------------------------------------------------------------------------- steps
 
 
-def accumulate_grads(
-  grad_fn: Callable, params: Any, inputs: dict[str, Any], rng: Any, grad_accum_steps: int
-) -> tuple[Any, Any]:
-  """`grad_fn(params, inputs, rng) -> (grads, sums)` over the whole batch, in
-  `grad_accum_steps` micro-batches (lax.scan) when > 1; grads and sums are added up, so a loss
-  normalised by the whole batch's counts gives exactly the big-batch gradient."""
-  if grad_accum_steps == 1:
-    return grad_fn(params, inputs, rng)
-  micro = jax.tree.map(
-    lambda x: x.reshape(grad_accum_steps, x.shape[0] // grad_accum_steps, *x.shape[1:]), inputs
-  )
-
-  def body(carry, xs):
-    i, m = xs
-    g, s = grad_fn(params, m, jax.random.fold_in(rng, i))
-    return jax.tree.map(jnp.add, carry, (g, s)), None
-
-  shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), rng)
-  init = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-  (grads, sums), _ = jax.lax.scan(body, init, (jnp.arange(grad_accum_steps), micro))
-  return grads, sums
-
-
-def apply_update(state: dict, grads: Any, tx) -> tuple[dict, dict[str, Any]]:
-  """The optimizer update of a train state {step, params, opt_state}, guarded: a non-finite
-  gradient (possible with a finite loss) leaves params and optimizer state as they were, so no
-  NaN ever reaches a checkpoint; the host stops or skips (opt.nonfinite). Returns the new state
-  and {grad_norm, nonfinite}."""
-  updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-  params = optax.apply_updates(state["params"], updates)
-  grad_norm = optax.tree.norm(grads)
-  finite = jnp.isfinite(grad_norm)
-  keep = lambda new, old: jnp.where(finite, new, old)
-  params = jax.tree.map(keep, params, state["params"])
-  opt_state = jax.tree.map(keep, opt_state, state["opt_state"])
-  new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
-  return new_state, {"grad_norm": grad_norm, "nonfinite": 1.0 - finite.astype(jnp.float32)}
-
-
 def make_train_step(
   model: nn.Module, tx, obj: objectives.Objective, tables: Any, grad_accum_steps: int = 1
 ) -> Callable:
@@ -254,8 +135,8 @@ def make_train_step(
       return objectives.total_loss(sums, totals, obj), sums
 
     grad_fn = jax.grad(loss_fn, has_aux=True)
-    grads, sums = accumulate_grads(grad_fn, state["params"], inputs, rng, grad_accum_steps)
-    new_state, update_metrics = apply_update(state, grads, tx)
+    grads, sums = optim.accumulate_grads(grad_fn, state["params"], inputs, rng, grad_accum_steps)
+    new_state, update_metrics = optim.apply_update(state, grads, tx)
     metrics = {**sums, **update_metrics, "loss": objectives.total_loss(sums, totals, obj)}
     return new_state, metrics
 
@@ -320,14 +201,9 @@ def create_state(config, model, tx, mesh, rules, rng):
 
 
 def jit_train_step(model, tx, obj, tables, grad_accum_steps, mesh, state_sh) -> Callable:
-  """The jitted train step with explicit shardings and the state donated (trace it under
-  `sharding.mesh_context`); training, the benchmark and the AOT check all use this."""
-  return jax.jit(
-    make_train_step(model, tx, obj, tables, grad_accum_steps),
-    in_shardings=(state_sh, sh.batch_sharding(mesh), sh.replicated(mesh)),
-    out_shardings=(state_sh, sh.replicated(mesh)),
-    donate_argnums=0,
-  )
+  """The trainer's step as it runs (`sharding.jit_step`: explicit shardings, state donated);
+  the benchmark and the AOT check compile this too. Trace it under `sharding.mesh_context`."""
+  return sh.jit_step(make_train_step(model, tx, obj, tables, grad_accum_steps), mesh, state_sh)
 
 
 def train_dataset(config: ml_collections.ConfigDict, data_dir: str, worker_count=None):
@@ -348,13 +224,13 @@ def train_dataset(config: ml_collections.ConfigDict, data_dir: str, worker_count
 def restore_init_from(
   path: str, cfg, abstract_params, tokenizer=None, allow_changes: str = ""
 ) -> Any:
-  """Weights from any checkpoint `interop.load_checkpoint` reads (another run's workdir, e.g.
+  """Weights from any checkpoint `loader.load_checkpoint` reads (another run's workdir, e.g.
   phase 1 at seq 128 for phase 2 at 512, a HuggingFace or params dir), onto the training
   shardings, with a fresh optimizer. A checkpoint without MLM/NSP heads (BertModel) returns
   {"bert": ...} only: the caller keeps its freshly initialised heads. When the checkpoint
   carries a tokenizer, its vocabulary must be the data's (`tokenizer`); a bert_jax checkpoint's
   tokenizer fingerprint too, unless `allow_changes` lists 'tokenizer'."""
-  ck = interop.load_checkpoint(path, target=abstract_params, like=cfg)
+  ck = loader.load_checkpoint(path, target=abstract_params, like=cfg)
   if tokenizer is None or resume.allows("tokenizer", allow_changes):
     return ck.params
   stored_fp = ck.meta.get("tokenizer", {}).get("fingerprint")
@@ -370,140 +246,11 @@ def restore_init_from(
   return ck.params
 
 
-# ----------------------------------------------------------------------------- logging
+# ----------------------------------------------------------------------------- the run
 
 
-def repair_metrics_log(path: str, resume_step: int) -> None:
-  """Makes `path` (metrics.jsonl) the history up to `resume_step`: the rows a killed run wrote
-  after its last checkpoint are replayed exactly by the resumed run, so they go; a torn last
-  line (a kill or a full disk during the append) goes with a warning. Rewritten atomically."""
-  try:
-    lines = epath.Path(path).read_text().split("\n")
-  except FileNotFoundError:
-    return
-  kept = []
-  for i, line in enumerate(lines):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError as e:
-      if i < len(lines) - 1 and any(ln.strip() for ln in lines[i + 1 :]):
-        raise ValueError(
-          f"{path}:{i + 1} is not a JSON row ({e}); fix or remove that line"
-        ) from None
-      logging.warning("%s: removed a torn last line (%d bytes)", path, len(line))
-      continue
-    if row["step"] <= resume_step:
-      kept.append(line + "\n")
-  ckpt_lib.write_atomic(path, "".join(kept))
-
-
-class MetricLogger:
-  """metrics.jsonl + TensorBoard (process 0 only) + console.
-
-  On an object store (gs://; no append) metrics.jsonl is kept in memory and rewritten whole at
-  every row, an all-or-nothing object write (a few MB even for long runs); TensorBoard writes
-  its event files to a local temporary directory that is copied to `<workdir>/tb` at most every
-  `TB_SYNC_S` and at close (tensorboardX itself reaches gs:// only through tensorflow).
-  """
-
-  TB_SYNC_S = 60.0
-
-  def __init__(self, workdir: str, resume_step: int):
-    self.enabled = jax.process_index() == 0
-    self.path = str(epath.Path(workdir, "metrics.jsonl"))
-    self.remote = ckpt_lib.is_remote(workdir)
-    self.tb = None
-    if not self.enabled:
-      return
-    repair_metrics_log(self.path, resume_step)
-    from tensorboardX import SummaryWriter
-
-    tb_dir = str(epath.Path(workdir, "tb"))
-    self._tb_remote, self._tb_synced = tb_dir, time.monotonic()
-    if self.remote:
-      p = epath.Path(self.path)
-      self._text = p.read_text() if p.exists() else ""
-      tb_dir = tempfile.mkdtemp(prefix="bert_jax_tb_")
-    # purge_step hides the events a killed run logged after `resume_step` (TensorBoard would
-    # show both runs' points at those steps).
-    self.tb = SummaryWriter(tb_dir, purge_step=resume_step + 1)
-
-  def _sync_tb(self) -> None:
-    """Copies the local event files to the object store (each a whole-object write)."""
-    self._tb_synced = time.monotonic()
-    try:
-      for f in epath.Path(self.tb.logdir).iterdir():
-        epath.Path(self._tb_remote, f.name).write_bytes(f.read_bytes())
-    except Exception as e:  # gcsfs raises its own types for HTTP errors
-      raise OSError(f"cannot write {self._tb_remote}: {e}") from None
-
-  def write(self, step: int, split: str, values: dict[str, float]) -> None:
-    if not self.enabled:
-      return
-    row = {"step": int(step), "split": split, **{k: float(v) for k, v in values.items()}}
-    if self.remote:
-      ckpt_lib.write_atomic(self.path, self._text + json.dumps(row) + "\n")
-      self._text += json.dumps(row) + "\n"
-      self._write_tb(step, split, values)
-      return
-    data = (json.dumps(row) + "\n").encode()
-    fd = None
-    try:
-      fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-      size = os.lseek(fd, 0, os.SEEK_END)
-      try:
-        while data:
-          data = data[os.write(fd, data) :]
-      except OSError:
-        os.ftruncate(fd, size)  # no torn row left behind; truncating needs no free space
-        raise
-    except OSError as e:
-      raise OSError(f"cannot write {self.path}: {e.strerror or e}") from None
-    finally:
-      if fd is not None:
-        os.close(fd)
-    self._write_tb(step, split, values)
-
-  def _write_tb(self, step: int, split: str, values: dict[str, float]) -> None:
-    try:
-      for k, v in values.items():
-        self.tb.add_scalar(f"{split}/{k}", float(v), int(step))
-      self.tb.flush()
-    except OSError as e:
-      raise OSError(f"cannot write {self.tb.logdir}: {e.strerror or e}") from None
-    if self.remote and time.monotonic() - self._tb_synced > self.TB_SYNC_S:
-      self._sync_tb()
-
-  def close(self) -> None:
-    if self.tb is not None:
-      self.tb.close()
-      if self.remote:
-        self._sync_tb()
-        shutil.rmtree(self.tb.logdir, ignore_errors=True)
-
-
-def console(msg: str) -> None:
-  """Progress for people (stdout, process 0); absl logging stays for diagnostics."""
-  if jax.process_index() == 0:
-    print(msg, flush=True)
-
-
-def progress_bar(frac: float, width: int = 20) -> str:
-  n = int(round(frac * width))
-  return "[" + "#" * n + "." * (width - n) + "]"
-
-
-def format_duration(s: float) -> str:
-  s = int(s)
-  return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
-# ----------------------------------------------------------------------------- loop
-
-
-def evaluate(eval_step, params, config, data_dir, mesh, batch_sharding) -> dict[str, float]:
+def evaluate(eval_step, params, config, data_dir, mesh) -> dict[str, float]:
+  """Held-out LM (and NSP) metrics over the eval split, and the majority baseline."""
   ds = input_pipeline.make_dataset(
     data_dir,
     "eval",
@@ -531,35 +278,36 @@ def evaluate(eval_step, params, config, data_dir, mesh, batch_sharding) -> dict[
   return out
 
 
-def show_fill_mask(params, cfg, tokenizer, texts) -> None:
-  """Prints the top predictions for each [MASK] (the bundled default ends with this)."""
-  from bert_jax import api
-
-  if jax.process_count() > 1 or not texts:
-    return
-  m = api.Bert(cfg, jax.device_get(params), tokenizer, {}, 0)
-  for text in texts:
-    preds = m.fill_mask(text, top_k=3)
-    shown = " / ".join(", ".join(f"{t} {p:.2f}" for t, p in pm) for pm in preds)
-    console(f"fill_mask: {text}  ->  {shown}")
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains `config` in `workdir`, holding its lock; returns the step reached, the last train
   and eval metrics, and `preempted` (a signal stopped it after saving: rerun to resume).
   `workdir` is a local path or gs://bucket/path (any other scheme, or gs:// without its
-  packages, is one line before any compute)."""
-  workdir = str(ckpt_lib.as_path(workdir, "workdir"))
+  packages, is one line before any compute). A signal before the first step (building data,
+  training a vocab, restoring) raises `preemption.Preempted`, the lock released."""
+  workdir = str(files.as_path(workdir, "workdir"))
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  with preemption_lib.WorkdirLock(workdir):
-    return _train_and_evaluate(config, workdir)
+  with preemption_lib.Preemption() as preempt, preemption_lib.WorkdirLock(workdir) as lock:
+    unregister = multihost.on_cleanup(lambda: _peer_lost(workdir, config, lock))
+    try:
+      return _train_and_evaluate(config, workdir, preempt)
+    finally:
+      unregister()
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  preemption_lib.clear_status(workdir)
+def _peer_lost(workdir: str, config, lock) -> None:
+  """After a lost peer, before the process ends: the run's record and the lock (process 0).
+  No collectives here (the peer is gone): the resume step is read off the directory names."""
+  ckpts = epath.Path(workdir, "checkpoints")
+  steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if ckpts.exists() else []
+  total = config.opt.total_steps
+  preemption_lib.write_status(workdir, steps[-1] if steps else 0, total, True, state="peer_lost")
+  lock.release()
+
+
+def _train_and_evaluate(config, workdir: str, preempt) -> dict[str, Any]:
   mesh = sh.make_mesh(config.mesh.shape)
   rules = sh.rules_from_config(config.mesh.rules)
-  data_dir = ensure_data(config, workdir)
+  data_dir = pretraining_data.ensure_built(config, workdir)
   metadata = input_pipeline.read_metadata(data_dir)
   validate(config, mesh, metadata)
   tokenizer = tokenizer_lib.load_tokenizer(os.path.join(data_dir, "tokenizer"))
@@ -570,11 +318,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   tables = masking.tables_from_tokenizer(tokenizer)
   seq_len = metadata["max_seq_length"]
 
-  rng = jax.random.key(config.seed)
-  init_rng, step_rng = jax.random.split(rng)
+  init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
   state, state_sh, abstract_state = create_state(config, model, tx, mesh, rules, init_rng)
-  batch_sh = sh.batch_sharding(mesh)
-
   ckpt = ckpt_lib.Checkpointer(
     str(epath.Path(workdir, "checkpoints")),
     keep=config.ckpt.keep,
@@ -582,8 +327,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     async_save=config.ckpt.async_save,
   )
   train_iter = iter(train_dataset(config, data_dir))
-
-  pending: dict[str, float] = {}  # metric sums of the current, unfinished log window
   config_json = ckpt_lib.to_json(config.to_dict())
   changes: dict[str, tuple] = {}
 
@@ -593,15 +336,16 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     nonlocal changes
     source = f"{ckpt.directory}/{stored.get('step')}"
     for line in resume.check(stored, config_json, metadata, source, config.resume_allow_changes):
-      console(line)
+      loop.console(line)
     changes = resume.compare(stored, config_json, metadata)
     ckpt_lib.check_same_architecture(stored, cfg, ckpt.directory)
 
   restored = ckpt.restore_latest(abstract_state, train_iter, check=check)
+  window: dict[str, float] = {}
   if restored is not None:
     start_step, state, meta = restored
-    pending = meta.get("pending_metrics", {})
-    console(f"Resumed from {ckpt.directory} at step {start_step}")
+    window = meta.get("pending_metrics", {})
+    loop.console(f"Resumed from {ckpt.directory} at step {start_step}")
   else:
     start_step = 0
     if config.init_from:
@@ -610,10 +354,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       )
       if "predictions" not in params:
         params = {**state["params"], **params}
-        console(f"{config.init_from} has no MLM/NSP heads (a BertModel): they start fresh")
+        loop.console(f"{config.init_from} has no MLM/NSP heads (a BertModel): they start fresh")
       state = {**state, "params": params}
-      console(f"Initialised weights from {config.init_from}")
+      loop.console(f"Initialised weights from {config.init_from}")
 
+  # Every check has passed: from here on the workdir belongs to this run. (A refused or failed
+  # resume leaves the previous run's record, run_status.json included, as it was.)
+  preemption_lib.clear_status(workdir)
   meta_base = {
     "config": config_json,
     "model": dataclasses.asdict(cfg),
@@ -629,117 +376,89 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
         resume.record_changes(path, start_step, changes)
     else:
       config_path = str(epath.Path(workdir, "config.json"))
-      ckpt_lib.write_atomic(config_path, json.dumps(meta_base["config"], indent=2))
+      files.write_atomic(config_path, json.dumps(meta_base["config"], indent=2))
     tok_dir = str(epath.Path(workdir, "tokenizer"))
-    ckpt_lib.copytree_atomic(os.path.join(data_dir, "tokenizer"), tok_dir)
+    files.copytree_atomic(os.path.join(data_dir, "tokenizer"), tok_dir)
 
   with sh.mesh_context(mesh, rules):
     p_train_step = jit_train_step(
       model, tx, obj, tables, config.opt.grad_accum_steps, mesh, state_sh
     )
-    p_eval_step = jax.jit(
-      make_eval_step(model, obj, tables),
-      in_shardings=(state_sh["params"], batch_sh),
-      out_shardings=sh.replicated(mesh),
-    )
+    p_eval_step = sh.jit_eval(make_eval_step(model, obj, tables), mesh, state_sh["params"])
 
-  logger = MetricLogger(workdir, start_step)
-  total_steps = config.opt.total_steps
-  tokens_per_step = config.data.batch_size * seq_len
+  logger = loop.MetricLogger(workdir, start_step)
+  lm = "ltr" if obj.ltr else "mlm"
   preds = seq_len if obj.ltr else obj.masking.max_predictions
-  flops_per_step = model_lib.train_flops_per_token(cfg, seq_len, preds) * tokens_per_step
+  flops_per_token = model_lib.train_flops_per_token(cfg, seq_len, preds)
   peak = config.log.peak_flops or PEAK_FLOPS.get(jax.devices()[0].device_kind, 0.0)
-  peak_total = peak * jax.device_count()
-
-  last_train: dict[str, float] = {}
   last_eval: dict[str, float] = {}
-  window_start = time.perf_counter()
-  window_steps = 0
-  run_start, run_start_step = time.perf_counter(), start_step
-  prev = None  # (step, metrics) of the step dispatched last: read after dispatching the next
 
-  def consume(step: int, metrics) -> None:
-    """Host side of a finished step: NaN check and window accumulation/logging."""
-    nonlocal window_start, window_steps, pending, last_train
-    m = jax.device_get(metrics)
-    loss = float(m["loss"])
-    if m.pop("nonfinite") or not math.isfinite(loss):
-      if config.opt.nonfinite != "skip":
-        raise FloatingPointError(
-          f"non-finite gradient at step {step} (loss {loss}); stopped without applying it "
-          "(--config.opt.nonfinite=skip skips such steps)"
-        )
-      logging.warning("non-finite gradient at step %d (loss %s): update skipped", step, loss)
-      pending["skipped"] = pending.get("skipped", 0.0) + 1
-    else:
-      for k, v in m.items():
-        if k not in ("loss", "grad_norm"):
-          pending[k] = pending.get(k, 0.0) + float(v)
-      pending["grad_norm_sum"] = pending.get("grad_norm_sum", 0.0) + float(m["grad_norm"])
-    pending["steps"] = pending.get("steps", 0.0) + 1
-    window_steps += 1
-    if step % config.log.every_steps and step != total_steps:
-      return
-    summary = objectives.summarize(pending)
-    applied = pending["steps"] - pending.get("skipped", 0.0)
-    summary["grad_norm"] = pending.get("grad_norm_sum", math.nan) / max(applied, 1)
-    if config.opt.nonfinite == "skip":
-      summary["skipped_steps"] = pending.get("skipped", 0.0)
-    summary["learning_rate"] = float(optim.learning_rate_schedule(config.opt)(step - 1))
-    logger.write(step, "train", summary)
-    now = time.perf_counter()
-    sps = window_steps / max(now - window_start, 1e-9)
-    perf = {"steps_per_sec": sps, "tokens_per_sec": sps * tokens_per_step}
-    if peak_total:
-      perf["mfu"] = sps * flops_per_step / peak_total
-    logger.write(step, "perf", perf)
-    eta = (total_steps - step) * (now - run_start) / max(step - run_start_step, 1)
-    lm = "ltr" if obj.ltr else "mlm"
-    msg = (
-      f"{progress_bar(step / total_steps)} step {step}/{total_steps} | loss "
-      f"{summary.get(f'{lm}_loss', float('nan')) + summary.get('nsp_loss', 0.0):.4f} | "
-      f"{lm}_acc {summary.get(f'{lm}_accuracy', 0.0):.3f}"
-    )
+  def evaluate_and_log(step: int, state: Any) -> None:
+    nonlocal last_eval
+    last_eval = evaluate(p_eval_step, state["params"], config, data_dir, mesh)
+    logger.write(step, "eval", last_eval)
+    loop.console(f"eval @ {step}: {loop.format_metrics(last_eval)}")
+    if below_baseline(last_eval, lm):
+      loop.console(
+        f"eval @ {step}: {lm}_accuracy {last_eval[f'{lm}_accuracy']:.4f} is not above the "
+        f"majority baseline {last_eval[f'{lm}_majority_baseline']:.4f} (always predicting the "
+        "most frequent target): the model has learned nothing beyond token frequency yet"
+      )
+
+  def save(step: int, state: Any, window: dict[str, float]) -> None:
+    ckpt.save(step, state, train_iter, {**meta_base, "pending_metrics": window}, force=True)
+
+  def describe(step: int, summary: dict[str, float]) -> str:
+    out = f"{lm}_acc {summary.get(f'{lm}_accuracy', 0.0):.3f}"
     if "nsp_accuracy" in summary:
-      msg += f" | nsp_acc {summary['nsp_accuracy']:.3f}"
-    msg += f" | {sps:.2f} steps/s | {perf['tokens_per_sec']:.0f} tok/s"
-    if "mfu" in perf:
-      msg += f" | MFU {100 * perf['mfu']:.1f}%"
-    msg += f" | ETA {format_duration(eta)}"
-    console(msg)
-    last_train = summary
-    pending = {}
-    window_start, window_steps = now, 0
+      out += f" | nsp_acc {summary['nsp_accuracy']:.3f}"
+    return out
 
-  step = start_step
-  stop = False
-  with preemption_lib.Preemption() as preempt:
-    while step < total_steps and not stop:
-      host_batch = next(train_iter)
-      batch = input_pipeline.to_global(host_batch, mesh)
-      state, metrics = p_train_step(state, batch, step_rng)
-      step += 1
-      if prev is not None:
-        consume(*prev)
-      prev = (step, metrics)
-      stop = preempt.should_stop(step)  # the same step on every process
-      eval_now = config.eval.every_steps and step % config.eval.every_steps == 0
-      ckpt_now = step % config.ckpt.every_steps == 0 or step == total_steps
-      if eval_now or ckpt_now or stop or step == total_steps:
-        consume(*prev)  # the checkpoint must hold this step's metric window
-        prev = None
-      if eval_now or step == total_steps:
-        last_eval = evaluate(p_eval_step, state["params"], config, data_dir, mesh, batch_sh)
-        logger.write(step, "eval", last_eval)
-        console(f"eval @ {step}: " + " | ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
-      if ckpt_now or stop:
-        ckpt.save(step, state, train_iter, {**meta_base, "pending_metrics": pending}, force=True)
-  ckpt.close()
-  logger.close()
-  preempted = stop and step < total_steps
-  preemption_lib.write_status(workdir, step, total_steps, preempted)
-  if preempted:
-    console(f"Preempted: saved step {step}; rerun the same command to resume")
-  if step == total_steps and config.log.fill_mask:
-    show_fill_mask(state["params"], cfg, tokenizer, list(config.log.fill_mask))
-  return {"step": step, "train": last_train, "eval": last_eval, "preempted": preempted}
+  job = loop.Job(
+    step_fn=p_train_step,
+    batches=train_iter,
+    preemption=preempt,
+    mesh=mesh,
+    rng=step_rng,
+    total_steps=config.opt.total_steps,
+    logger=logger,
+    learning_rate=optim.learning_rate_schedule(config.opt),
+    evaluate=evaluate_and_log,
+    save=save,
+    log_every=config.log.every_steps,
+    eval_every=config.eval.every_steps,
+    ckpt_every=config.ckpt.every_steps,
+    examples_per_step=config.data.batch_size,
+    nonfinite=config.opt.nonfinite,
+    max_consecutive_skips=config.opt.max_consecutive_skips,
+    summarize=objectives.summarize,
+    describe=describe,
+    flops_per_step=flops_per_token * config.data.batch_size * seq_len,
+    peak_flops=peak * jax.device_count(),
+  )
+  try:
+    result = loop.run(job, state, start_step, window)
+  finally:
+    ckpt.close()
+    logger.close()
+  total = config.opt.total_steps
+  preemption_lib.write_status(workdir, result.step, total, result.preempted)
+  if result.preempted:
+    loop.console(f"Preempted: saved step {result.step}; rerun the same command to resume")
+  elif result.step == total and below_baseline(last_eval, lm):
+    loop.console(
+      f"Finished, but held-out {lm}_accuracy ended at or below its majority baseline: this run "
+      "did not learn (check opt.lr, opt.warmup_steps and the data)"
+    )
+  return {
+    "step": result.step,
+    "train": result.train,
+    "eval": last_eval,
+    "preempted": result.preempted,
+  }
+
+
+def below_baseline(eval_metrics: dict[str, float], lm: str) -> bool:
+  """Whether held-out LM accuracy is not above always predicting the most frequent target."""
+  acc, base = eval_metrics.get(f"{lm}_accuracy"), eval_metrics.get(f"{lm}_majority_baseline")
+  return acc is not None and base is not None and acc <= base

@@ -35,8 +35,9 @@ docs/finetuning.md), test score at the best dev epoch, mean ± std over seeds:
                    token accuracy 93.1 ± 0.1, ~5 min/seed
   vitaminc         first 3,000 / 1,000 / 1,000, lr 5e-5, batch 16, 3 epochs, 3 seeds: accuracy
                    52.6 ± 1.6 (majority class 50.2: too few pairs to learn much), ~11 min/seed
-  squadshifts      250 questions per training domain, 400 held out (scripts/make_squad_subset.py),
-                   lr 1e-4, batch 16, 2 epochs, 3 seeds: F1 13.6 ± 0.7, ~8 min/seed
+  squadshifts      250 questions per training domain, 400 held out
+                   (tools/tasks/make_squad_subset.py), lr 1e-4, batch 16, 2 epochs, 3 seeds:
+                   F1 13.6 ± 0.7, ~8 min/seed
   wnut16_ner,features=concat_last4 (the preset's recipe), 3 seeds: entity F1 44.7 ± 1.0, ~2 min/seed
 """
 
@@ -45,7 +46,6 @@ import os
 import ml_collections
 
 from bert_jax import config_lib
-from bert_jax import sharding as sh
 from bert_jax.tasks import features, readers
 
 SHARED = ("rotten_tomatoes", "vitaminc", "brown_pos", "wnut16_ner", "squadshifts")
@@ -120,6 +120,7 @@ def get_config(arg=None):
     glue_dir="",
     features="",
   )
+  base = config_lib.base_config(a.size)  # BERT's recipe: the model and optimizer start there
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.seeds = a.seeds
@@ -129,7 +130,7 @@ def get_config(arg=None):
 
   # The checkpoint's architecture wins; dropout, dtype, kernels, dropout_rng, attention_impl,
   # scan_layers and remat_policy apply on top of it (the other fields only shape a random init).
-  c.model = config_lib.base_config(a.size).model
+  c.model = base.model
   c.model.dtype = "float32"
   c.head = ml_collections.ConfigDict(dict(bilstm=False))  # Table 5's "+ BiLSTM" row
   # Table 7's feature-based mode (bert_jax/tasks/features.py): features=ROW picks a row.
@@ -142,18 +143,13 @@ def get_config(arg=None):
   c.data.eval_batch_size = 64
   c.data.vocab = ""  # for a random init or a checkpoint without a tokenizer
 
-  c.opt = ml_collections.ConfigDict()
-  c.opt.name = "adamw"
+  # Pretraining's AdamW, clipping and non-finite rule; the schedule counts epochs instead of
+  # steps (warmup: a fraction of the run), at the paper's fine-tuning lr (Section A.3).
+  c.opt = base.opt
+  del c.opt.warmup_steps, c.opt.total_steps
   c.opt.lr = 3e-5
   c.opt.epochs = 3
   c.opt.warmup_fraction = 0.1
-  c.opt.b1 = 0.9
-  c.opt.b2 = 0.999
-  c.opt.eps = 1e-6
-  c.opt.weight_decay = 0.01  # not on LayerNorm or biases
-  c.opt.clip_norm = 1.0
-  c.opt.grad_accum_steps = 1
-  c.opt.nonfinite = "stop"
   if c.task.kind == "span_qa":  # the paper's SQuAD v1.1 recipe (Section 4.2)
     c.opt.lr, c.opt.epochs = 5e-5, 2
   if a.features:  # only a randomly initialised BiLSTM tagger trains: a larger step
@@ -173,7 +169,7 @@ def get_config(arg=None):
   c.squad.version_2 = False
 
   c.eval = ml_collections.ConfigDict(dict(every_steps=0))  # 0: after every epoch
-  c.mesh = ml_collections.ConfigDict(dict(shape=(1, -1, 1), rules=tuple(sh.DEFAULT_RULES)))
+  c.mesh = base.mesh
   c.ckpt = ml_collections.ConfigDict(dict(keep=1, async_save=True))
   c.log = ml_collections.ConfigDict(dict(every_steps=50))
   return c

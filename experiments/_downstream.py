@@ -1,4 +1,4 @@
-"""The downstream suite every experiment fine-tunes its points on (issue #21).
+"""The downstream suite every experiment fine-tunes its points on.
 
 Not an experiment itself: each experiment file's `finetune_suite(arg)` returns `suite(scale)`,
 so every point of every experiment gets the same tasks, recipe and seeds. A run is a dict:
@@ -10,7 +10,7 @@ so every point of every experiment gets the same tasks, recipe and seeds. A run 
 launch/sweep.py runs `python -m bert_jax.finetune --config=configs/finetune.py:TASK
 --config.init=<root>/<point> --workdir=<root>/<row or point>/finetune/<task> --config.KEY=VALUE`.
 
-Tasks stand in for the paper's (issue #21): rotten_tomatoes for SST-2, vitaminc for MNLI,
+Tasks stand in for the paper's: rotten_tomatoes for SST-2, vitaminc for MNLI,
 squadshifts for SQuAD (the preset trains on three domains and evaluates on the fourth), and
 brown_pos as the token-level task (POS accuracy separates small models; WNUT-16 entity F1 is
 near zero for all of them at this scale, so it could not decide anything).

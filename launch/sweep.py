@@ -3,11 +3,14 @@ r"""Runs every point of an experiment: its pretraining, then its fine-tuning sui
   python launch/sweep.py --experiment=experiments/table5_pretraining_tasks.py:scale=cpu \
       --root=/tmp/table5 [--dry_run] [--only=task=mlm] [--config.opt.total_steps=100 ...] \
       [--finetune.opt.epochs=1 ...] [--stages=pretrain,finetune,report] \
-      [--backend=local|slurm|tpu_vm] [--distributed] [--reuse=ROOT[,ROOT]]
+      [--backend=local|slurm|tpu_vm] [--distributed] [--reuse=ROOT[,ROOT]] \
+      [--sbatch='SBATCH OPTIONS'] [--sbatch_report='SBATCH OPTIONS']
 
 --only takes a point's name or just its values (`--only=mlm`), several separated by ';'.
 --config.KEY=VALUE goes to every pretraining run, --finetune.KEY=VALUE (as --config.KEY=VALUE)
-to every fine-tuning run. --stages picks what runs (default: all three).
+to every fine-tuning run. --stages picks what runs (default: all three); the report stage
+reports only once every run of the other stages is done (every stage's, when it runs alone;
+--report_requires names them otherwise).
 
 Convention: an experiment file defines `get_config(arg)` and `sweep(add)` (or `sweep(add,
 arg)`, given the --experiment ARG, to list other points per scale); `sweep` calls
@@ -40,15 +43,20 @@ included (they are skipped where finished, and refuse to mix if the suites diffe
 experiments' cpu-scale baselines are one config (tiny, MLM+NSP, static masks, no whole-word
 masking, the 62 MB corpus), so Table 6 and whole-word masking reuse Table 5's mlm_nsp point.
 
---backend=slurm: an sbatch job array, task i = point i (its pretraining and fine-tuning, via
-this script with --only), requeued (`scontrol requeue`) when a task exits 75, then the report
-as a job depending on the array (afterok). --backend=tpu_vm: per point one Cloud TPU queued
-resource, set up with launch/tpu_pod.sh, running the point on every worker (--distributed),
-then deleted; the report after all. With --dry_run both print their script and submit
-nothing; without, the script is written to <root>/<backend>.sh and submitted (sbatch; bash).
-Neither scheduler path has run against a real cluster here (no SLURM or TPU available): they
-are written from the sbatch/scontrol and gcloud references and tested by their printed
-scripts.
+The scheduler backends (launch/schedulers.py) run each point as this script with --only on
+the scheduler's machines, so a point is done there exactly when it would be here.
+--backend=slurm: an sbatch job array, task i = point i (its pretraining and fine-tuning, run
+by srun; with --distributed one process per task of the allocation), requeued (`scontrol
+requeue`) when SIGTERM made it save and exit 75 (a preemption, `scancel --signal=TERM --full`,
+or 5 minutes before its time limit), then the report as a job of its own that waits for the
+whole array (afterany) and reports once every point is done (else it fails, naming them).
+--sbatch and --sbatch_report add sbatch options (partition, GPUs, time) to the array and the
+report job. Tested against a one-node SLURM 22.05 (tests/test_slurm.py; docs/cluster.md).
+--backend=tpu_vm: per point one Cloud TPU queued resource, set up with launch/tpu_pod.sh,
+running the point on every worker (--distributed), then deleted; the report after all
+(written from the gcloud reference: no TPU was available to run it). With --dry_run both print
+their script and submit nothing; without, the script is written to <root>/<backend>.sh and
+submitted (sbatch; bash).
 """
 
 from __future__ import annotations
@@ -60,7 +68,6 @@ import importlib.util
 import inspect
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -69,7 +76,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from absl import flags
+
 from bert_jax import preemption
+
+# The scheduler backends live beside this file (it runs as a script, or is loaded by path).
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import schedulers  # noqa: E402
 
 DONE = "sweep_done.json"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -381,6 +395,9 @@ class Options:
   backend: str = "local"
   distributed: bool = False  # multi-host: --distributed to every pretraining/fine-tuning run
   dry_run: bool = False
+  sbatch: list[str] = dataclasses.field(default_factory=list)  # slurm: the array job's options
+  sbatch_report: list[str] = dataclasses.field(default_factory=list)  # and the report job's
+  report_requires: tuple[str, ...] | None = None  # None: the other stages (all, report alone)
 
 
 def run(
@@ -397,10 +414,13 @@ def run(
   report_module: str = "bert_jax.report",
   distributed: bool = False,
   reuse: tuple[str, ...] = (),
+  report_requires: tuple[str, ...] | None = None,
 ) -> list[str]:
   """Runs (or prints) the sweep on this machine; returns the names of what failed.
 
-  Per point: its pretraining, then its fine-tuning runs; after every point the report."""
+  Per point: its pretraining, then its fine-tuning runs; after every point the report, once
+  every run of the stages in `report_requires` is done (default: the stages run here, or all
+  of them when the report runs alone)."""
   path, arg = split_experiment(experiment)
   overrides = _checked_overrides(overrides, "--config.")
   finetune_overrides = _checked_overrides(finetune_overrides, "--finetune.")
@@ -453,11 +473,16 @@ def run(
       ):
         failed.append(name)
   if "report" in stages:
+    if report_requires is None:
+      report_requires = tuple(s for s in stages if s != "report") or STAGES[:2]
     cmd = report_command(root, report_module, experiment_paper(path))
     if dry_run:
       print(_quote(cmd))
     elif failed:
       print(f"no report: {len(failed)} run(s) failed", flush=True)
+    elif missing := _not_done(path, points, root, report_requires):
+      print(f"no report: {len(missing)} run(s) not finished: {', '.join(missing)}", flush=True)
+      failed += missing
     else:
       print(f"report: {_quote(cmd)}", flush=True)
       if subprocess.run(cmd, env=env).returncode:
@@ -465,35 +490,58 @@ def run(
   return failed
 
 
+def _not_done(path: str, points: list[Point], root: str, stages: tuple[str, ...]) -> list[str]:
+  """The runs of `stages` (pretrain, finetune) of `points` without their sweep_done.json."""
+  missing = []
+  for point in points:
+    if "pretrain" in stages and not os.path.exists(os.path.join(root, point.name, DONE)):
+      missing.append(point.name)
+    if "finetune" in stages:
+      for ft in finetune_runs(path, point):
+        if not os.path.exists(os.path.join(ft.workdir(root), DONE)):
+          missing.append(f"{ft.row}/finetune/{ft.task}")
+  return missing
+
+
 def _call_passing_signals(cmd: list[str], env: dict[str, str] | None) -> tuple[int, bool]:
   """Runs `cmd`; SIGTERM/SIGINT/SIGHUP to this script are passed on to it (it saves and
   exits 75) instead of killing it. Returns (exit status, whether this script got a signal)."""
-  proc = subprocess.Popen(cmd, env=env)
+  procs: list[subprocess.Popen] = []
   got: list[int] = []
 
   def forward(signum: int, frame: Any) -> None:
     del frame
     got.append(signum)
-    if proc.poll() is None:
-      proc.send_signal(signum)  # a second copy (a terminal's process group) is harmless
+    if procs and procs[0].poll() is None:
+      procs[0].send_signal(signum)  # a second copy (a terminal's process group) is harmless
 
+  # Installed first: a signal while the command starts is passed on once it has started.
   old = {sig: signal.signal(sig, forward) for sig in preemption.SIGNALS}
   try:
-    rc = proc.wait()
+    procs.append(subprocess.Popen(cmd, env=env))
+    for signum in got:
+      procs[0].send_signal(signum)
+    rc = procs[0].wait()
   finally:
     for sig, handler in old.items():
       signal.signal(sig, handler)
   return rc, bool(got)
 
 
-def _point_argv(experiment: str, root: str, point: Point, opts: Options, repo: str) -> list[str]:
-  """The command that runs one point (pretraining and fine-tuning) on a scheduler's machine."""
+def _rel_experiment(experiment: str, repo: str) -> str:
+  """The --experiment of a command run from the checkout on another machine: relative to the
+  checkout when inside it (the checkout may live at another path there)."""
   path, arg = split_experiment(experiment)
   if os.path.abspath(path).startswith(repo + os.sep):
-    path = os.path.relpath(os.path.abspath(path), repo)  # the repo may live elsewhere there
+    path = os.path.relpath(os.path.abspath(path), repo)
+  return f"{path}:{arg}" if arg else path
+
+
+def _point_argv(experiment: str, root: str, point: Point, opts: Options, repo: str) -> list[str]:
+  """The command that runs one point (pretraining and fine-tuning) on a scheduler's machine."""
   return [
     "launch/sweep.py",
-    f"--experiment={path}:{arg}" if arg else f"--experiment={path}",
+    f"--experiment={_rel_experiment(experiment, repo)}",
     f"--root={root}",
     f"--only={point.name}",
     "--stages=" + ",".join(s for s in opts.stages if s != "report"),
@@ -503,105 +551,34 @@ def _point_argv(experiment: str, root: str, point: Point, opts: Options, repo: s
   ]
 
 
-def slurm_script(experiment: str, root: str, points: list[Point], opts: Options) -> str:
-  """An sbatch script: a job array, task i = point i (its pretraining, then its fine-tuning).
-
-  A task preempted (SLURM's SIGTERM, or the time limit: --signal sends it 5 min early) exits
-  75 after its runs saved checkpoints and is requeued (`scontrol requeue`); the requeued task
-  resumes, skipping what is done. Resources (GPUs, time, partition) go on sbatch's command
-  line, which overrides the #SBATCH lines."""
-  root = os.path.abspath(root)
-  name = os.path.splitext(os.path.basename(split_experiment(experiment)[0]))[0]
-  paper = experiment_paper(split_experiment(experiment)[0])
-  report = shlex.quote(_quote(["python", *report_command(root, paper=paper)[1:]]))
-  lines = [
-    "#!/usr/bin/env bash",
-    f"# {len(points)} points of {experiment}, one array task each; then the report:",
-    f"#   sbatch --dependency=afterok:<this job's id> --wrap={report}",
-    f"# The output directory must exist first: mkdir -p {shlex.quote(root)}",
-    f"#SBATCH --job-name=bert_jax-{name}",
-    f"#SBATCH --array=0-{len(points) - 1}",
-    "#SBATCH --requeue",
-    "#SBATCH --open-mode=append",
-    "#SBATCH --signal=B:TERM@300",
-    f'#SBATCH --output="{root}/slurm-%A_%a.out"',
-    "set -uo pipefail",
-    f"cd {shlex.quote(REPO)}",
-    f'PYTHON="${{PYTHON:-{sys.executable}}}"',
-    'case "$SLURM_ARRAY_TASK_ID" in',
+def scheduler_sweep(
+  experiment: str, root: str, points: list[Point], opts: Options
+) -> schedulers.Sweep:
+  """What a scheduler backend (launch/schedulers.py) runs: every point's command, then the
+  report, which reports only once every point ran what `opts.stages` asked for."""
+  path = split_experiment(experiment)[0]
+  root = root if "://" in root else os.path.abspath(root)
+  ran = [s for s in opts.stages if s != "report"]
+  report = [
+    "launch/sweep.py",
+    f"--experiment={_rel_experiment(experiment, REPO)}",
+    f"--root={root}",
+    *([f"--only={opts.only}"] if opts.only else []),
+    "--stages=report",
+    "--report_requires=" + ",".join(ran),
   ]
-  for i, point in enumerate(points):
-    argv = _point_argv(experiment, root, point, opts, REPO)
-    lines.append(f'  {i}) cmd=("$PYTHON" {_quote(argv)}) ;;')
-  lines += [
-    '  *) echo "no point for array index $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;',
-    "esac",
-    '"${cmd[@]}" &',
-    "pid=$!",
-    "# sweep.py passes SIGTERM on: the running point saves a checkpoint and exits 75.",
-    "trap 'kill -TERM \"$pid\"' TERM",
-    'wait "$pid"; rc=$?',
-    'if ((rc > 128)); then wait "$pid"; rc=$?; fi  # wait itself was interrupted by the trap',
-    f"if ((rc == {preemption.EXIT_PREEMPTED})); then",
-    '  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
-    "fi",
-    'exit "$rc"',
-  ]
-  return "\n".join(lines) + "\n"
-
-
-def tpu_vm_script(experiment: str, root: str, points: list[Point], opts: Options) -> str:
-  """A bash script: per point one queued resource (a TPU VM slice of its own), set up with
-  launch/tpu_pod.sh, running the point on every worker, then deleted; points in parallel."""
-  name = os.path.splitext(os.path.basename(split_experiment(experiment)[0]))[0]
-  slug = name.replace("_", "-").lower()[:24]
-  paper = experiment_paper(split_experiment(experiment)[0])
-  opts = dataclasses.replace(opts, distributed=True)  # every worker joins one JAX job
-  lines = [
-    "#!/usr/bin/env bash",
-    f"# {len(points)} points of {experiment}, one queued resource each. --root must be storage",
-    "# every worker sees (a gcsfuse or Filestore mount). A point whose slice was preempted:",
-    "# run its block again (it resumes from its checkpoints). Afterwards, the report:",
-    f"#   {_quote(['python', *report_command(root, paper=paper)[1:]])}",
-    "set -euo pipefail",
-    f"cd {shlex.quote(REPO)}",
-    ': "${ZONE:?set ZONE}"',
-    'ACCELERATOR="${ACCELERATOR:-v5litepod-16}"',
-    'RUNTIME="${RUNTIME:-v2-alpha-tpuv5-lite}"',
-    "PROJECT_FLAG=()",
-    'if [[ -n "${PROJECT:-}" ]]; then PROJECT_FLAG=(--project="$PROJECT"); fi',
-    'qr() { gcloud compute tpus queued-resources "$@" --zone="$ZONE" "${PROJECT_FLAG[@]}"; }',
-    "pids=()",
-  ]
-  for point in points:
-    # Named by the point (not its index) so launches with different --only never collide.
-    qr = f"bert-jax-{slug}-{re.sub('[^a-z0-9]+', '-', point.name.lower()).strip('-')}"[:63]
-    remote = "cd bert_jax && ~/venv/bin/python " + _quote(
-      _point_argv(experiment, root, point, opts, REPO)
-    )
-    lines += [
-      f"# point {point.name}",
-      "(",
-      f'  qr create {qr} --node-id={qr} --accelerator-type="$ACCELERATOR" '
-      '--runtime-version="$RUNTIME" ${SPOT:+--spot}',
-      f"  until state=\"$(qr describe {qr} --format='value(state.state)')\"; "
-      '[[ "$state" == ACTIVE ]]; do',
-      '    if [[ "$state" == FAILED || "$state" == SUSPENDED ]]; then '
-      f'echo "{qr}: $state" >&2; exit 1; fi',
-      "    sleep 60",
-      "  done",
-      f"  TPU_NAME={qr} launch/tpu_pod.sh setup",
-      f'  gcloud compute tpus tpu-vm ssh {qr} --zone="$ZONE" "${{PROJECT_FLAG[@]}}" '
-      f"--worker=all --command={shlex.quote(remote)}",
-      f"  qr delete {qr} --force --quiet",
-      ") &",
-      "pids+=($!)",
-    ]
-  lines += ["rc=0", 'for pid in "${pids[@]}"; do wait "$pid" || rc=1; done', 'exit "$rc"']
-  return "\n".join(lines) + "\n"
-
-
-SCHEDULERS = {"slurm": slurm_script, "tpu_vm": tpu_vm_script}
+  note = _quote(["python", *report_command(root, paper=experiment_paper(path))[1:]])
+  return schedulers.Sweep(
+    experiment=experiment,
+    name=os.path.splitext(os.path.basename(path))[0],
+    root=root,
+    repo=REPO,
+    python=sys.executable,
+    points=tuple((p.name, tuple(_point_argv(experiment, root, p, opts, REPO))) for p in points),
+    report=tuple(report),
+    report_note=note + " once every point is done",
+    distributed=opts.distributed,
+  )
 
 
 def launch(experiment: str, root: str, opts: Options) -> None:
@@ -609,7 +586,17 @@ def launch(experiment: str, root: str, opts: Options) -> None:
   path, arg = split_experiment(experiment)
   points = _selected(expand(path, arg), opts.only)
   check_overrides(path, points[0].arg, opts.overrides)
-  script = SCHEDULERS[opts.backend](experiment, root, points, opts)
+  if set(opts.stages) == {"report"}:
+    raise ValueError(f"--stages=report runs nothing on --backend={opts.backend}: run it here")
+  if opts.backend == "slurm" and "://" in root:
+    raise ValueError(
+      f"--root={root}: SLURM writes the script and its logs there; give a directory every "
+      "node mounts (a gcsfuse mount of the bucket, NFS, Lustre)"
+    )
+  if opts.backend == "tpu_vm":  # every worker of a slice joins the point's one JAX job
+    opts = dataclasses.replace(opts, distributed=True)
+  sweep = scheduler_sweep(experiment, root, points, opts)
+  script = schedulers.SCRIPTS[opts.backend](sweep)
   if opts.dry_run:
     print(script, end="")
     return
@@ -617,70 +604,126 @@ def launch(experiment: str, root: str, opts: Options) -> None:
   file = os.path.join(root, f"{opts.backend}.sh")
   with open(file, "w") as f:
     f.write(script)
-  if opts.backend == "tpu_vm":
-    subprocess.run(["bash", file], check=True)
-    subprocess.run(report_command(root, paper=experiment_paper(path)), check=True)
-    return
-  job = subprocess.run(
-    ["sbatch", "--parsable", file], check=True, capture_output=True, text=True
-  ).stdout.strip()
-  report = subprocess.run(
-    ["sbatch", "--parsable", f"--dependency=afterok:{job.split(';')[0]}",
-     f"--output={root}/slurm-report-%j.out",
-     "--wrap=" + _quote(report_command(root, paper=experiment_paper(path)))],
-    check=True, capture_output=True, text=True,
-  ).stdout.strip()  # fmt: skip
-  print(f"submitted array job {job} ({len(points)} points) and report job {report}")
+  print(schedulers.SUBMIT[opts.backend](sweep, file, opts.sbatch, opts.sbatch_report))
+
+
+# ----------------------------------------------------------------------------- flags
+
+# The sweep's own flags (absl, on a FlagValues of their own: tests call main() repeatedly and
+# bert_jax's modules define flags of the same names). --config.KEY=VALUE and
+# --finetune.KEY=VALUE pass through to the runs, so they are split off before absl sees them.
+FLAGS = flags.FlagValues()
+flags.DEFINE_string(
+  "experiment", None, "FILE.py[:ARG]: the experiment file and its ARG.", flag_values=FLAGS
+)
+flags.DEFINE_string("root", None, "Directory of the sweep: a workdir per point.", flag_values=FLAGS)
+flags.DEFINE_string(
+  "only", None, "Points by name or values, separated by ';' (default: all).", flag_values=FLAGS
+)
+flags.DEFINE_list("stages", list(STAGES), "What runs: pretrain,finetune,report.", flag_values=FLAGS)
+flags.DEFINE_string("backend", "local", "local, slurm or tpu_vm.", flag_values=FLAGS)
+flags.DEFINE_list(
+  "reuse",
+  [],
+  "local: roots whose finished points with the same config are linked.",
+  flag_values=FLAGS,
+)
+flags.DEFINE_bool(
+  "distributed",
+  False,
+  "Every run is one multi-process JAX job (--distributed).",
+  flag_values=FLAGS,
+)
+flags.DEFINE_bool(
+  "dry_run",
+  False,
+  "Print the commands (or the scheduler's script); run nothing.",
+  flag_values=FLAGS,
+)
+flags.DEFINE_string(
+  "sbatch",
+  "",
+  "slurm: sbatch options of the array job, e.g. '--partition=gpu --gpus=1 "
+  "--time=8:00:00' (they override the script's #SBATCH lines).",
+  flag_values=FLAGS,
+)
+flags.DEFINE_string(
+  "sbatch_report", "", "slurm: sbatch options of the report job.", flag_values=FLAGS
+)
+flags.DEFINE_list(
+  "report_requires",
+  None,
+  "The stages whose runs must be done (sweep_done.json) before the "
+  "report stage reports (default: the other --stages; all of them for --stages=report).",
+  flag_values=FLAGS,
+)
 
 
 def _parse(argv: list[str]) -> tuple[str, str, Options]:
-  """A small parser: --config.* overrides are not flags of this script (absl would reject
-  them), so it is simpler than splitting them out before absl."""
+  """argv (without the program name) -> (experiment, root, options); ValueError if bad."""
   opts = Options()
-  named: dict[str, str] = {}
+  rest = []
   for a in argv:
     if a.startswith("--config."):
       opts.overrides.append(a)
     elif a.startswith("--finetune."):
       opts.finetune_overrides.append("--config." + a[len("--finetune.") :])
-    elif a in ("--dry_run", "--dry-run"):
-      opts.dry_run = True
-    elif a == "--distributed":
-      opts.distributed = True
-    elif a.startswith(
-      ("--experiment=", "--root=", "--only=", "--stages=", "--backend=", "--reuse=")
-    ):
-      k, v = a[2:].split("=", 1)
-      named[k] = v
     elif a in ("-h", "--help"):
-      print(__doc__)
+      print(__doc__ + "\nFlags:\n" + FLAGS.get_help())
       sys.exit(0)
     else:
-      raise ValueError(f"unknown argument {a!r}; see --help")
+      rest.append("--dry_run" if a == "--dry-run" else a)
+  FLAGS.unparse_flags()  # every call starts from the defaults
+  try:
+    positional = FLAGS(["sweep.py", *rest])[1:]
+  except flags.UnrecognizedFlagError as e:
+    raise ValueError(f"unknown argument '--{e.flagname}'; see --help") from None
+  except flags.Error as e:
+    raise ValueError(str(e)) from None
+  if positional:
+    raise ValueError(f"unknown argument {positional[0]!r}; see --help")
   for k in ("experiment", "root"):
-    if not named.get(k):
+    if not FLAGS[k].value:
       raise ValueError(f"--{k} is required")
-  opts.only = named.get("only")
-  if "stages" in named:
-    opts.stages = tuple(filter(None, named["stages"].split(",")))
-    bad = [s for s in opts.stages if s not in STAGES] or not opts.stages
-    if bad:
-      raise ValueError(f"--stages={named['stages']}: choose from {','.join(STAGES)}")
-  opts.reuse = tuple(filter(None, named.get("reuse", "").split(",")))
-  opts.backend = named.get("backend", "local")
+  opts.only = FLAGS.only
+  opts.stages = tuple(FLAGS.stages)
+  if not opts.stages or any(s not in STAGES for s in opts.stages):
+    raise ValueError(f"--stages={','.join(FLAGS.stages)}: choose from {','.join(STAGES)}")
+  if FLAGS.report_requires is not None:
+    opts.report_requires = tuple(FLAGS.report_requires)
+    if any(s not in STAGES[:2] for s in opts.report_requires):
+      raise ValueError(
+        f"--report_requires={','.join(FLAGS.report_requires)}: choose from pretrain,finetune"
+      )
+  opts.reuse = tuple(FLAGS.reuse)
+  opts.backend = FLAGS.backend
   if opts.reuse and opts.backend != "local":
     raise ValueError(f"--reuse links points on this machine: not with --backend={opts.backend}")
   if opts.backend not in BACKENDS:
     raise ValueError(f"--backend={opts.backend}: choose from {', '.join(BACKENDS)}")
-  return named["experiment"], named["root"], opts
+  opts.distributed = FLAGS.distributed
+  opts.dry_run = FLAGS.dry_run
+  opts.sbatch = shlex.split(FLAGS.sbatch)
+  opts.sbatch_report = shlex.split(FLAGS.sbatch_report)
+  return FLAGS.experiment, FLAGS.root, opts
+
+
+def _stop_between_runs(signum: int, frame: Any) -> None:
+  """SIGTERM/SIGINT/SIGHUP while no run is running (a run gets it passed on instead)."""
+  del frame
+  raise Preempted(f"{signal.Signals(signum).name} between runs: rerun the sweep to resume")
 
 
 def main(argv: list[str]) -> int:
+  old = {sig: signal.getsignal(sig) for sig in preemption.SIGNALS}
   try:
     experiment, root, opts = _parse(argv)
     if opts.backend != "local":
       launch(experiment, root, opts)
       return 0
+    # A scheduler signals every process of a point (this one too), at any moment.
+    for sig in preemption.SIGNALS:
+      signal.signal(sig, _stop_between_runs)
     failed = run(
       experiment,
       root,
@@ -691,6 +734,7 @@ def main(argv: list[str]) -> int:
       finetune_overrides=opts.finetune_overrides,
       distributed=opts.distributed,
       reuse=opts.reuse,
+      report_requires=opts.report_requires,
     )
   except (ValueError, OSError) as e:
     print(f"error: {e}", file=sys.stderr)
@@ -701,6 +745,9 @@ def main(argv: list[str]) -> int:
   except subprocess.CalledProcessError as e:
     print(f"error: {_quote([str(c) for c in e.cmd])} exited {e.returncode}", file=sys.stderr)
     return 1
+  finally:
+    for sig, handler in old.items():
+      signal.signal(sig, handler)
   if failed:
     print(f"error: {len(failed)} run(s) failed: {', '.join(failed)}", file=sys.stderr)
     return 1

@@ -61,3 +61,6 @@ def tiny_data_dir(tmp_path_factory):
     progress=False,
   )
   return str(out)
+
+
+from slurm_cluster import slurm_cluster  # noqa: E402, F401  (a one-node SLURM: test_slurm.py)

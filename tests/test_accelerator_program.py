@@ -162,16 +162,16 @@ def test_finetuning_config_sets_dropout_rng_and_attention_on_a_checkpoint(tmp_pa
   """A fine-tuning config's dropout_rng and attention_impl apply on top of a checkpoint's
   architecture (as dtype and kernels do); a checkpoint of an earlier version storing
   attention_impl='fused' (today's 'auto') still reads."""
-  from bert_jax import finetune, interop
+  from bert_jax import finetune, hf_io, loader
 
   spec = importlib.util.spec_from_file_location("finetune_config", f"{REPO}/configs/finetune.py")
   finetune_configs = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(finetune_configs)
   stored = dataclasses.asdict(model_lib.config_for_size("tiny"))
   stored.update(attention_impl="fused", dropout_rng="hash")
-  (tmp_path / interop.PARAMS_CONFIG).write_text(json.dumps(stored))
-  (tmp_path / interop.PARAMS_FILE).write_bytes(b"")
-  assert interop.read_config(tmp_path)[1].attention_impl == "auto"
+  (tmp_path / hf_io.PARAMS_CONFIG).write_text(json.dumps(stored))
+  (tmp_path / hf_io.PARAMS_FILE).write_bytes(b"")
+  assert loader.read_config(tmp_path)[1].attention_impl == "auto"
   c = finetune_configs.get_config("custom,seeds=1,size=tiny")
   c.init = str(tmp_path)
   c.model.dropout_rng, c.model.attention_impl = "rbg", "explicit_lowp"

@@ -1,4 +1,4 @@
-"""scripts/aot_fit_table.py: the experiment points at paper scale and the table built from
+"""tools/replication/aot_fit_table.py: the experiment points at paper scale and the table built from
 compile results (mocked here: a real TPU compile takes minutes)."""
 
 import importlib
@@ -12,7 +12,7 @@ GiB = 1024**3
 
 
 def _load():
-  sys.path.insert(0, os.path.join(REPO, "scripts"))
+  sys.path.insert(0, os.path.join(REPO, "tools", "replication"))
   try:
     return importlib.import_module("aot_fit_table")
   finally:

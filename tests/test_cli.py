@@ -1,6 +1,7 @@
 """The entry points share one pattern: bad flags and user errors end in one line on stderr with
 exit status 2 (before any work) or 1; library modules define no absl flags when imported."""
 
+import ast
 import json
 import os
 import pathlib
@@ -90,3 +91,44 @@ print(json.dumps({"modules": names, "owners": owners}))
   )
   ours = {m: f for m, f in out["owners"].items() if m.split(".")[0] == "bert_jax"}
   assert not ours, f"importing the library defined flags: {ours}"
+
+
+# Each command with a flag only it defines.
+OWN_FLAG = {
+  "main": ("train", "workdir"),
+  "finetune": ("finetune", "workdir"),
+  "create_data": ("create_data", "output_dir"),
+  "train_tokenizer": ("train_tokenizer", "vocab_size"),
+  "convert": ("convert", "src"),
+  "benchmark": ("benchmark", "sizes"),
+  "aot": ("aot", "topology"),
+  "report": ("report", "root"),
+}
+
+
+@pytest.mark.parametrize("form", ["python -m", "console script"])
+@pytest.mark.parametrize("module", sorted(OWN_FLAG))
+def test_help_lists_the_commands_flags(module, form):
+  """`--help` prints the command's docstring and its own flags, exit status 0, whether run as
+  `python -m bert_jax.X` or as the installed console script (absl's own --help lists no flag
+  there: it looks them up under the script's path)."""
+  script, flag = OWN_FLAG[module]
+  path = f"{module}.__main__" if module in ("benchmark", "report") else module
+  assert f"bert_jax_{script}=bert_jax.{path}:run" in (ROOT / "setup.py").read_text()
+  if form == "python -m":
+    r = _run("-m", f"bert_jax.{module}", "--help")
+  else:
+    exe = pathlib.Path(sys.executable).parent / f"bert_jax_{script}"
+    if exe.is_file():  # installed (pip install -e .): the real script
+      env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+      r = subprocess.run([str(exe), "--help"], capture_output=True, text=True, env=env, timeout=120)
+    else:  # what a console script does: import the module, call run(), argv[0] the script's
+      code = (
+        f"import sys; sys.argv[0] = 'bert_jax_{script}'; from bert_jax.{path} import run; run()"
+      )
+      r = _run("-c", code, "--help")
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert re.search(rf"^  --(\[no\])?{flag}:", r.stdout, re.M), r.stdout[-3000:]
+  source = ROOT / "bert_jax" / (path.replace(".", "/") + ".py")  # not imported: it defines flags
+  doc = ast.get_docstring(ast.parse(source.read_text()), clean=False)
+  assert r.stdout.startswith(doc.strip().splitlines()[0])

@@ -1,8 +1,8 @@
-"""bert_jax.interop and the convert CLI: parity with HuggingFace BERT (golden fixtures, or live
-when torch is there), export that from_pretrained loads cleanly, the bert_jax params dir, and
-clear bad-input errors.
+"""bert_jax.hf_names, hf_io, loader and the convert CLI: parity with HuggingFace BERT (golden
+fixtures, or live when torch is there), export that from_pretrained loads cleanly, the bert_jax
+params dir, and clear bad-input errors.
 
-Fixtures in tests/fixtures/hf/ come from scripts/make_hf_fixtures.py (transformers 4.57.6).
+Fixtures in tests/fixtures/hf/ come from tests/fixtures/make_hf_fixtures.py (transformers 4.57.6).
 """
 
 import dataclasses
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from bert_jax import interop
+from bert_jax import hf_io, hf_names, loader
 from bert_jax import model as model_lib
 from bert_jax.model import BertConfig, BertForPreTraining
 
@@ -73,7 +73,7 @@ def _one_line(excinfo, *needles):
   "name,scan", [(n, False) for n in NAMES] + [("l3_h24_a3", True)], ids=lambda x: str(x)
 )
 def test_import_matches_hf_outputs(name, scan):
-  cfg, params = interop.load_hf(FIXTURES / name, scan_layers=scan)
+  cfg, params = hf_io.load_hf(FIXTURES / name, scan_layers=scan)
   assert cfg.scan_layers == scan and cfg.causal == name.endswith("causal")
   io = load_file(str(FIXTURES / name / "io.safetensors"))
   diffs = _max_diffs(cfg, params, io)
@@ -88,29 +88,29 @@ def test_import_bert_model_without_prefix(tmp_path):
   sd = load_file(str(d / "model.safetensors"))
   bare = {k[len("bert.") :]: v for k, v in sd.items() if k.startswith("bert.")}
   save_file(bare, str(d / "model.safetensors"), metadata={"format": "pt"})
-  _, ref = interop.load_hf(FIXTURES / "l2_h32_a4")
-  cfg, params = interop.load_hf(d)
+  _, ref = hf_io.load_hf(FIXTURES / "l2_h32_a4")
+  cfg, params = hf_io.load_hf(d)
   assert set(params) == {"embeddings", "encoder", "pooler"}
   jax.tree.map(np.testing.assert_array_equal, params, ref["bert"])
   # Asking for the pre-training heads names the first missing one.
   with pytest.raises(ValueError) as e:
-    interop.hf_state_dict_to_params(bare, cfg, pretraining=True, source="x.safetensors")
+    hf_names.hf_state_dict_to_params(bare, cfg, pretraining=True, source="x.safetensors")
   _one_line(e, "x.safetensors", "cls.predictions.transform.dense.weight")
   # And heads in the file can be dropped on request.
-  model_only = interop.hf_state_dict_to_params(sd, cfg, pretraining=False)
+  model_only = hf_names.hf_state_dict_to_params(sd, cfg, pretraining=False)
   jax.tree.map(np.testing.assert_array_equal, model_only, ref["bert"])
 
 
 def test_import_legacy_names_and_tied_decoder():
   """Old gamma/beta LayerNorm names, position_ids buffers and the tied decoder are accepted."""
   sd = load_file(str(FIXTURES / "l2_h32_a4" / "model.safetensors"))
-  cfg, ref = interop.load_hf(FIXTURES / "l2_h32_a4")
+  cfg, ref = hf_io.load_hf(FIXTURES / "l2_h32_a4")
   legacy = {k.replace("LayerNorm.weight", "LayerNorm.gamma"): v for k, v in sd.items()}
   legacy = {k.replace("LayerNorm.bias", "LayerNorm.beta"): v for k, v in legacy.items()}
   legacy["bert.embeddings.position_ids"] = np.arange(16)[None]
   legacy["cls.predictions.decoder.weight"] = sd["bert.embeddings.word_embeddings.weight"]
   legacy["cls.predictions.decoder.bias"] = legacy.pop("cls.predictions.bias")
-  params = interop.hf_state_dict_to_params(legacy, cfg)
+  params = hf_names.hf_state_dict_to_params(legacy, cfg)
   jax.tree.map(np.testing.assert_array_equal, params, ref)
 
 
@@ -133,7 +133,7 @@ def test_tf_variable_names_map_onto_hf():
     tf_vars[name] = value
     tf_vars[name + "/adam_m"] = np.zeros_like(value)
   assert "bert/encoder/layer_1/attention/self/query/kernel" in tf_vars
-  got = interop.tf_variables_to_hf_state_dict(tf_vars)
+  got = hf_names.tf_variables_to_hf_state_dict(tf_vars)
   assert sorted(got) == sorted(sd)
   for key in sd:
     np.testing.assert_array_equal(got[key], sd[key], err_msg=key)
@@ -148,9 +148,9 @@ def test_tf_checkpoint_needs_tensorflow(tmp_path):
     pass
   shutil.copy(FIXTURES / "l2_h32_a4" / "config.json", tmp_path / "bert_config.json")
   (tmp_path / "bert_model.ckpt.index").write_bytes(b"")
-  assert interop.detect_format(tmp_path) == "tf"
+  assert loader.detect_format(tmp_path) == "tf"
   with pytest.raises(ImportError) as e:
-    interop.load(tmp_path)
+    loader.load(tmp_path)
   _one_line(e, "bert_model.ckpt", "tensorflow", "bert_jax[tf]")
 
 
@@ -163,9 +163,9 @@ def test_export_reproduces_hf_checkpoint(name, tmp_path):
   want = load_file(str(FIXTURES / name / "model.safetensors"))
   hf_cfg = json.loads((FIXTURES / name / "config.json").read_text())
   for scan in (False, True):
-    cfg, params = interop.load_hf(FIXTURES / name, scan_layers=scan)
+    cfg, params = hf_io.load_hf(FIXTURES / name, scan_layers=scan)
     out = tmp_path / f"out_{scan}"
-    interop.save_hf(out, cfg, params)
+    hf_io.save_hf(out, cfg, params)
     assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
     got = load_file(str(out / "model.safetensors"))
     assert sorted(got) == sorted(want)  # no tied decoder.weight / decoder.bias, like HF
@@ -177,7 +177,7 @@ def test_export_reproduces_hf_checkpoint(name, tmp_path):
       if key != "transformers_version":
         assert ours[key] == value, key
     # Round trip: re-import gives the same config and params.
-    cfg2, params2 = interop.load_hf(out, scan_layers=scan)
+    cfg2, params2 = hf_io.load_hf(out, scan_layers=scan)
     assert cfg2 == cfg
     jax.tree.map(np.testing.assert_array_equal, params2, params)
   from safetensors import safe_open
@@ -187,9 +187,9 @@ def test_export_reproduces_hf_checkpoint(name, tmp_path):
 
 
 def test_export_bert_model_tree(tmp_path):
-  _, params = interop.load_hf(FIXTURES / "l3_h24_a3")
-  cfg = interop.config_from_hf(json.loads((FIXTURES / "l3_h24_a3" / "config.json").read_text()))
-  interop.save_hf(tmp_path / "m", cfg, params["bert"])
+  _, params = hf_io.load_hf(FIXTURES / "l3_h24_a3")
+  cfg = hf_names.config_from_hf(json.loads((FIXTURES / "l3_h24_a3" / "config.json").read_text()))
+  hf_io.save_hf(tmp_path / "m", cfg, params["bert"])
   got = load_file(str(tmp_path / "m" / "model.safetensors"))
   assert "embeddings.word_embeddings.weight" in got and not any(k.startswith("cls") for k in got)
   assert json.loads((tmp_path / "m" / "config.json").read_text())["architectures"] == ["BertModel"]
@@ -197,11 +197,11 @@ def test_export_bert_model_tree(tmp_path):
 
 def test_config_round_trip():
   cfg = BertConfig(vocab_size=1000, hidden_size=48, num_layers=3, num_heads=6, causal=True)
-  hf = interop.config_to_hf(cfg)
+  hf = hf_names.config_to_hf(cfg)
   assert hf["num_hidden_layers"] == 3 and hf["is_decoder"] is True
-  assert interop.config_from_hf(hf) == cfg
-  assert interop.config_from_hf(hf, scan_layers=True).scan_layers
-  base = interop.config_from_hf(
+  assert hf_names.config_from_hf(hf) == cfg
+  assert hf_names.config_from_hf(hf, scan_layers=True).scan_layers
+  base = hf_names.config_from_hf(
     dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12)
   )
   assert base == model_lib.config_for_size("base")
@@ -211,33 +211,33 @@ def test_config_round_trip():
 
 
 def test_params_dir_round_trip(tmp_path):
-  cfg, params = interop.load_hf(FIXTURES / "l2_h32_a4")
-  interop.save_params_dir(tmp_path / "p", cfg, params)
+  cfg, params = hf_io.load_hf(FIXTURES / "l2_h32_a4")
+  hf_io.save_params_dir(tmp_path / "p", cfg, params)
   fields = json.loads((tmp_path / "p" / "bert_config.json").read_text())
   assert fields == dataclasses.asdict(cfg)
   flat = load_file(str(tmp_path / "p" / "params.safetensors"))
   assert flat["bert/encoder/layer_1/query/kernel"].shape == (32, 4, 8)
-  cfg2, params2 = interop.load_params_dir(tmp_path / "p")
+  cfg2, params2 = hf_io.load_params_dir(tmp_path / "p")
   assert cfg2 == cfg
   jax.tree.map(np.testing.assert_array_equal, params2, params)
   # Choose the layout on load; bf16 params keep their dtype.
-  cfg3, stacked = interop.load_params_dir(tmp_path / "p", scan_layers=True)
+  cfg3, stacked = hf_io.load_params_dir(tmp_path / "p", scan_layers=True)
   assert cfg3.scan_layers
   assert stacked["bert"]["encoder"]["layers"]["layer"]["query"]["kernel"].shape == (2, 32, 4, 8)
   bf16 = jax.tree.map(lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16)), stacked)
   cfg_bf16 = dataclasses.replace(cfg3, param_dtype="bfloat16")
-  interop.save_params_dir(tmp_path / "b", cfg_bf16, bf16)
-  cfg4, params4 = interop.load_params_dir(tmp_path / "b")
+  hf_io.save_params_dir(tmp_path / "b", cfg_bf16, bf16)
+  cfg4, params4 = hf_io.load_params_dir(tmp_path / "b")
   assert cfg4 == cfg_bf16 and params4["predictions"]["bias"].dtype == jnp.bfloat16
 
 
 def test_convert_hf_to_params_dir_and_back(tmp_path):
-  assert interop.convert(FIXTURES / "l1_h16_a2_causal", tmp_path / "p", scan_layers=True) == (
+  assert loader.convert(FIXTURES / "l1_h16_a2_causal", tmp_path / "p", scan_layers=True) == (
     "bert_jax"
   )
-  cfg, params = interop.load_params_dir(tmp_path / "p")
+  cfg, params = hf_io.load_params_dir(tmp_path / "p")
   assert cfg.scan_layers and cfg.causal
-  assert interop.convert(tmp_path / "p", tmp_path / "hf") == "hf"
+  assert loader.convert(tmp_path / "p", tmp_path / "hf") == "hf"
   want = load_file(str(FIXTURES / "l1_h16_a2_causal" / "model.safetensors"))
   got = load_file(str(tmp_path / "hf" / "model.safetensors"))
   assert sorted(got) == sorted(want)
@@ -275,19 +275,19 @@ def test_cli(tmp_path):
 
 def test_missing_files(tmp_path):
   with pytest.raises(FileNotFoundError) as e:
-    interop.load_hf(tmp_path / "nope")
+    hf_io.load_hf(tmp_path / "nope")
   _one_line(e, "nope")
   (tmp_path / "empty").mkdir()
   with pytest.raises(FileNotFoundError) as e:
-    interop.load_hf(tmp_path / "empty")
+    hf_io.load_hf(tmp_path / "empty")
   _one_line(e, "config.json")
   d = _copy_fixture("l2_h32_a4", tmp_path)
   (d / "model.safetensors").unlink()
   with pytest.raises(FileNotFoundError) as e:
-    interop.load_hf(d)
+    hf_io.load_hf(d)
   _one_line(e, str(d), "model.safetensors")
   with pytest.raises(FileNotFoundError) as e:
-    interop.load(tmp_path / "empty")
+    loader.load(tmp_path / "empty")
   _one_line(e, "not a checkpoint")
 
 
@@ -301,11 +301,11 @@ def test_bad_config(tmp_path):
   ]:
     (d / "config.json").write_text(json.dumps({**good, **change}))
     with pytest.raises(ValueError) as e:
-      interop.load_hf(d)
+      hf_io.load_hf(d)
     _one_line(e, str(d / "config.json"), needle)
   (d / "config.json").write_text("{not json")
   with pytest.raises(ValueError) as e:
-    interop.load_hf(d)
+    hf_io.load_hf(d)
   _one_line(e, "config.json", "not valid JSON")
 
 
@@ -318,7 +318,7 @@ def test_shape_mismatch_names_file_and_tensor(tmp_path):
   hf = json.loads((d / "config.json").read_text())
   (d / "config.json").write_text(json.dumps({**hf, "vocab_size": 1000}))
   with pytest.raises(ValueError) as e:
-    interop.load_hf(d)
+    hf_io.load_hf(d)
   _one_line(
     e,
     str(d / "model.safetensors"),
@@ -335,11 +335,11 @@ def test_missing_and_unexpected_tensors(tmp_path):
   missing = {k: v for k, v in sd.items() if k != "bert.encoder.layer.1.output.dense.bias"}
   save_file(missing, path, metadata={"format": "pt"})
   with pytest.raises(ValueError) as e:
-    interop.load_hf(d)
+    hf_io.load_hf(d)
   _one_line(e, path, "missing tensor 'bert.encoder.layer.1.output.dense.bias'")
   save_file({**sd, "classifier.weight": np.zeros((2, 32), np.float32)}, path)
   with pytest.raises(ValueError) as e:
-    interop.load_hf(d)
+    hf_io.load_hf(d)
   _one_line(e, path, "unexpected tensor 'classifier.weight'")
 
 
@@ -350,7 +350,7 @@ def test_corrupt_safetensors(tmp_path):
   for broken in (b"\x00garbage" * 10, data[: len(data) // 2]):
     path.write_bytes(broken)
     with pytest.raises(ValueError) as e:
-      interop.load_hf(d)
+      hf_io.load_hf(d)
     _one_line(e, str(path), "cannot read safetensors")
 
 
@@ -365,17 +365,17 @@ def test_torch_bin_needs_torch(tmp_path):
   (d / "model.safetensors").unlink()
   (d / "pytorch_model.bin").write_bytes(b"PK not really")
   with pytest.raises(ImportError) as e:
-    interop.load_hf(d)
+    hf_io.load_hf(d)
   _one_line(e, str(d / "pytorch_model.bin"), "needs torch")
 
 
 def test_failed_export_writes_nothing(tmp_path, monkeypatch):
-  cfg, params = interop.load_hf(FIXTURES / "l2_h32_a4")
+  cfg, params = hf_io.load_hf(FIXTURES / "l2_h32_a4")
   dst = tmp_path / "out" / "hf"
   # Params that do not fit the config: rejected before anything is written.
   wrong = dataclasses.replace(cfg, vocab_size=1000)
   with pytest.raises(ValueError) as e:
-    interop.save_hf(dst, wrong, params)
+    hf_io.save_hf(dst, wrong, params)
   _one_line(e, "word_embeddings", "(100, 32)", "(1000, 32)")
   assert not dst.exists()
   # A failure half-way through writing leaves neither dst nor temp files behind.
@@ -385,7 +385,7 @@ def test_failed_export_writes_nothing(tmp_path, monkeypatch):
     raise OSError("disk full")
 
   monkeypatch.setattr(safetensors.numpy, "save_file", boom)
-  for save in (interop.save_hf, interop.save_params_dir):
+  for save in (hf_io.save_hf, hf_io.save_params_dir):
     with pytest.raises(OSError):
       save(dst, cfg, params)
     assert not dst.exists()
@@ -395,24 +395,24 @@ def test_failed_export_writes_nothing(tmp_path, monkeypatch):
   dst.mkdir()
   (dst / "keep").write_text("x")
   with pytest.raises(FileExistsError) as e:
-    interop.save_hf(dst, cfg, params)
+    hf_io.save_hf(dst, cfg, params)
   _one_line(e, str(dst), "already exists")
   assert os.listdir(dst) == ["keep"]
-  interop.save_hf(dst, cfg, params, overwrite=True)
+  hf_io.save_hf(dst, cfg, params, overwrite=True)
   assert sorted(os.listdir(dst)) == ["config.json", "model.safetensors"]
   assert sorted(os.listdir(dst.parent)) == ["hf"]
 
 
 def test_load_params_dir_errors(tmp_path):
-  cfg, params = interop.load_hf(FIXTURES / "l2_h32_a4")
-  interop.save_params_dir(tmp_path / "p", cfg, params)
+  cfg, params = hf_io.load_hf(FIXTURES / "l2_h32_a4")
+  hf_io.save_params_dir(tmp_path / "p", cfg, params)
   fields = json.loads((tmp_path / "p" / "bert_config.json").read_text())
   # Fields of other versions' BertConfig are ignored: the weights decide the architecture.
   (tmp_path / "p" / "bert_config.json").write_text(json.dumps({**fields, "fuse_old": True}))
-  assert interop.load_params_dir(tmp_path / "p")[0] == cfg
+  assert hf_io.load_params_dir(tmp_path / "p")[0] == cfg
   (tmp_path / "p" / "bert_config.json").write_text(json.dumps({**fields, "num_layers": 3}))
   with pytest.raises(ValueError) as e:
-    interop.load_params_dir(tmp_path / "p")
+    hf_io.load_params_dir(tmp_path / "p")
   _one_line(e, "params.safetensors", "missing parameter 'bert/encoder/layer_2/")
 
 
@@ -456,7 +456,7 @@ def test_live_export_loads_in_transformers(fields, causal, tmp_path):
   transformers = pytest.importorskip("transformers")
   cfg = BertConfig(max_position_embeddings=16, causal=causal, **fields)
   params = _random_params(cfg)
-  interop.save_hf(tmp_path / "hf", cfg, params)
+  hf_io.save_hf(tmp_path / "hf", cfg, params)
   hf_model, info = transformers.BertForPreTraining.from_pretrained(
     tmp_path / "hf", output_loading_info=True, attn_implementation="eager"
   )
@@ -494,7 +494,7 @@ def test_live_import_from_transformers(safetensors_format, tmp_path):
     for _, p in hf_model.named_parameters():
       p.copy_(0.2 * torch.randn(p.shape, generator=g))
   hf_model.save_pretrained(tmp_path / "hf", safe_serialization=safetensors_format)
-  cfg, params = interop.load_hf(tmp_path / "hf")
+  cfg, params = hf_io.load_hf(tmp_path / "hf")
   ids, seg, mask = _inputs(cfg)
   seg = seg * 2  # the third token type
   want = _hf_outputs(hf_model, ids, seg, mask)

@@ -1,6 +1,7 @@
 """create_data: BERT's sequence algorithm, bad inputs, determinism, written masks."""
 
 import gzip
+import itertools
 import json
 import os
 import random
@@ -10,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from bert_jax import corpus, data_writer, sequences
 from bert_jax import input_pipeline as ip
 from bert_jax import pretraining_data as cd
 from bert_jax.tokenizer import default_vocab_path, load_tokenizer
@@ -63,7 +65,7 @@ def test_nsp_pairs_follow_bert():
   docs = _int_docs(40, rng)
   out = []
   for i in range(len(docs)):
-    cd._nsp_pairs(docs, i, 64, 0.1, rng, lambda a, b, r, i=i: out.append((i, a, b, r)))
+    sequences.nsp_pairs(docs, i, 64, 0.1, rng, lambda a, b, r, i=i: out.append((i, a, b, r)))
   assert len(out) > 100
   for i, a, b, random_next in out:
     assert 2 <= len(a) + len(b) <= 61 and a and b
@@ -92,14 +94,14 @@ def test_nsp_pairs_use_every_sentence_once_when_no_random_next():
       if not r:
         covered.update(b)
 
-    cd._nsp_pairs(docs, i, 512, 0.0, rng, emit)
+    sequences.nsp_pairs(docs, i, 512, 0.0, rng, emit)
   # Untruncated (512 is plenty): every token of both documents appears in some A or real B.
   assert covered == {t for d in docs for s in d for t in s}
 
 
 def test_truncate_pair_trims_longer_side():
   rng = random.Random(0)
-  a, b = cd._truncate_pair(list(range(100)), list(range(100, 110)), 50, rng)
+  a, b = sequences.truncate_pair(list(range(100)), list(range(100, 110)), 50, rng)
   assert len(a) + len(b) == 50 and len(b) == 10
   assert a == list(range(a[0], a[0] + 40)) and 0 < a[0] < 60  # trimmed at both ends
 
@@ -107,8 +109,8 @@ def test_truncate_pair_trims_longer_side():
 def test_packing_full_and_doc_sentences():
   docs = [[[1] * 10, [2] * 10], [[3] * 5], [[4] * 200]]
   full, per_doc = [], []
-  cd._packed(docs, 32, True, 102, lambda a, b, r: full.append(a))
-  truncated = cd._packed(docs, 32, False, 102, lambda a, b, r: per_doc.append(a))
+  sequences.packed(docs, 32, True, 102, lambda a, b, r: full.append(a))
+  truncated = sequences.packed(docs, 32, False, 102, lambda a, b, r: per_doc.append(a))
   assert full == [[1] * 10 + [2] * 10 + [102] + [3] * 5, [4] * 30]
   assert per_doc == [[1] * 10 + [2] * 10, [3] * 5, [4] * 30] and truncated == 1
 
@@ -238,7 +240,7 @@ def test_bad_inputs_are_skipped_and_counted(tmp_path):
 
 
 def test_giant_document_is_split(tmp_path, monkeypatch):
-  monkeypatch.setattr(cd, "MAX_DOC_SENTENCES", 100)
+  monkeypatch.setattr(corpus, "MAX_DOC_SENTENCES", 100)
   (tmp_path / "one.txt").write_text("".join(f"sentence number {i} here.\n" for i in range(1050)))
   s = cd.build(
     str(tmp_path / "one.txt"), str(tmp_path / "o"), eval_fraction=0, num_workers=1, progress=False
@@ -326,9 +328,10 @@ def test_chunks_are_random_samples_of_an_ordered_corpus(tmp_path, monkeypatch):
   The NSP "other document" comes from the chunk; chunks cut from one stretch of an ordered
   corpus (one source) gave fewer short sequences than the original's whole-corpus draw.
   """
-  monkeypatch.setattr(cd, "MAX_BUCKETS", 2)  # buckets of ~5 chunks, as on a corpus of > 16 GB
+  # Buckets of ~5 chunks, as on a corpus of > 16 GB.
+  monkeypatch.setattr(data_writer, "MAX_BUCKETS", 2)
   docs = [[f"{'alpha' if d < 200 else 'beta'} {d} " + "x" * 190] for d in range(400)]
-  scatter = cd._Scatter(str(tmp_path), 80_000, 0.0, 8_000, seed=3)
+  scatter = data_writer.Scatter(str(tmp_path), 80_000, 0.0, 8_000, seed=3)
   scatter.scatter(iter(docs))
   assert scatter.num_buckets["train"] == 2
   units = list(scatter.units("train"))
@@ -384,3 +387,94 @@ def test_vocab_and_data_repeat_byte_for_byte(tmp_path):
   assert sum(n.startswith("data/train-") for n in names) > 1  # several shards
   for name in names:
     assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def _trainer_config(corpus_path, **over):
+  """A training config whose data the trainer builds itself (as configs/local.py), tiny."""
+  from bert_jax import config_lib
+
+  c = config_lib.base_config("tiny")
+  c.data.input = str(corpus_path)
+  c.model.vocab_size = c.data.train_vocab_size = 200
+  c.data.max_seq_length = 32
+  c.masking.max_predictions = 5
+  c.data.dupe_factor = 1
+  c.data.eval_fraction = 0.1
+  c.objective.nsp = False
+  for k, v in over.items():
+    c[k.split(".")[0]][k.split(".")[1]] = v
+  return c
+
+
+def _snapshot(root):
+  return {
+    str(p.relative_to(root)): (p.stat().st_mtime_ns, p.read_bytes())
+    for p in sorted(root.rglob("*"))
+    if p.is_file()
+  }
+
+
+def test_built_data_is_keyed_by_content_not_path(tmp_path):
+  """A reinstall moves the bundled corpus: the same bytes elsewhere reuse <workdir>/data
+  untouched; one changed byte (or option) is refused in one line naming the input."""
+  (tmp_path / "a").mkdir()
+  (tmp_path / "b").mkdir()
+  a, b = tmp_path / "a" / "corpus.txt", tmp_path / "b" / "corpus.txt"
+  with open(SAMPLE) as f:
+    lines = [ln.strip() for ln in itertools.islice(f, 300) if ln.strip()]
+  _write_corpus(a, [lines[i : i + 10] for i in range(0, len(lines), 10)])
+  b.write_bytes(a.read_bytes())
+  wd = tmp_path / "wd"
+  data_dir = cd.ensure_built(_trainer_config(a), str(wd))
+  assert data_dir == str(wd / "data")
+  meta = ip.read_metadata(data_dir)
+  assert meta["source"]["input_sha256"] == corpus.content_sha256([str(a)])
+  assert meta["tokenizer"]["fingerprint"] == load_tokenizer(str(wd / "vocab.txt")).fingerprint
+  before = _snapshot(wd)
+  assert "vocab.txt" in before and "data/metadata.json" in before
+
+  assert cd.ensure_built(_trainer_config(b), str(wd)) == data_dir
+  assert _snapshot(wd) == before  # reused: nothing rebuilt or rewritten
+
+  text = b.read_bytes()
+  i = text.index(b"Rabbit")
+  b.write_bytes(text[:i] + b"H" + text[i + 1 :])  # "Rabbit" -> "Habbit": one byte
+  old, new = corpus.content_sha256([str(a)])[:12], corpus.content_sha256([str(b)])[:12]
+  with pytest.raises(ValueError) as e:
+    cd.ensure_built(_trainer_config(b), str(wd))
+  assert str(e.value) == (
+    f"{data_dir} was built from other text: the text of {b} (sha256) {old!r} -> {new!r} "
+    "(built -> config); delete it to rebuild, or set config.data.dir to the data you want"
+  )
+  with pytest.raises(ValueError, match=r"built from other text and options: .* dupe_factor 1 -> 2"):
+    cd.ensure_built(_trainer_config(b, **{"data.dupe_factor": 2}), str(wd))
+  with pytest.raises(ValueError, match=r"built with other options: dupe_factor 1 -> 2 \(built"):
+    cd.ensure_built(_trainer_config(a, **{"data.dupe_factor": 2}), str(wd))
+  # Another vocab (BERT's, where the data has the corpus's own): its fingerprint differs.
+  with pytest.raises(ValueError, match=r"built with other options: tokenizer '[0-9a-f]{12}' ->"):
+    cd.ensure_built(_trainer_config(a, **{"data.train_vocab_size": 0}), str(wd))
+  assert _snapshot(wd) == before
+
+  # metadata.json of an older version (no input_sha256): a clear answer, no guess.
+  meta["source"].pop("input_sha256")
+  (wd / "data" / "metadata.json").write_text(json.dumps(meta))
+  with pytest.raises(ValueError) as e:
+    cd.ensure_built(_trainer_config(a), str(wd))
+  assert str(e.value) == (
+    f"{data_dir}/metadata.json does not record the content of the text it was built from "
+    "(built by an older bert_jax): delete it to rebuild, or set config.data.dir to it to use "
+    "it as it is"
+  )
+
+
+def test_content_sha256_covers_bytes_order_and_boundaries(tmp_path):
+  for d in ("p", "q"):
+    (tmp_path / d).mkdir()
+    (tmp_path / d / "x.txt").write_bytes(b"ab")
+    (tmp_path / d / "y.txt").write_bytes(b"c")
+  (tmp_path / "z.txt").write_bytes(b"abc")
+  h = lambda d: corpus.content_sha256(corpus.expand_inputs(f"{tmp_path}/{d}/*.txt"))
+  assert h("p") == h("q") and len(h("p")) == 64  # the same files elsewhere
+  p, z = str(tmp_path / "p"), str(tmp_path / "z.txt")
+  assert h("p") != corpus.content_sha256([f"{p}/y.txt", f"{p}/x.txt"])  # order
+  assert h("p") != corpus.content_sha256([z])  # the same bytes, other file boundaries

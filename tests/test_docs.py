@@ -15,6 +15,10 @@ DOCS = [
   *glob.glob(os.path.join(REPO, "configs", "*.py")),
   *glob.glob(os.path.join(REPO, "experiments", "*.py")),
   *glob.glob(os.path.join(REPO, "scripts", "*.py")),
+  *glob.glob(os.path.join(REPO, "references", "*.py")),
+  *glob.glob(os.path.join(REPO, "tools", "**", "*.py"), recursive=True),
+  *glob.glob(os.path.join(REPO, "tests", "fixtures", "*.py")),
+  *glob.glob(os.path.join(REPO, "docs", "*.md")),
 ]
 
 
@@ -55,7 +59,8 @@ def test_named_configs_and_files_exist(path):
     elif "/" not in value and value not in ("FILE", "PATH"):
       assert value in cli.bundled_configs(), value
   for ref in re.findall(
-    r"\b((?:configs|experiments|scripts|launch|docs|tests|bert_jax)/[\w/]+\.\w+)", text
+    r"\b((?:configs|experiments|scripts|references|tools|launch|docs|tests|bert_jax)/[\w/]+\.\w+)",
+    text,
   ):
     assert os.path.exists(os.path.join(REPO, ref)), ref
 

@@ -22,7 +22,7 @@ from bert_jax import sharding as sh
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Pretraining configs (configs/finetune.py is the fine-tuning one: tests/test_finetune.py).
 CONFIGS = sorted(
-  p for p in glob.glob(os.path.join(REPO, "configs", "*.py")) if not p.endswith("finetune.py")
+  p for p in glob.glob(os.path.join(REPO, "configs", "[!_]*.py")) if not p.endswith("finetune.py")
 )
 # experiments/_*.py are shared pieces (the downstream suite), not experiments.
 EXPERIMENTS = sorted(glob.glob(os.path.join(REPO, "experiments", "[!_]*.py")))

@@ -19,7 +19,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import bert_jax
-from bert_jax import interop
+from bert_jax import hf_io, loader, params_tree
 from bert_jax import model as model_lib
 from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.model import BertConfig
@@ -85,7 +85,7 @@ def _equal(a, b):
 
 
 def _without_pooler(tree):
-  return {k: v for k, v in interop.unstack_layers(tree).items() if k != "pooler"}
+  return {k: v for k, v in params_tree.unstack_layers(tree).items() if k != "pooler"}
 
 
 # --- params dir -> HF -> back -------------------------------------------------------------------
@@ -96,18 +96,18 @@ def test_round_trip_params_dir_hf_params_dir(kind, tmp_path):
   scan = kind == "classification"  # one kind in the scanned layout
   cfg, params = _finetuned(kind, scan)
   task = TASKS[kind]
-  interop.save_params_dir(tmp_path / "best", cfg, params, task=task)
+  hf_io.save_params_dir(tmp_path / "best", cfg, params, task=task)
   assert json.loads((tmp_path / "best" / "task.json").read_text()) == task
   flat = load_file(str(tmp_path / "best" / "params.safetensors"))
   assert f"head/{HEAD[kind]}/kernel" in flat and "bert/pooler/kernel" in flat
   # The loader: the encoder (BertModel tree), the head and the task beside it.
-  ck = interop.load_checkpoint(tmp_path / "best")
+  ck = loader.load_checkpoint(tmp_path / "best")
   assert (ck.format, ck.has_heads, ck.task) == ("bert_jax", False, task)
   assert ck.config.scan_layers == scan
   _equal(ck.params, params["bert"])
   _equal(ck.head, params["head"])
 
-  assert interop.convert(tmp_path / "best", tmp_path / "hf") == "hf"
+  assert loader.convert(tmp_path / "best", tmp_path / "hf") == "hf"
   hf_cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
   assert hf_cfg["architectures"] == [ARCH[kind]]
   assert hf_cfg["finetuning_task"] == f"toy_{kind}"
@@ -131,7 +131,7 @@ def test_round_trip_params_dir_hf_params_dir(kind, tmp_path):
   assert ("bert.pooler.dense.weight" in sd) == (not no_pooler)
   assert all(k.startswith("bert.") for k in sd if not k.startswith(f"{name}."))
 
-  back = interop.load_checkpoint(tmp_path / "hf", scan_layers=scan)
+  back = loader.load_checkpoint(tmp_path / "hf", scan_layers=scan)
   assert back.format == "hf" and back.task == {**task, "max_seq_length": None}
   _equal(back.head, params["head"])
   if no_pooler:  # a fresh pooler (HF init: zero bias), everything else identical
@@ -141,8 +141,8 @@ def test_round_trip_params_dir_hf_params_dir(kind, tmp_path):
   else:
     _equal(back.params, params["bert"])
   # HF -> params dir keeps head and labels.
-  assert interop.convert(tmp_path / "hf", tmp_path / "again", scan_layers=scan) == "bert_jax"
-  again = interop.load_checkpoint(tmp_path / "again")
+  assert loader.convert(tmp_path / "hf", tmp_path / "again", scan_layers=scan) == "bert_jax"
+  again = loader.load_checkpoint(tmp_path / "again")
   assert again.task == back.task
   _equal(again.params, back.params)
   _equal(again.head, params["head"])
@@ -151,7 +151,7 @@ def test_round_trip_params_dir_hf_params_dir(kind, tmp_path):
 def test_convert_cli_exports_a_best_dir(tmp_path):
   cfg, params = _finetuned("tagging")
   tok = _tokenizer()
-  interop.save_params_dir(tmp_path / "best", cfg, params, tokenizer=tok, task=TASKS["tagging"])
+  hf_io.save_params_dir(tmp_path / "best", cfg, params, tokenizer=tok, task=TASKS["tagging"])
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.getcwd()}
   cmd = [sys.executable, "-m", "bert_jax.convert", f"--src={tmp_path / 'best'}"]
   done = subprocess.run(
@@ -162,7 +162,7 @@ def test_convert_cli_exports_a_best_dir(tmp_path):
     ["config.json", "model.safetensors", "special_tokens_map.json"]
     + ["tokenizer.json", "tokenizer_config.json", "vocab.txt"]
   )
-  back = interop.load_checkpoint(tmp_path / "hf")
+  back = loader.load_checkpoint(tmp_path / "hf")
   assert back.task["labels"] == TASKS["tagging"]["labels"]
   assert back.tokenizer.fingerprint == tok.fingerprint
   _equal(back.head, params["head"])
@@ -173,7 +173,7 @@ def test_convert_cli_exports_a_best_dir(tmp_path):
 
 def test_load_fine_tuned_dir_as_encoder_and_into_targets(tmp_path):
   cfg, params = _finetuned("classification")
-  interop.save_params_dir(
+  hf_io.save_params_dir(
     tmp_path / "best", cfg, params, tokenizer=_tokenizer(), task=TASKS["classification"]
   )
   m = bert_jax.load(tmp_path / "best")  # the notebook API: the encoder alone
@@ -186,7 +186,7 @@ def test_load_fine_tuned_dir_as_encoder_and_into_targets(tmp_path):
   abstract = lambda tree: jax.tree.map(
     lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree
   )
-  load = lambda target: interop.load_checkpoint(tmp_path / "best", target=target).params
+  load = lambda target: loader.load_checkpoint(tmp_path / "best", target=target).params
   body = load(abstract(model_lib.abstract_params(cfg, pretraining=False)))
   assert set(body) == {"embeddings", "encoder", "pooler"}
   _equal(body, params["bert"])
@@ -231,7 +231,7 @@ def test_transformers_loads_export_with_equal_logits(kind, causal, tmp_path):
   import transformers
 
   cfg, params = _finetuned(kind, seed=1, causal=causal)
-  interop.save_hf(tmp_path / "hf", cfg, params, tokenizer=_tokenizer(), task=TASKS[kind])
+  hf_io.save_hf(tmp_path / "hf", cfg, params, tokenizer=_tokenizer(), task=TASKS[kind])
   model, info = getattr(transformers, ARCH[kind]).from_pretrained(
     tmp_path / "hf", output_loading_info=True, attn_implementation="eager"
   )
@@ -259,7 +259,7 @@ def test_transformers_loads_export_with_equal_logits(kind, causal, tmp_path):
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0, err_msg=key)
   # A directory transformers itself wrote imports as encoder + head + task.
   model.save_pretrained(tmp_path / "resaved")
-  back = interop.load_checkpoint(tmp_path / "resaved", scan_layers=False)
+  back = loader.load_checkpoint(tmp_path / "resaved", scan_layers=False)
   assert (back.task["kind"], back.task["labels"]) == (kind, TASKS[kind]["labels"])
   assert back.config.causal == causal
   _equal(back.head, params["head"])
@@ -273,7 +273,7 @@ def test_bad_fine_tuned_dirs(tmp_path):
   cfg, params = _finetuned("classification")
   task = TASKS["classification"]
   best = tmp_path / "best"
-  interop.save_params_dir(best, cfg, params, task=task)
+  hf_io.save_params_dir(best, cfg, params, task=task)
 
   def load_with_task(name, new_task):
     d = tmp_path / name
@@ -283,7 +283,7 @@ def test_bad_fine_tuned_dirs(tmp_path):
     else:
       (d / "task.json").write_text(json.dumps(new_task))
     with pytest.raises(ValueError) as e:
-      interop.load_checkpoint(d)
+      loader.load_checkpoint(d)
     return e, d
 
   e, d = load_with_task("missing", None)
@@ -297,38 +297,38 @@ def test_bad_fine_tuned_dirs(tmp_path):
   e, d = load_with_task("qa_labels", {**task, "kind": "span_qa"})
   _one_line(e, "a span_qa task has no labels, got 3")
   # A task.json beside a pretraining params dir.
-  interop.save_params_dir(tmp_path / "plain", cfg, params["bert"])
+  hf_io.save_params_dir(tmp_path / "plain", cfg, params["bert"])
   (tmp_path / "plain" / "task.json").write_text(json.dumps(task))
   with pytest.raises(ValueError) as e:
-    interop.load_checkpoint(tmp_path / "plain")
+    loader.load_checkpoint(tmp_path / "plain")
   _one_line(e, "a classification task, but", "has no head")
 
   # Writers: a head needs its task and the task a head; nothing is written on error.
   with pytest.raises(ValueError) as e:
-    interop.save_params_dir(tmp_path / "no_task", cfg, params)
+    hf_io.save_params_dir(tmp_path / "no_task", cfg, params)
   _one_line(e, "task (the task= argument): missing")
   with pytest.raises(ValueError) as e:
-    interop.save_hf(tmp_path / "no_task", cfg, params)
+    hf_io.save_hf(tmp_path / "no_task", cfg, params)
   _one_line(e, "params have a 'head' but no task was given")
   with pytest.raises(ValueError) as e:
-    interop.save_hf(tmp_path / "no_head", cfg, params["bert"], task=task)
+    hf_io.save_hf(tmp_path / "no_head", cfg, params["bert"], task=task)
   _one_line(e, "a classification task was given but the params have no 'head'")
   with pytest.raises(ValueError) as e:
-    interop.save_hf(tmp_path / "shape", cfg, params, task=TASKS["tagging"])
+    hf_io.save_hf(tmp_path / "shape", cfg, params, task=TASKS["tagging"])
   _one_line(e, "head/classifier has kernel (16, 3)", "tagging task with 4 labels")
   # A head with more than HF's Dense (a BiLSTM under it) saves as a params dir, not to HF.
   extra = {"bert": params["bert"], "head": {**params["head"], "bilstm": {"w": np.ones(3)}}}
-  interop.save_params_dir(tmp_path / "bilstm", cfg, extra, task=task)
-  assert set(interop.load_checkpoint(tmp_path / "bilstm").head) == {"classifier", "bilstm"}
+  hf_io.save_params_dir(tmp_path / "bilstm", cfg, extra, task=task)
+  assert set(loader.load_checkpoint(tmp_path / "bilstm").head) == {"classifier", "bilstm"}
   with pytest.raises(ValueError) as e:
-    interop.save_hf(tmp_path / "bilstm_hf", cfg, extra, task=task)
+    hf_io.save_hf(tmp_path / "bilstm_hf", cfg, extra, task=task)
   _one_line(e, "HF BertForSequenceClassification has no place for head/bilstm")
   assert not any((tmp_path / n).exists() for n in ("no_task", "no_head", "shape", "bilstm_hf"))
 
 
 def test_bad_hf_fine_tuned_dirs(tmp_path):
   cfg, params = _finetuned("classification")
-  interop.save_hf(tmp_path / "hf", cfg, params, task=TASKS["classification"])
+  hf_io.save_hf(tmp_path / "hf", cfg, params, task=TASKS["classification"])
 
   def broken(name, config=None, drop=None):
     d = tmp_path / name
@@ -339,7 +339,7 @@ def test_bad_hf_fine_tuned_dirs(tmp_path):
       sd = load_file(str(d / "model.safetensors"))
       save_file({k: v for k, v in sd.items() if k != drop}, str(d / "model.safetensors"))
     with pytest.raises(ValueError) as e:
-      interop.load_checkpoint(d)
+      loader.load_checkpoint(d)
     return e, d
 
   two = {"id2label": {"0": "neg", "1": "pos"}, "label2id": {"neg": 0, "pos": 1}, "num_labels": 2}
@@ -352,4 +352,4 @@ def test_bad_hf_fine_tuned_dirs(tmp_path):
   e, d = broken("no_head", drop="classifier.bias")
   _one_line(e, "missing tensor 'classifier.bias'", "BertForSequenceClassification")
   e, d = broken("qa", {"architectures": ["BertForQuestionAnswering"]})
-  _one_line(e, "BertForQuestionAnswering with 3 labels (a span head has 2)")
+  _one_line(e, "BertForQuestionAnswering with 3 labels (its qa_outputs has 2)")

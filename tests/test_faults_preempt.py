@@ -176,3 +176,68 @@ def test_other_signal_or_no_preemption_service_on_two_processes(
   processes agree through an allgather of a per-process flag."""
   env = _env(JAX_ENABLE_PREEMPTION_SERVICE=service)
   _preempt_process_1(tmp_path / "wd", tiny_data_dir, 60, sig, env)
+
+
+def test_signal_before_training_exits_preempted_and_releases_the_lock(tmp_path):
+  """SIGTERM while the bundled default trains its vocab and builds its data: exit 75 at once,
+  one line, the lock released, nothing half-built left; the rerun builds and trains."""
+  from test_train import ROOT
+
+  wd = tmp_path / "wd"
+  cmd = [
+    sys.executable,
+    "-m",
+    "bert_jax.main",
+    f"--config={ROOT / 'configs' / 'local.py'}:steps=2",
+    f"--workdir={wd}",
+    "--config.log.fill_mask=()",
+    "--config.eval.max_batches=1",
+  ]
+  proc = subprocess.Popen(
+    cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+  )
+  deadline = time.time() + 240
+  while not (wd / preemption.LOCK_FILE).exists() and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.01)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=240)
+  assert proc.returncode == preemption.EXIT_PREEMPTED, err[-2000:]
+  assert err.strip().splitlines()[-1] == (
+    "SIGTERM received before training started: stopped, nothing to save; rerun the same "
+    "command to resume"
+  )
+  assert "step 1/" not in out
+  assert not (wd / preemption.LOCK_FILE).exists()
+  assert not (wd / preemption.STATUS_FILE).exists()
+  assert not (wd / "checkpoints").exists()
+  if (wd / "data").exists():  # either not begun or whole, never a half-built dataset
+    leftovers = [p.name for p in (wd / "data").iterdir() if p.name.startswith(".")]
+    assert not leftovers
+  r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=400)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert _status(wd)["state"] == "finished"
+
+
+@pytest.mark.slow
+def test_a_lost_process_ends_the_other_in_one_line(tiny_data_dir, tmp_path):
+  """SIGKILL of process 1: process 0 ends within the watch's timeout (not JAX's 100 s and an
+  abort) with one line naming process 1 and the exit status to rerun, its lock released and
+  the run recorded as peer_lost at the checkpoint it resumes from."""
+  wd = tmp_path / "wd"
+  procs = _start(_two_process_cmds(wd, tiny_data_dir, 5000), _env(BERT_JAX_PEER_TIMEOUT_S="10"))
+  try:
+    _wait_for_step(procs[0], wd, 5)
+    procs[1].kill()
+    _, err = procs[0].communicate(timeout=240)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  assert procs[0].returncode == preemption.EXIT_PREEMPTED, err[-3000:]
+  last = err.strip().splitlines()[-1]
+  assert last.startswith("main: error: lost process 1 of 2 (no heartbeat for "), err[-3000:]
+  assert last.endswith("process 0 stops; rerun the same command to resume from the last checkpoint")
+  assert not (wd / preemption.LOCK_FILE).exists()
+  status = _status(wd)
+  saved = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit())
+  assert status["state"] == "peer_lost" and status["step"] == saved[-1] >= 4

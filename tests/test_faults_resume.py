@@ -1,5 +1,5 @@
 """Fault suite, resume mismatches and non-finite gradients: each case a real
-`python -m bert_jax.main` run against real files (issue #20)."""
+`python -m bert_jax.main` run against real files."""
 
 import json
 import os
@@ -13,7 +13,7 @@ import pytest
 from test_train import _env, _main_cmd, _params, _rows, _run_two_processes
 
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import config_lib, pretraining_data, train
+from bert_jax import config_lib, pretraining_data
 from bert_jax import model as model_lib
 from bert_jax import tokenizer as tokenizer_lib
 
@@ -128,7 +128,7 @@ def test_auto_built_data_not_reused_with_other_options(tmp_path):
   c.data.eval_fraction = 0.05  # as configs/local.py
   wd = tmp_path / "wd"
   pretraining_data.build(
-    **train.build_options(c),
+    **pretraining_data.build_options(c),
     output_dir=str(wd / "data"),
     vocab=tokenizer_lib.default_vocab_path(),
     num_workers=1,
@@ -168,7 +168,7 @@ ABSURD = ("--config.opt.lr=1e8", "--config.opt.warmup_steps=0", "--config.ckpt.e
 def test_nonfinite_gradient_stop_saves_no_nan(tiny_data_dir, tmp_path):
   wd = tmp_path / "stop"
   line = _error(_run(wd, tiny_data_dir, 6, *ABSURD))
-  m = re.search(r"main: error: non-finite gradient at step 2 \(loss (\S+)\); stopped without", line)
+  m = re.search(r"main: error: non-finite update at step 2 \(loss (\S+), gradient norm", line)
   assert m and np.isfinite(float(m[1])), line  # a finite loss
   assert [r["step"] for r in _rows(wd)] == [1]
   assert _all_finite(wd) == []  # step 2 was never saved
@@ -187,6 +187,58 @@ def test_nonfinite_gradient_skip_counts_and_saves_no_nan(tiny_data_dir, tmp_path
   p6 = _params_at(wd, 6)
   for a, b in zip(jax.tree.leaves(p4), jax.tree.leaves(p6), strict=True):
     np.testing.assert_array_equal(a, b)
+
+
+# A finite gradient, a non-finite update: Adam with eps 0 divides 0 by 0 wherever a gradient is
+# exactly zero (the embedding rows of tokens not in the batch), already at step 1. Before the
+# guard looked past the gradient, 'skip' saved NaN parameters in every checkpoint and 'stop'
+# saved step 1's.
+ZERO_EPS = ("--config.opt.eps=0.0", "--config.opt.warmup_steps=0", "--config.ckpt.every_steps=2")
+
+
+def test_nonfinite_update_with_a_finite_gradient_stops_unsaved(tiny_data_dir, tmp_path):
+  wd = tmp_path / "stop"
+  line = _error(_run(wd, tiny_data_dir, 6, *ZERO_EPS))
+  m = re.search(r"non-finite update at step 1 \(loss (\S+), gradient norm (\S+)\)", line)
+  assert m and np.isfinite(float(m[1])) and np.isfinite(float(m[2])), line
+  assert not (wd / "checkpoints").exists() or _all_finite(wd) == []
+  assert not (wd / "run_status.json").exists()
+
+
+def test_nonfinite_update_skip_mode_is_bounded_and_saves_no_nan(tiny_data_dir, tmp_path):
+  """Every update is non-finite: 'skip' skips them, saves only finite (= initial) params, and
+  ends the run once opt.max_consecutive_skips steps in a row were skipped, not "finished"."""
+  wd = tmp_path / "skip"
+  extra = (*ZERO_EPS, "--config.opt.nonfinite=skip", "--config.opt.max_consecutive_skips=5")
+  line = _error(_run(wd, tiny_data_dir, 40, *extra))
+  assert "5 steps in a row up to step 5 had a non-finite update and were skipped" in line, line
+  assert [x["skipped_steps"] for x in _rows(wd)] == [1, 1, 1, 1]  # a row per step up to 4
+  assert _all_finite(wd) == [(2, True), (4, True)]
+  for a, b in zip(
+    jax.tree.leaves(_params_at(wd, 2)), jax.tree.leaves(_params_at(wd, 4)), strict=True
+  ):
+    np.testing.assert_array_equal(a, b)  # nothing was applied
+  assert not (wd / "run_status.json").exists()
+
+
+def test_refused_or_failed_rerun_keeps_the_finished_record(trained4, tiny_data_dir, tmp_path):
+  """run_status.json of a finished run survives a rerun that is refused (a changed warmup) or
+  fails (no checkpoint restores): bad input writes nothing."""
+  wd = _copy(trained4, tmp_path)
+  status = (wd / "run_status.json").read_bytes()
+  assert json.loads(status)["state"] == "finished"
+  files = {p: p.read_bytes() for p in wd.rglob("*") if p.is_file() and "checkpoints" not in p.parts}
+  line = _error(_run(wd, tiny_data_dir, 4, "--config.opt.warmup_steps=3"))
+  assert "opt.warmup_steps" in line, line
+  assert {p: p.read_bytes() for p in files} == files  # every file as it was
+  for step_dir in (wd / "checkpoints").iterdir():  # now no checkpoint restores
+    for f in step_dir.rglob("*"):
+      if f.is_file() and f.stat().st_size > 100:
+        f.write_bytes(f.read_bytes()[:100])
+  line = _error(_run(wd, tiny_data_dir, 4))
+  assert "no checkpoint in" in line, line
+  assert (wd / "run_status.json").read_bytes() == status
+  assert not (wd / "bert_jax.lock").exists()
 
 
 @pytest.mark.slow

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from test_finetune import _sentences, _splits, finetune_config, tiny_config
 
-from bert_jax import finetune, interop, optim
+from bert_jax import finetune, hf_io, loader, optim
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
-from bert_jax.tasks import encode, features
+from bert_jax.tasks import batches, encode, features
 
 
 def cities(rng, n):
@@ -96,12 +96,12 @@ def test_train_state_holds_the_tagger_only_and_the_scalar_mix_trains(tmp_path):
   n_head = sum(x.size for x in jax.tree.leaves(params))
   n_opt = sum(x.size for x in jax.tree.leaves(state["opt_state"]))
   assert 2 * n_head <= n_opt < 2 * n_head + 16  # Adam's two moments of the head, counters
-  batch = finetune.collate(data["train"][1].rows, np.arange(16), 16, (16,), tokenizer.pad_id)
+  batch = batches.collate(data["train"][1].rows, np.arange(16), 16, (16,), tokenizer.pad_id)
   assert batch["features"].shape == (16, 16, 2, 128)
   step = jax.jit(finetune.make_train_step(model, tx, task))
   state, m = step(state, batch, jax.random.key(1))
   mix = state["params"]["head"]["scalar_mix"]
-  assert float(m["loss_sum"]) > 0
+  assert float(m["loss"]) > 0
   assert np.abs(np.asarray(mix["weights"])).max() > 0 and float(mix["gamma"]) != 1.0
 
 
@@ -137,9 +137,9 @@ def test_tagger_learns_on_frozen_features_computed_once(tmp_path, monkeypatch):
   assert set(head) == {"head"} and head["head"]["scalar_mix"]["gamma"].shape == ()
   mix = head["head"]["scalar_mix"]
   assert np.abs(mix["weights"]).max() > 1e-4 and abs(float(mix["gamma"]) - 1.0) > 1e-4
-  assert not os.path.exists(best / interop.PARAMS_FILE)
+  assert not os.path.exists(best / hf_io.PARAMS_FILE)
   with pytest.raises(ValueError, match="feature-based head .* has no HuggingFace form") as e:
-    interop.convert(str(best), str(tmp_path / "hf"), "auto")
+    loader.convert(str(best), str(tmp_path / "hf"), "auto")
   assert "\n" not in str(e.value)
   assert json.load(open(wd / "results.json"))["config"]["features"]["all_layers"] is True
 

@@ -15,7 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import finetune
+from bert_jax import config_lib, finetune
+from bert_jax.tasks import batches, kinds
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location("finetune_config", f"{REPO}/configs/finetune.py")
@@ -153,7 +154,7 @@ def test_batches_cover_every_row_once_and_pad_with_weight_zero():
     for n in (3, 9, 5, 12, 4)
   ]
   seen = []
-  for b in finetune.eval_batches(rows, 4, (8, 16), pad_id=0):
+  for b in batches.eval_batches(rows, 4, (8, 16), pad_id=0):
     assert b["input_ids"].shape[1] in (8, 16)
     real = b["weight"] > 0
     seen += list(b["row"][real])
@@ -163,10 +164,10 @@ def test_batches_cover_every_row_once_and_pad_with_weight_zero():
       assert b["input_mask"][i].sum() == n and (b["input_ids"][i, n:] == 0).all()
   assert sorted(seen) == list(range(5))
   # Training batches: epoch by epoch, each row once per epoch, resumable from any step.
-  all_batches = list(zip(range(4), finetune.train_batches(rows, 7, 4, 0, (8, 16), 0), strict=False))
+  all_batches = list(zip(range(4), batches.train_batches(rows, 7, 4, 0, (8, 16), 0), strict=False))
   epoch0 = np.concatenate([b["row"][b["weight"] > 0] for _, b in all_batches[:2]])
   assert sorted(epoch0) == list(range(5))
-  resumed = next(finetune.train_batches(rows, 7, 4, 3, (8, 16), 0))
+  resumed = next(batches.train_batches(rows, 7, 4, 3, (8, 16), 0))
   np.testing.assert_array_equal(resumed["row"], all_batches[3][1]["row"])
 
 
@@ -365,10 +366,31 @@ def test_grid_selects_the_best_mean_dev_point(tmp_path, monkeypatch):
   assert json.load(open(tmp_path / "results.json"))["recipe"] == {"lr": 3e-5}
 
 
+@pytest.mark.parametrize(
+  "arg, lr, epochs",
+  [
+    ("rotten_tomatoes", 3e-5, 3),
+    ("stsb,size=tiny", 3e-5, 3),
+    ("squadshifts", 5e-5, 2),  # the paper's SQuAD v1.1 recipe
+    ("wnut16_ner,features=concat_last4", 1e-3, 5),  # only a fresh BiLSTM tagger trains
+  ],
+)
+def test_presets_take_the_pretraining_recipe(arg, lr, epochs):
+  """A preset's model, optimizer and mesh are base_config's, but for fine-tuning's lr and an
+  epoch schedule (warmup a fraction of the run) in place of pretraining's step counts."""
+  c = finetune_config.get_config(arg)
+  size = "tiny" if "size=tiny" in arg else "base"
+  base = config_lib.base_config(size)
+  assert c.model.to_dict() == {**base.model.to_dict(), "dtype": "float32"}
+  assert c.mesh.to_dict() == base.mesh.to_dict()
+  recipe = {k: v for k, v in base.opt.to_dict().items() if k not in ("warmup_steps", "total_steps")}
+  assert c.opt.to_dict() == {**recipe, "lr": lr, "epochs": epochs, "warmup_fraction": 0.1}
+
+
 @pytest.mark.parametrize("task", [*finetune_config.SHARED, *finetune_config.GLUE, "custom"])
 def test_every_preset_builds(task):
   c = finetune_config.get_config(f"{task},size=tiny")
-  assert c.task.kind in finetune.tasks_lib.KINDS
+  assert c.task.kind in kinds.KINDS
   cfg, tok = finetune.model_config(c)
   assert cfg.num_layers == 2 and tok.vocab_size == cfg.vocab_size
 

@@ -1,4 +1,4 @@
-"""scripts/finetune_torch.py, the PyTorch reference of fine-tuning: its inputs are bert_jax's
+"""references/finetune_torch.py, the PyTorch reference of fine-tuning: its inputs are bert_jax's
 (tasks.encode) row for row, and a tiny run writes results.json's layout. Both need an
 interpreter with torch and transformers ($BERT_JAX_PEER_PYTHON, or this one) and skip without."""
 
@@ -18,7 +18,7 @@ from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.benchmark import peers
 from bert_jax.tasks import encode, readers
 
-SCRIPTS = pathlib.Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = pathlib.Path(__file__).resolve().parent.parent / "references"
 
 
 def _torch_python() -> str:

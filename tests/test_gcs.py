@@ -16,7 +16,7 @@ import pytest
 from test_faults_restore import _truncate_largest
 from test_train import ROOT, _env, _main_cmd
 
-from bert_jax import api, preemption, train
+from bert_jax import api, files, loop, preemption, pretraining_data
 from bert_jax import checkpoints as ckpt_lib
 
 
@@ -100,11 +100,11 @@ def gcs(tmp_path, monkeypatch):
 
 
 def test_metrics_and_tensorboard_on_gs(gcs):
-  log = train.MetricLogger("gs://bucket/run", 0)
+  log = loop.MetricLogger("gs://bucket/run", 0)
   for step in range(1, 7):  # a run killed after step 6, its last checkpoint at 4
     log.write(step, "train", {"loss": float(step)})
   log.close()
-  log = train.MetricLogger("gs://bucket/run", 4)
+  log = loop.MetricLogger("gs://bucket/run", 4)
   log.write(5, "train", {"loss": 15.0})
   log.close()
   text = (gcs / "bucket" / "run" / "metrics.jsonl").read_text()
@@ -154,8 +154,8 @@ def test_lock_on_gs_race_has_one_winner(gcs, monkeypatch):
 
 def test_schemes_that_cannot_be_served():
   with pytest.raises(ValueError, match=r"^workdir s4://x/run: the s4:// scheme is not supported"):
-    ckpt_lib.as_path("s4://x/run", "workdir")
-  assert str(ckpt_lib.as_path("rel/dir")) == os.path.abspath("rel/dir")
+    files.as_path("s4://x/run", "workdir")
+  assert str(files.as_path("rel/dir")) == os.path.abspath("rel/dir")
 
 
 def test_gs_without_its_packages_is_one_line():
@@ -167,7 +167,7 @@ def test_gs_without_its_packages_is_one_line():
   except ImportError:
     pass
   with pytest.raises(ImportError, match=r"^--workdir gs://b/run: gs:// needs .*\(pip install"):
-    ckpt_lib.as_path("gs://b/run", "--workdir")
+    files.as_path("gs://b/run", "--workdir")
 
 
 def test_data_on_an_object_store_is_refused():
@@ -175,10 +175,10 @@ def test_data_on_an_object_store_is_refused():
 
   config = ml_collections.ConfigDict({"data": {"dir": "gs://b/data", "input": ""}})
   with pytest.raises(ValueError, match=r"^config.data.dir=gs://b/data: ArrayRecord reads local"):
-    train.ensure_data(config, "/tmp/wd")
+    pretraining_data.ensure_built(config, "/tmp/wd")
   config.data.dir, config.data.input = "", "corpus.txt"
   with pytest.raises(ValueError, match=r"^workdir gs://b/run is on an object store, where"):
-    train.ensure_data(config, "gs://b/run")
+    pretraining_data.ensure_built(config, "gs://b/run")
 
 
 def test_unsupported_workdir_fails_before_compute(tmp_path):

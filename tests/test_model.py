@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from jax import ad_checkpoint
 
-from bert_jax import interop, kernels
+from bert_jax import kernels
 from bert_jax import model as model_lib
+from bert_jax import params_tree
 from bert_jax.model import BertConfig, BertForPreTraining, BertModel
 
 TINY = BertConfig(
@@ -146,7 +147,7 @@ def test_no_gradient_from_pad_positions():
 def test_scan_and_unrolled_equivalent():
   params = _params(TINY)
   scan_cfg = dataclasses.replace(TINY, scan_layers=True)
-  stacked = interop.stack_layers(params)
+  stacked = params_tree.stack_layers(params)
   assert stacked["bert"]["encoder"]["layers"]["layer"]["query"]["kernel"].shape == (2, 32, 4, 8)
   ids, seg, mask = _batch([8, 5], 8)
   a = _apply(TINY)(params, ids, seg, mask)
@@ -162,7 +163,7 @@ def test_scan_and_unrolled_equivalent():
   # Structure matches the scanned model's own init, and unstacking is exact.
   abstract = model_lib.abstract_params(scan_cfg)
   assert jax.tree.structure(abstract) == jax.tree.structure(stacked)
-  back = interop.unstack_layers(stacked)
+  back = params_tree.unstack_layers(stacked)
   assert jax.tree.all(jax.tree.map(np.array_equal, back, jax.tree.map(np.asarray, params)))
 
 
@@ -185,14 +186,16 @@ def _loss_fn(cfg):
 def test_remat_policies_give_identical_grads():
   scan = dataclasses.replace(TINY, scan_layers=True)
   params = _params(TINY)
-  stacked = interop.stack_layers(params)
+  stacked = params_tree.stack_layers(params)
   grad = lambda cfg, p: jax.jit(jax.grad(_loss_fn(cfg)))(p)
   ref = grad(scan, stacked)
   grads = [
     grad(dataclasses.replace(scan, remat_policy=pol), stacked) for pol in ("full", "minimal")
   ]
   # Unrolled layers with remat give the same grads too (after restacking).
-  grads.append(interop.stack_layers(grad(dataclasses.replace(TINY, remat_policy="dots"), params)))
+  grads.append(
+    params_tree.stack_layers(grad(dataclasses.replace(TINY, remat_policy="dots"), params))
+  )
   for g in grads:
     assert jax.tree.structure(g) == jax.tree.structure(ref)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=0), ref, g)

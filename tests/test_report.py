@@ -8,6 +8,8 @@ import sys
 import pytest
 
 from bert_jax import report
+from bert_jax.report import claims, tables
+from bert_jax.report import runs as runs_lib
 
 
 def _write_run(root, name, config, rows):
@@ -66,9 +68,9 @@ def sweep_root(tmp_path):
 
 
 def test_table_values_and_ablated_fields(sweep_root):
-  runs = report.find_runs(sweep_root)
+  runs = runs_lib.find_runs(sweep_root)
   assert [r.name for r in runs] == ["task=ltr", "task=mlm_nsp"]
-  header, rows = report.table(runs)
+  header, rows = tables.table(runs)
   # Only the fields that differ (data.dir is ignored: not an ablation).
   assert header[:4] == ["run", "objective.mlm", "objective.nsp", "objective.ltr"]
   by_name = {r[0]: dict(zip(header, r, strict=True)) for r in rows}
@@ -104,23 +106,23 @@ def test_single_run_and_missing_metric_columns(tmp_path):
   _write_run(str(tmp_path), "only", _config(True, True, False), [
     {"step": 5, "split": "train", "mlm_loss": 9.0, "nsp_loss": 0.5},
   ])  # fmt: skip
-  header, rows = report.table(report.find_runs(str(tmp_path)))
+  header, rows = tables.table(runs_lib.find_runs(str(tmp_path)))
   assert header[:3] == ["run", "steps", "train loss"]  # nothing ablated
   assert rows[0][:3] == ["only", 5, 9.5]
-  md = report.markdown(header, rows)
+  md = tables.markdown(header, rows)
   assert md.splitlines()[0] == "| run | steps | train loss |"  # empty eval columns dropped
 
 
 def test_errors(tmp_path):
   with pytest.raises(FileNotFoundError, match="no such directory"):
-    report.find_runs(str(tmp_path / "absent"))
+    runs_lib.find_runs(str(tmp_path / "absent"))
   with pytest.raises(ValueError, match="no run"):
-    report.find_runs(str(tmp_path))
+    runs_lib.find_runs(str(tmp_path))
   bad = tmp_path / "r"
   bad.mkdir()
   (bad / "metrics.jsonl").write_text('{"step": 1, "split": "train"}\nnot json\n')
   with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a metrics row"):
-    report.find_runs(str(tmp_path))
+    runs_lib.find_runs(str(tmp_path))
 
 
 def test_cli(sweep_root):
@@ -145,8 +147,8 @@ def test_cli(sweep_root):
 
 def test_cli_without_matplotlib_writes_the_table(sweep_root):
   code = (
-    "import sys; sys.modules['matplotlib'] = None; from bert_jax import report; "
-    f"sys.argv = ['report', '--root={sweep_root}']; report.run()"
+    "import sys; sys.modules['matplotlib'] = None; from bert_jax.report import __main__; "
+    f"sys.argv = ['report', '--root={sweep_root}']; __main__.run()"
   )
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert r.returncode == 0, r.stderr
@@ -213,15 +215,15 @@ def finetune_root(sweep_root):
 
 
 def test_finetune_table_cells(finetune_root):
-  runs = report.find_runs(finetune_root)
+  runs = runs_lib.find_runs(finetune_root)
   # Fine-tuning seeds (seed_0/metrics.jsonl) are not pretraining runs.
   assert [r.name for r in runs] == ["task=ltr", "task=mlm_nsp"]
-  ft = report.find_finetune_runs(finetune_root)
+  ft = runs_lib.find_finetune_runs(finetune_root)
   assert sorted((f.point, f.task) for f in ft) == [
     ("task=ltr", "rotten_tomatoes"), ("task=ltr", "vitaminc"), ("task=mlm_nsp", "rotten_tomatoes"),
     ("task=mlm_nsp", "squadshifts"), ("task=mlm_nsp", "vitaminc"),
   ]  # fmt: skip
-  header, rows = report.finetune_table(runs, ft)
+  header, rows = tables.finetune_table(runs, ft)
   # Tasks in the paper's column order: MNLI-m, SST-2, SQuAD.
   assert header == [
     "point", "objective.mlm", "objective.nsp", "objective.ltr", "MLM ppl", "MLM acc %",
@@ -242,7 +244,7 @@ def test_finetune_table_cells(finetune_root):
   assert ltr["squadshifts (SQuAD) f1"] is None and ltr["average"] is None
   assert ltr["MLM ppl"] is None  # an LTR model has no MLM perplexity
   # The dev split: dev values (test - 0.01 here; SQuAD 51.0).
-  header, rows = report.finetune_table(runs, ft, split="dev")
+  header, rows = tables.finetune_table(runs, ft, split="dev")
   bert = dict(zip(header, rows[1], strict=True))
   assert bert["rotten_tomatoes (SST-2) accuracy"] == "83.1 ± 0.3 (5)"
   assert bert["squadshifts (SQuAD) f1"] == "51.0 ± 1.0 (3)"
@@ -307,13 +309,13 @@ def test_size_sweep_sorted_by_size_with_table6(tmp_path):
     "- bigger is better on rotten_tomatoes (SST-2) accuracy (largest vs smallest; means by size "
     "70.0, 81.0): reproduced: difference +11.0, seed spread 1.4 (n = 2/2)",
   ]
-  assert report.param_count(report.flatten(_size_config(1, 32))) == (
+  assert tables.param_count(runs_lib.config_fields(_size_config(1, 32))) == (
     (100 + 512 + 2) * 32 + 2 * 32 + 4 * (32 * 32 + 32) + 4 * 32 + 2 * (32 * 128) + 128 + 32
     + 32 * 32 + 32
   )  # fmt: skip
   bert_base = {"model.vocab_size": 30522, "model.hidden_size": 768, "model.num_layers": 12,
                "model.intermediate_size": 3072}  # fmt: skip
-  assert report.param_count(bert_base) == 109_482_240  # transformers' BertModel(bert-base)
+  assert tables.param_count(bert_base) == 109_482_240  # transformers' BertModel(bert-base)
   with open(os.path.join(root, "report", "finetune_vs_size.png"), "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
@@ -332,7 +334,7 @@ def test_plain_finetune_workdir_and_grid(tmp_path):
   # A directory of workdirs from two checkpoints, with a BIO tagging task.
   _write_results(str(tmp_path / "ner"), "wnut16_ner", "tagging", "entity_f1", [0.25, 0.35],
                  init="/m/base")  # fmt: skip
-  header, rows = report.finetune_table([], report.find_finetune_runs(str(tmp_path)))
+  header, rows = tables.finetune_table([], runs_lib.find_finetune_runs(str(tmp_path)))
   assert header == ["point", "MLM ppl", "MLM acc %", "rotten_tomatoes (SST-2) accuracy",
                     "wnut16_ner entity_f1", "average"]  # fmt: skip
   assert [r[0] for r in rows] == ["/m/base", "/m/mini"]
@@ -401,7 +403,7 @@ def test_table5_claims_against_the_seed_spread(finetune_root):
     nsp + "rotten_tomatoes (SST-2) accuracy (task=mlm_nsp vs task=mlm): reproduced: difference "
     "+3.1, seed spread 1.0 (n = 5/3)",
   ]
-  assert report.verdict({"mean": 50.0, "std": 1.0, "n": 3}, {"mean": 53.0, "std": 2.0, "n": 3}) == (
+  assert claims.verdict({"mean": 50.0, "std": 1.0, "n": 3}, {"mean": 53.0, "std": 2.0, "n": 3}) == (
     "not reproduced: difference -3.0, seed spread 2.0 (n = 3/3)"
   )
 
@@ -427,9 +429,9 @@ def test_masking_wwm_and_bilstm_claims(tmp_path):
   ) in md
   worse, same = {"mean": 78.0, "std": 1.0, "n": 3}, {"mean": 80.5, "std": 1.0, "n": 3}
   old = {"mean": 81.0, "std": 1.0, "n": 3}
-  assert report.verdict(worse, old, comparable=True).startswith("not reproduced: difference -3.0")
-  assert report.verdict(same, old, comparable=True).startswith("reproduced: difference -0.5")
-  assert report.verdict(same, old).startswith("inconclusive: difference -0.5")
+  assert claims.verdict(worse, old, comparable=True).startswith("not reproduced: difference -3.0")
+  assert claims.verdict(same, old, comparable=True).startswith("reproduced: difference -0.5")
+  assert claims.verdict(same, old).startswith("inconclusive: difference -0.5")
   wwm = str(tmp_path / "wwm")
   os.makedirs(wwm)
   root = wwm

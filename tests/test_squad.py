@@ -20,7 +20,7 @@ def tok():
   return tokenizer_lib.load_tokenizer(tokenizer_lib.default_vocab_path())
 
 
-# Written by scripts/make_squad_fixtures.py (offsets wrong on purpose are commented there).
+# Written by tests/fixtures/make_squad_fixtures.py (offsets wrong on purpose are commented there).
 TINY = json.loads((FIXTURES / "tiny_v1.json").read_text(encoding="utf-8"))
 CONTEXT_A = TINY["data"][0]["paragraphs"][0]["context"]
 NUMBERS = TINY["data"][1]["paragraphs"][0]["context"].split()

@@ -355,11 +355,57 @@ def test_slurm_dry_run_is_one_array_task_per_point(capsys, tmp_path):
   assert '  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in lines
   assert any("bert_jax.report" in ln and "--paper=table6" in ln for ln in lines)
   assert "if ((rc == 75)); then" in lines
+  # srun out of the batch shell's process group (its own SIGTERM would kill the point); the
+  # shell passes signals on to the steps; the report waits for the whole array.
+  assert 'setsid srun --kill-on-bad-exit=0 --wait=300 --ntasks=1 "${cmd[@]}" &' in lines
+  assert "trap 'forward SIGTERM' TERM" in lines
+  assert '  scancel --signal=TERM "$SLURM_JOB_ID"' in lines
+  report = next(ln for ln in lines if "--dependency=" in ln)
+  assert "afterany:" in report and "--stages=report --report_requires=pretrain,finetune" in report
   assert not root.exists()
   # The script is valid bash.
   script = tmp_path / "job.sbatch"
   script.write_text(out)
   assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+  # --distributed: the point is one process per task of the allocation.
+  args = [f"--experiment={TABLE6}:scale=cpu", f"--root={root}", "--backend=slurm", "--dry_run"]
+  out = _launch(capsys, *args, "--distributed")
+  assert 'setsid srun --kill-on-bad-exit=0 --wait=300 "${cmd[@]}" &' in out.splitlines()
+  assert out.count("--distributed) ;;") == 4
+
+
+def test_report_alone_waits_until_every_point_is_done(tmp_path, capsys):
+  """The report stage on its own (a scheduler's report job) reports only once every point's
+  runs have sweep_done.json; otherwise it names what is missing and fails."""
+  root = tmp_path / "root"
+  kwargs = _fake_all(tmp_path)
+  pretrain_only = {**kwargs, "stages": ("pretrain",)}
+  assert sweep.run(f"{TABLE5}:scale=cpu", str(root), only="mlm;ltr", **pretrain_only) == []
+  (root / "task=ltr" / sweep.DONE).unlink()  # as if its task were still to be requeued
+  capsys.readouterr()
+  report_only = {**kwargs, "stages": ("report",)}
+  failed = sweep.run(f"{TABLE5}:scale=cpu", str(root), only="mlm;ltr", **report_only)
+  assert failed[:2] == [f"task=mlm/finetune/{t}" for t in TASKS[:2]] and "task=ltr" in failed
+  assert len(failed) == 4 + 1 + 4 + 4  # ltr's BiLSTM row too
+  assert (
+    f"no report: {len(failed)} run(s) not finished: task=mlm/finetune/" in capsys.readouterr().out
+  )
+  assert not (root / "report.md").exists()
+  # Only the pretraining required (a sweep launched with --stages=pretrain,report).
+  requires = {**report_only, "report_requires": ("pretrain",)}
+  assert sweep.run(f"{TABLE5}:scale=cpu", str(root), only="mlm", **requires) == []
+  assert (root / "report.md").read_text() == "report\n"
+  r = subprocess.run(
+    [sys.executable, os.path.join(REPO, "launch", "sweep.py"), f"--experiment={TABLE5}"]
+    + [f"--root={root}", "--backend=slurm", "--stages=report"],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert r.returncode == 1
+  assert r.stderr.strip() == "error: --stages=report runs nothing on --backend=slurm: run it here"
+  assert sweep.main([f"--experiment={TABLE5}", "--root=gs://b/t5", "--backend=slurm"]) == 1
+  assert "--root=gs://b/t5: SLURM writes the script and its logs there" in capsys.readouterr().err
 
 
 def test_tpu_vm_dry_run_is_one_queued_resource_per_point(capsys, tmp_path):

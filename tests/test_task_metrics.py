@@ -1,5 +1,6 @@
 """bert_jax.tasks.metrics: hand-checked values, and parity with seqeval / sklearn / scipy through
-the fixtures of scripts/make_metric_fixtures.py (no reference package needed at test time)."""
+the fixtures of tests/fixtures/make_metric_fixtures.py (no reference package needed at test
+time); the task kinds' default metrics."""
 
 import importlib.util
 import json
@@ -8,10 +9,10 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax.tasks import metrics
+from bert_jax.tasks import kinds, metrics
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "metrics")
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "make_metric_fixtures.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "fixtures", "make_metric_fixtures.py")
 
 
 def _cases(name):
@@ -98,7 +99,7 @@ def test_brown_pos_tags_are_not_bio(shared_data):
   tags = _fixture_script().read_tags(str(shared_data / "tasks" / "brown_pos" / "dev.jsonl.gz"))
   labels = {t for seq in tags for t in seq}
   assert len(labels) > 20 and not metrics.is_bio(labels)
-  assert metrics.default_metrics("tagging", sorted(labels)) == ("token_accuracy",)
+  assert kinds.default_metrics("tagging", sorted(labels)) == ("token_accuracy",)
 
 
 def test_classification_fixtures_equal_sklearn():
@@ -125,12 +126,12 @@ def test_compute_and_defaults():
   assert tags == pytest.approx(
     {"entity_f1": 2 / 3, "entity_precision": 1.0, "entity_recall": 0.5, "token_accuracy": 0.5}
   )
-  assert metrics.default_metrics("classification") == ("accuracy",)
-  assert metrics.default_metrics("regression") == ("pearson", "spearman")
+  assert kinds.default_metrics("classification") == ("accuracy",)
+  assert kinds.default_metrics("regression") == ("pearson", "spearman")
   bio = ["B-PER", "I-PER", "O", "B-creative-work", "I-creative-work"]
-  assert metrics.default_metrics("tagging", bio) == ("entity_f1", "token_accuracy")
+  assert kinds.default_metrics("tagging", bio) == ("entity_f1", "token_accuracy")
   # Brown POS tags (IN, NN, ...) are not BIO: token accuracy only.
-  assert metrics.default_metrics("tagging", ["IN", "NN", "B", "I-"]) == ("token_accuracy",)
+  assert kinds.default_metrics("tagging", ["IN", "NN", "B", "I-"]) == ("token_accuracy",)
   assert not metrics.is_bio(["O"])
 
 
@@ -157,8 +158,85 @@ def test_errors():
   with pytest.raises(ValueError, match="unknown metric 'bleu'"):
     metrics.compute(["bleu"], [1], [1])
   with pytest.raises(ValueError, match="no default metrics for task kind 'span'"):
-    metrics.default_metrics("span")
+    kinds.default_metrics("span")
   with pytest.raises(ValueError, match="seed row 1 has metrics"):
     metrics.summarize_seeds([{"a": 1.0}, {"b": 1.0}])
   with pytest.raises(ValueError, match="no word has a gold tag"):
     metrics.token_accuracy([1], [-1])
+
+
+# ----------------------------------------------------------------------------- baselines
+
+
+def _rows(labels):
+  return [{"label": np.int32(x)} for x in labels]
+
+
+def test_majority_class_baseline_hand_checked():
+  # train: class 1 x3, class 0 x2 -> always "pos". dev: 1 1 0 0 0 -> accuracy 2/5, F1 of class
+  # 1 = 2*2 / (2*2 + 3 + 0) = 4/7; test holds an unlabelled row (-1): no baseline there.
+  train, dev = _rows([1, 0, 1, 0, 1]), _rows([1, 1, 0, 0, 0])
+  test = _rows([1, -1])
+  b = metrics.baseline(
+    "classification", ("accuracy", "f1"), ("neg", "pos"), train, {"dev": dev, "test": test}
+  )
+  assert b["name"] == "majority class" and b["prediction"] == "pos"
+  assert b["dev"] == {"accuracy": 2 / 5, "f1": pytest.approx(4 / 7)}
+  assert b["test"] == {}
+  # The majority class (of train) scores exactly its share of dev, as a collapsed model does.
+  seeds = [{"accuracy": 2 / 5}, {"accuracy": 0.8}, {"accuracy": 0.2}]
+  assert metrics.at_or_below(b, seeds, "dev", "accuracy") == [0, 2]
+  assert metrics.at_or_below(b, seeds, "test", "accuracy") == []
+  assert metrics.baseline_note(b, "dev", "accuracy", [0, 2], 3) == (
+    "; majority class 0.4000: seeds 0, 2 at or below it"
+  )
+  assert metrics.baseline_note(b, "dev", "accuracy", [0, 1, 2], 3) == (
+    "; majority class 0.4000: all 3 seeds at or below it"
+  )
+  assert metrics.baseline_note(b, "dev", "accuracy", [0], 1) == (
+    "; majority class 0.4000: the seed is at or below it"
+  )
+  assert metrics.baseline_note(b, "dev", "accuracy", [], 3) == "; majority class 0.4000"
+
+
+def test_other_kinds_baselines():
+  # Regression: the train mean (2.0) for every row; a constant correlates 0.0.
+  reg = metrics.baseline(
+    "regression",
+    ("pearson", "spearman"),
+    (),
+    [{"label": np.float32(x)} for x in (1, 2, 3)],
+    {"dev": [{"label": np.float32(x)} for x in (0, 5)]},
+  )
+  assert reg == {"name": "train mean", "prediction": 2.0, "dev": {"pearson": 0.0, "spearman": 0.0}}
+  # Tagging: the most frequent train tag (O, 4 of 6 words) everywhere; -1 (later wordpieces)
+  # are not words. dev words: O O B-X -> token accuracy 2/3, entity F1 0.
+  labels = ("B-X", "O")
+  ids = lambda *x: {"label_ids": np.array(x, np.int32)}
+  tag = metrics.baseline(
+    "tagging",
+    ("entity_f1", "token_accuracy"),
+    labels,
+    [ids(-1, 0, 1, 1, -1), ids(1, 1, 0, -1)],
+    {"dev": [ids(-1, 1, 1, 0, -1)]},
+  )
+  assert tag["name"] == "majority tag" and tag["prediction"] == "O"
+  assert tag["dev"]["token_accuracy"] == pytest.approx(2 / 3) and tag["dev"]["entity_f1"] == 0.0
+  # Multiple choice: chance, the mean of 1 / choices (rows of 4 and of 2 choices).
+  mc = metrics.baseline(
+    "multiple_choice",
+    ("accuracy",),
+    (),
+    [{"input_ids": np.zeros((4, 8)), "label": np.int32(0)}],
+    {
+      "dev": [
+        {"input_ids": np.zeros((4, 8)), "label": np.int32(1)},
+        {"input_ids": np.zeros((2, 8)), "label": np.int32(0)},
+      ]
+    },
+  )
+  assert mc == {"name": "chance", "prediction": None, "dev": {"accuracy": (1 / 4 + 1 / 2) / 2}}
+  # Span QA: none applies, and the printed line says so.
+  qa = metrics.baseline("span_qa", ("f1", "exact_match"), (), [], {"dev": []})
+  assert qa["name"] == "none"
+  assert metrics.baseline_note(qa, "dev", "f1", [], 3).startswith("; no baseline (")

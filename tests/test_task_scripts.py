@@ -1,4 +1,4 @@
-"""The scripts that build real-data tasks from the shared sets (scripts/make_mc_task.py,
+"""The scripts that build real-data tasks from the shared sets (tools/tasks/make_mc_task.py,
 make_squad_subset.py, make_regression_task.py), on tiny hand-written inputs."""
 
 import gzip
@@ -11,7 +11,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load(name):
-  sys.path.insert(0, os.path.join(REPO, "scripts"))
+  sys.path.insert(0, os.path.join(REPO, "tools", "tasks"))
   try:
     return importlib.import_module(name)
   finally:

@@ -1,7 +1,7 @@
 """Tests for bert_jax.tokenizer, bert_jax.tokenizer_training and the train_tokenizer CLI.
 
 WordPiece parity with google-research/bert's FullTokenizer is checked against golden ids made by
-scripts/make_tokenizer_fixtures.py (which ran the original code once; see its docstring).
+tests/fixtures/make_tokenizer_fixtures.py (which ran the original code once; see its docstring).
 """
 
 import gzip
@@ -31,7 +31,7 @@ def _fixture(name):
     return json.load(f)
 
 
-def _ids_line(ids) -> bytes:  # the digest format of scripts/make_tokenizer_fixtures.py
+def _ids_line(ids) -> bytes:  # the digest format of tests/fixtures/make_tokenizer_fixtures.py
   return (" ".join(map(str, ids)) + "\n").encode()
 
 

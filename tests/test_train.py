@@ -58,6 +58,7 @@ def _main_cmd(workdir, data_dir, steps=6, extra=()):
     f"--config.data.dir={data_dir}",
     "--config.data.max_seq_length=64",
     "--config.data.batch_size=8",
+    "--config.opt.lr=1e-3",  # what the resume tests expect to read back
     "--config.masking.max_predictions=10",
     "--config.model.hidden_size=32",
     "--config.model.intermediate_size=64",

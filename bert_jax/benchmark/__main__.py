@@ -9,6 +9,8 @@ r"""The benchmark's command line: `python -m bert_jax.benchmark` (console script
   python -m bert_jax.benchmark --notrain_steps --data   # create_data, input pipeline
   python -m bert_jax.benchmark --task=finetune --sizes=minilm,base --seqs=128 --batch=32 \
       --peers --lockstep --peer_python=/path/to/venv/bin/python   # fine-tuning step, examples/s
+  python -m bert_jax.benchmark --gpu --json_out=gpu.jsonl   # on a GPU: ours vs PyTorch (gpu.py)
+  python -m bert_jax.benchmark --gpu_smoke                  # the same plumbing, tiny, on a CPU
 
 Output: one JSON line per measurement (stdout, and appended to `--json_out`), then tables.
 """
@@ -27,13 +29,15 @@ from absl import flags
 from bert_jax import cli
 from bert_jax.benchmark import (
   data,
+  gpu,
+  gpu_ours,
   host,
   lockstep,
+  measure,
   memory,
   peers,
   protocol,
   sizes,
-  step,
   suite,
   tables,
 )
@@ -106,6 +110,33 @@ _DATA = flags.DEFINE_bool("data", False, "Time create_data and the input pipelin
 _TRAIN_STEPS = flags.DEFINE_bool("train_steps", True, "Run the train-step suite.")
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also append the JSON lines to this file.")
 _WORKER = flags.DEFINE_string("worker", None, "Internal: run one measurement (JSON spec) and exit.")
+_GPU = flags.DEFINE_bool(
+  "gpu",
+  False,
+  "The GPU comparison (docs/gpu.md): ours (pretraining at Base/Large 128 x 256 and Large "
+  "512 x 64, fine-tuning at Base 128 x 32, and --variants) against transformers' PyTorch BERT "
+  "eager and torch.compile on the same GPU, within --deadline. --sizes, --seqs, --batch, "
+  "--dtypes, --task and --peers do not apply.",
+)
+_GPU_SMOKE = flags.DEFINE_bool(
+  "gpu_smoke", False, "--gpu's plumbing at tiny shapes; runs on a CPU (both sides on it)."
+)
+_DEADLINE = flags.DEFINE_float(
+  "deadline",
+  450.0,
+  "--gpu: seconds for the whole comparison; what does not fit (by the planned estimates) is "
+  "skipped and reported.",
+)
+_REPS = flags.DEFINE_integer(
+  "reps", 3, "--gpu: timed runs of --steps back-to-back steps per step (the fastest counts)."
+)
+_COMPILE_THREADS = flags.DEFINE_integer(
+  "compile_threads", 3, "--gpu: our steps compiled at once (XLA compiles in threads)."
+)
+_TORCH_MODES = flags.DEFINE_list(
+  "torch_modes", ["eager", "compile"], "--gpu: the PyTorch peers' modes (eager, compile)."
+)
+_GPU_WORKER = flags.DEFINE_string("gpu_worker", None, "Internal: our side of --gpu (JSON spec).")
 
 
 def _peer_list(peer_python: str) -> list[tuple[str, str]]:
@@ -148,10 +179,34 @@ def _lockstep_all(seqs: list[int], peer_list, peer_python: str) -> list[dict[str
   return records
 
 
+def _gpu() -> None:
+  smoke = _GPU_SMOKE.value
+  present = lambda name: flags.FLAGS[name].present  # noqa: E731
+  records = gpu.run_gpu(
+    smoke=smoke,
+    deadline_s=_DEADLINE.value,
+    variants=suite.parse_variants(_VARIANTS.value) if _VARIANTS.value else None,
+    torch_modes=_TORCH_MODES.value,
+    steps=_STEPS.value if present("steps") else (2 if smoke else 10),
+    reps=_REPS.value,
+    warmup=_WARMUP.value if present("warmup") else 3,
+    compile_threads=_COMPILE_THREADS.value,
+    peer_python=_PEER_PYTHON.value or sys.executable,
+    json_out=_JSON_OUT.value,
+  )
+  print("\n" + gpu.format_gpu_table(records))
+
+
 def main(argv: list[str]) -> None:
   del argv
   if _WORKER.value:
-    protocol.print_result(step.measure_ours(**json.loads(_WORKER.value)))
+    protocol.print_result(measure.measure_ours(**json.loads(_WORKER.value)))
+    return
+  if _GPU_WORKER.value:
+    gpu_ours.session(json.loads(_GPU_WORKER.value))
+    return
+  if _GPU.value or _GPU_SMOKE.value:
+    _gpu()
     return
   for s in _SIZES.value:
     sizes.size_fields(s)  # an unknown size: one line naming the known ones
@@ -186,7 +241,7 @@ def main(argv: list[str]) -> None:
     )
   if _LARGE.value:
     spec = memory.large_spec(_LARGE_BATCH.value)
-    rec = step.measure_ours_isolated(spec) if _ISOLATE.value else step.measure_ours(**spec)
+    rec = measure.measure_ours_isolated(spec) if _ISOLATE.value else measure.measure_ours(**spec)
     suite.emit({**rec, "kind": "large"}, _JSON_OUT.value)
   if _DATA.value:
     suite.emit(data.measure_data(seqs[0]), _JSON_OUT.value)
@@ -200,7 +255,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-  cli.run(main, "benchmark")
+  cli.run(main, "benchmark", compilation_cache=True)
 
 
 if __name__ == "__main__":

@@ -1,24 +1,24 @@
 """Our fine-tuning measurement: the fine-tuning engine's train step
 (`finetune.make_train_step` on `finetune.state_init_fn`'s state, jitted as `finetune.run_seed`
 jits it: state donated, on one device) for 2-way sequence classification, with
-configs/finetune.py's recipe (AdamW, warmup + linear decay, clipping, dropout 0.1), timed on
-`batches.pair_batch`: the arrays the PyTorch peer times. The model is a fresh one of a
-benchmark size (`sizes.SIZES`): a step costs the same whatever the weights.
+configs/finetune.py's recipe (`bert_jax.configs.finetune`: AdamW, warmup + linear decay,
+clipping, dropout 0.1), timed on `batches.pair_batch`: the arrays the PyTorch peer times. The
+model is a fresh one of a benchmark size (`sizes.SIZES`): a step costs the same whatever the
+weights.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bert_jax import cli, finetune, input_pipeline, optim
+from bert_jax import finetune, input_pipeline, optim
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax import tasks as tasks_lib
@@ -35,12 +35,7 @@ def bench_config(
 ) -> ml_collections.ConfigDict:
   """configs/finetune.py's config (the recipe) for a benchmark size on one device, with
   model-field overrides."""
-  spec = importlib.util.spec_from_file_location(
-    "finetune_config", cli.bundled_configs()["finetune"]
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config("rotten_tomatoes")
+  c = recipe_module().get_config("rotten_tomatoes")
   c.model.update(sizes.size_fields(size))
   c.model.dtype = dtype
   c.data.batch_size = batch
@@ -48,6 +43,17 @@ def bench_config(
   c.mesh.shape = (1, 1, 1)
   step.set_model_fields(c, overrides)
   return c
+
+
+def recipe_module():
+  """`bert_jax.configs.finetune` (configs/finetune.py, installed as bert_jax.configs)."""
+  try:
+    return importlib.import_module("bert_jax.configs.finetune")
+  except ModuleNotFoundError as e:
+    raise ImportError(
+      "bert_jax.configs is not importable: install the checkout (pip install -e .) "
+      "rather than putting it on PYTHONPATH"
+    ) from e
 
 
 def host_batch(config: ml_collections.ConfigDict, vocab: int) -> dict[str, np.ndarray]:
@@ -77,30 +83,23 @@ def engine(config: ml_collections.ConfigDict) -> Engine:
   return Engine(model.cfg, init_fn, train_step)
 
 
-def build_step(config: ml_collections.ConfigDict) -> step.Step:
-  """The engine's train step, lowered and compiled for the benchmark batch on one device; its
-  metrics gain "loss" (the batch's mean loss) for the benchmark's loss log."""
+def prepare(config: ml_collections.ConfigDict) -> step.Prepared:
+  """The engine's train step, lowered for the benchmark batch on one device; its metrics gain
+  "loss" (the batch's mean loss) for the benchmark's loss log."""
   mesh = sh.make_mesh(tuple(config.mesh.shape), devices=jax.devices()[:1])
   rules = sh.rules_from_config(config.mesh.rules)
   cfg, init_fn, train_step = engine(config)
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
   state, state_sh, _ = sh.init_sharded(init_fn, mesh, rules, init_rng)
 
-  def with_loss(state, batch, rng):
-    state, metrics = train_step(state, batch, rng)
-    return state, {**metrics, "loss": metrics["loss_sum"] / jnp.maximum(metrics["count"], 1.0)}
-
   batch = input_pipeline.to_global(host_batch(config, cfg.vocab_size), mesh)
   with sh.mesh_context(mesh, rules):
-    fn = jax.jit(
-      with_loss,
-      in_shardings=(state_sh, sh.batch_sharding(mesh), sh.replicated(mesh)),
-      out_shardings=(state_sh, sh.replicated(mesh)),
-      donate_argnums=0,
-    )
+    fn = sh.jit_step(train_step, mesh, state_sh)
     t0 = time.perf_counter()
     lowered = fn.lower(state, batch, step_rng)
-    lower_s = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  compiled = lowered.compile()
-  return step.Step(compiled, state, batch, step_rng, cfg, lower_s, time.perf_counter() - t0)
+  return step.Prepared(lowered, state, batch, step_rng, cfg, time.perf_counter() - t0)
+
+
+def build_step(config: ml_collections.ConfigDict) -> step.Step:
+  """`prepare`, compiled."""
+  return step.compile_step(prepare(config))

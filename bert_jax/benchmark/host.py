@@ -32,9 +32,10 @@ def read_text(path: str) -> str:
 
 
 def cpu_has_bf16() -> bool:
-  """Whether this (Linux x86) CPU has bf16 matmul instructions (AVX512-BF16 or AMX-BF16)."""
-  flags = read_text("/proc/cpuinfo")
-  return "avx512_bf16" in flags or "amx_bf16" in flags
+  """config_lib.cpu_has_bf16 (imported when asked: the peer worker never asks)."""
+  from bert_jax import config_lib
+
+  return config_lib.cpu_has_bf16()
 
 
 def default_dtypes() -> list[str]:
@@ -99,6 +100,17 @@ def time_calls(fn: Callable[[], Any], reps: int, warmup: int = 1) -> list[float]
     fn()
     times.append(time.perf_counter() - t0)
   return times
+
+
+def per_step_reps(run_n: Callable[[int], Any], steps: int, reps: int) -> list[float]:
+  """Seconds per step of each of `reps` back-to-back runs of `steps` steps (`run_n(steps)` must
+  wait for its last step only): an accelerator's steps queue up as they do in training."""
+  out = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    run_n(steps)
+    out.append((time.perf_counter() - t0) / steps)
+  return out
 
 
 def matmul_peak_gflops(dtype: str, n: int = 2048, reps: int = 7) -> float:

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bert_jax.benchmark import host, peers, protocol, step
+from bert_jax.benchmark import host, measure, peers, protocol
 
 
 def lockstep_dtype(dtypes: Sequence[str] | None) -> str:
@@ -34,8 +34,16 @@ class LockstepWorker:
   the end. `env` entries override this process's environment for it; a worker silent for
   `timeout` seconds (start-up included) is killed and reported."""
 
-  def __init__(self, name: str, argv: list[str], timeout: float, env: dict | None = None):
-    self.name, self.timeout = name, timeout
+  def __init__(
+    self,
+    name: str,
+    argv: list[str],
+    timeout: float,
+    env: dict | None = None,
+    wait: bool = True,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+  ):
+    self.name, self.timeout, self.on_record = name, timeout, on_record
     self._err = tempfile.TemporaryFile("w+")  # a file, so a chatty stderr cannot block it
     self.proc = subprocess.Popen(
       argv,
@@ -45,27 +53,35 @@ class LockstepWorker:
       text=True,
       env=protocol.worker_env(env),
     )
-    self._read_until(protocol.READY_MARK)
+    if wait:
+      self.wait_ready()
 
-  def _read_until(self, mark: str) -> str:
+  def wait_ready(self, timeout: float | None = None) -> None:
+    """Waits for the worker's READY line (a GPU-session worker: its build phase)."""
+    self._read_until(protocol.READY_MARK, timeout)
+
+  def _read_until(self, mark: str, timeout: float | None = None) -> str:
+    timeout = self.timeout if timeout is None else timeout
     timed_out = threading.Event()
 
     def stop() -> None:
       timed_out.set()
       self.proc.kill()  # unblocks the readline below
 
-    watchdog = threading.Timer(self.timeout, stop)
+    watchdog = threading.Timer(timeout, stop)
     watchdog.start()
     try:
       while line := self.proc.stdout.readline():
         if line.startswith(mark):
           return line[len(mark) :]
+        if self.on_record and line.startswith(protocol.RECORD_MARK):
+          self.on_record(json.loads(line[len(protocol.RECORD_MARK) :]))
     finally:
       watchdog.cancel()
     self._err.seek(0)
     tail = self._err.read().strip().splitlines()[-3:]
     code = self.proc.wait()
-    why = f"timed out after {self.timeout:g} s" if timed_out.is_set() else f"exited ({code}) early"
+    why = f"timed out after {timeout:g} s" if timed_out.is_set() else f"exited ({code}) early"
     raise RuntimeError(f"lockstep worker {self.name} {why}: {tail}")
 
   def step(self, settle: bool = False) -> float:
@@ -74,11 +90,12 @@ class LockstepWorker:
     self.proc.stdin.flush()
     return float(self._read_until(protocol.STEP_MARK))
 
-  def finish(self) -> dict[str, Any]:
-    """Ends the serving; returns the worker's record."""
-    self.proc.stdin.write("end\n")
+  def finish(self, command: str = "end", timeout: float | None = None) -> dict[str, Any]:
+    """Sends `command` ("end": stop serving; a GPU-session worker: "time") and returns the
+    worker's record."""
+    self.proc.stdin.write(command + "\n")
     self.proc.stdin.flush()
-    rec = json.loads(self._read_until(protocol.RESULT_MARK))
+    rec = json.loads(self._read_until(protocol.RESULT_MARK, timeout))
     self.proc.wait(timeout=self.timeout)
     return rec
 
@@ -157,7 +174,7 @@ def measure_lockstep(
   """
   peer_argv = peer_argv or functools.partial(peers.peer_argv, peer_python)
   spec = dict(size=size, seq=seq, batch=batch, dtype=dtype, steps=0, warmup=warmup, serve=True)
-  ours = LockstepWorker("bert_jax", step.ours_argv({**spec, "task": task}), timeout)
+  ours = LockstepWorker("bert_jax", measure.ours_argv({**spec, "task": task}), timeout)
   shape = {"size": size, "seq": seq, "batch": batch, "dtype": dtype, "task": task}
   out: list[dict[str, Any]] = []
   try:

@@ -45,3 +45,13 @@ def memory_record(compiled: Any, params: Any) -> dict[str, float]:
       xla_peak_ratio=peak / (4 * param_b),
     )
   return rec
+
+
+def step_gib(compiled: Any) -> float | None:
+  """The device memory a compiled step needs by XLA's accounting (arguments + outputs, donated
+  ones once, + temporaries), in GiB; None where the backend does not say."""
+  m = compiled.memory_analysis()
+  if m is None:
+    return None
+  peak = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+  return (peak + m.temp_size_in_bytes) / 2**30

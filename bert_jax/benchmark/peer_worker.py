@@ -127,6 +127,18 @@ def flax_step(spec: dict[str, Any], info: dict[str, str]) -> tuple[Callable[[], 
   return run, compile_s
 
 
+def _instantiate(cls: Any, config: Any, spec: dict[str, Any]) -> Any:
+  """`cls(config)`, or with `spec['attn']` (the GPU comparison) that attention implementation
+  asked of `_from_config` (transformers 4.x and 5.x alike)."""
+  if not spec.get("attn"):
+    return cls(config)
+  try:
+    return cls._from_config(config, attn_implementation=spec["attn"])
+  except TypeError:
+    config._attn_implementation = spec["attn"]
+    return cls(config)
+
+
 def _torch_pretraining(spec: dict[str, Any]) -> tuple[Any, dict[str, np.ndarray]]:
   """BertForPreTraining and its forward's arguments (labels included), as arrays."""
   import transformers
@@ -139,7 +151,7 @@ def _torch_pretraining(spec: dict[str, Any]) -> tuple[Any, dict[str, np.ndarray]
     "labels": np.where(a["w"] > 0, a["labels"], -100),  # HF's "ignore"
     "next_sentence_label": a["nsp"],
   }
-  return transformers.BertForPreTraining(_hf_config(spec)), inputs
+  return _instantiate(transformers.BertForPreTraining, _hf_config(spec), spec), inputs
 
 
 # `batches.pair_batch`'s fields -> BertForSequenceClassification's arguments.
@@ -159,21 +171,22 @@ def _torch_finetuning(spec: dict[str, Any]) -> tuple[Any, dict[str, np.ndarray]]
   config = _hf_config(spec, num_labels=spec["num_labels"], attn_implementation="sdpa")
   arrays = batches.pair_batch(spec["batch"], spec["seq"], spec["vocab"])
   inputs = {_HF_ARGS[k]: v for k, v in arrays.items()}
-  return transformers.BertForSequenceClassification(config), inputs
+  return _instantiate(transformers.BertForSequenceClassification, config, spec), inputs
 
 
-def torch_step(spec: dict[str, Any], info: dict[str, str]) -> Callable[[], float]:
-  """HF's PyTorch BertForPreTraining (or BertForSequenceClassification), eager or
-  torch.compile'd, fp32 or bf16 autocast; returns one step -> loss."""
+def torch_parts(spec: dict[str, Any], info: dict[str, str], device: str = "cpu") -> dict[str, Any]:
+  """HF's PyTorch BertForPreTraining (or BertForSequenceClassification) on `device`, its
+  inputs there, AdamW (fused on CUDA) and the fine-tuning schedule: what a step closure needs."""
   import torch
 
-  torch.set_num_threads(os.cpu_count() or 1)
+  if device == "cpu":
+    torch.set_num_threads(os.cpu_count() or 1)
   torch.manual_seed(0)
   info["torch"] = torch.__version__
   finetune = spec.get("task") == "finetune"
   model, arrays = (_torch_finetuning if finetune else _torch_pretraining)(spec)
-  model = model.float().train()
-  inputs = {k: torch.from_numpy(v).long() for k, v in arrays.items()}
+  model = model.float().train().to(device)
+  inputs = {k: torch.from_numpy(v).long().to(device) for k, v in arrays.items()}
   info["attn_implementation"] = str(model.config._attn_implementation)
   params = list(model.named_parameters())
   no_decay = [p for n, p in params if n.endswith("bias") or "LayerNorm" in n]
@@ -182,6 +195,7 @@ def torch_step(spec: dict[str, Any], info: dict[str, str]) -> Callable[[], float
     [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
     lr=1e-4,
     eps=1e-6,
+    **({"fused": True} if device == "cuda" else {}),
   )
   # Fine-tuning's schedule (10% warmup, then linear decay) stepped after each update, as the
   # recipe runs it (the pretraining step keeps a constant lr).
@@ -189,22 +203,43 @@ def torch_step(spec: dict[str, Any], info: dict[str, str]) -> Callable[[], float
   sched = finetune and torch.optim.lr_scheduler.LambdaLR(
     opt, lambda k: k / warmup if k < warmup else (total - k) / (total - warmup)
   )
-  fwd = torch.compile(model) if spec["framework"] == "torch_compile" else model
-  amp = spec["dtype"] == "bfloat16"
+  # Clipping: the fine-tuning recipe's always; the pretraining step's when the spec asks (the
+  # GPU comparison, as our trainer clips at 1.0).
+  clip = spec.get("clip_norm") or (1.0 if finetune else None)
+  return {"model": model, "inputs": inputs, "opt": opt, "sched": sched, "clip": clip}
 
-  def run() -> float:
+
+def torch_run(
+  parts: dict[str, Any], compiled: bool, amp: bool, device: str = "cpu", sync: bool = True
+) -> Callable[[], Any]:
+  """One train step of `torch_parts`' model, eager or torch.compile'd, fp32 or bf16 autocast;
+  returns the loss as a float (`sync`) or as the device tensor (no wait for the step)."""
+  import torch
+
+  model, inputs, opt, sched, clip = (parts[k] for k in ("model", "inputs", "opt", "sched", "clip"))
+  fwd = torch.compile(model) if compiled else model
+
+  def run() -> Any:
     opt.zero_grad(set_to_none=True)
-    with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=amp):
+    with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=amp):
       out = fwd(**inputs)
     out.loss.backward()
-    if finetune:
-      torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if clip:
+      torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     opt.step()
     if sched:
       sched.step()
-    return float(out.loss.detach())
+    loss = out.loss.detach()
+    return float(loss) if sync else loss
 
   return run
+
+
+def torch_step(spec: dict[str, Any], info: dict[str, str]) -> Callable[[], float]:
+  """HF's PyTorch BertForPreTraining (or BertForSequenceClassification) on the CPU, eager or
+  torch.compile'd, fp32 or bf16 autocast; returns one step -> loss."""
+  parts = torch_parts(spec, info)
+  return torch_run(parts, spec["framework"] == "torch_compile", spec["dtype"] == "bfloat16")
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
@@ -247,5 +282,136 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
   }
 
 
+def _torch_peak_tflops(torch: Any, device: str, n: int) -> float:
+  """Best TFLOP/s of 10 n x n bf16 matmuls on `device`, in this process."""
+  a = torch.randn(n, n, device=device).to(torch.bfloat16)
+  sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+  def one() -> None:
+    a @ a
+    sync()
+
+  return 2 * n**3 / min(host.time_calls(one, reps=10)) / 1e12
+
+
+def gpu_session(spec: dict[str, Any]) -> None:
+  """The PyTorch side of `benchmark --gpu` (`gpu.py`), on CUDA (or the CPU in a smoke run).
+
+  Build phase: per plan (eager and torch.compile'd steps of one model share it), `warmup`
+  steps, so torch.compile compiles here; a plan whose estimated build does not fit before
+  `build_until` is skipped. Then READY, and on `time`: this process's bf16 matmul peak and
+  each built step, model by model (smallest first, each model freed after its steps), as
+  `reps` runs of `steps` back-to-back steps with one sync at the end of each.
+  """
+  import torch
+  import transformers
+
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  cuda = device == "cuda"
+  sync = torch.cuda.synchronize if cuda else (lambda: None)
+  if cuda:
+    torch.backends.cuda.matmul.allow_tf32 = True
+  info = {"transformers": transformers.__version__}
+  protocol.print_record(
+    {
+      "side": "torch",
+      "kind": "env",
+      "torch": torch.__version__,
+      "transformers": transformers.__version__,
+      "device_kind": torch.cuda.get_device_name(0) if cuda else "cpu",
+    }
+  )
+  keys = ("id", "side", "impl", "task", "size", "seq", "batch", "variant")
+  models: dict[tuple, dict[str, Any]] = {}
+  runs: dict[str, Callable[[], Any]] = {}  # plan id -> its step
+  built = []
+  for plan in spec["plans"]:
+    rec = {k: plan[k] for k in keys}
+    if time.time() + plan["est_compile_s"] > spec["build_until"]:
+      protocol.print_record({**rec, "kind": "skipped", "why": "build deadline"})
+      continue
+    model_key = (plan["task"], plan["size"], plan["seq"], plan["batch"])
+    try:
+      if model_key not in models:
+        models[model_key] = torch_parts(plan, info, device)
+      run = torch_run(models[model_key], plan["mode"] == "compile", True, device, sync=False)
+      t0 = time.perf_counter()
+      run()
+      sync()
+      first = time.perf_counter() - t0
+      for _ in range(spec["warmup"] - 1):
+        run()
+      sync()
+      runs[plan["id"]] = run
+      built.append((plan, model_key, first))
+      protocol.print_record(
+        {**rec, "kind": "built", "first_step_s": first, "build_s": time.perf_counter() - t0}
+      )
+    except Exception as e:  # noqa: BLE001 - one plan's failure is a record, the rest go on
+      protocol.print_record({**rec, "kind": "error", "error": protocol.error_text(e)})
+    if cuda:
+      torch.cuda.empty_cache()
+  print(protocol.READY_MARK, flush=True)
+  if sys.stdin.readline().strip() == "time":
+    n = spec["matmul_n"]
+    peak = _torch_peak_tflops(torch, device, n)
+    protocol.print_record(
+      {"side": "torch", "kind": "peak", "dtype": "bfloat16", "matmul_n": n, "tflops": peak}
+    )
+    steps, reps = spec["steps"], spec["reps"]
+    order = sorted(built, key=lambda b: b[0]["est_mem"])
+    for i, (plan, model_key, first) in enumerate(order):
+      rec = {k: plan[k] for k in keys}
+      if time.time() + plan["est_step_s"] * steps * reps > spec["end_by"]:
+        protocol.print_record({**rec, "kind": "skipped", "why": "timing deadline"})
+      else:
+        try:
+          parts = models[model_key]
+          state_b = sum(p.numel() * p.element_size() * 3 for p in parts["model"].parameters())
+          if cuda:
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+          losses = []
+
+          def run_n(k: int, run=runs[plan["id"]], losses=losses) -> None:
+            for _ in range(k):
+              loss = run()
+            sync()
+            losses.append(float(loss))
+
+          per_step = host.per_step_reps(run_n, steps, reps)
+          # This model's weights and AdamW moments, + what its step added on top of what was
+          # resident before it (the other models' state included there).
+          mem = (state_b + torch.cuda.max_memory_allocated() - base) / 2**30 if cuda else None
+          protocol.print_record(
+            {
+              **rec,
+              "kind": "step",
+              "step_s": min(per_step),
+              "step_s_all": per_step,
+              "step_s_median": sorted(per_step)[len(per_step) // 2],
+              "first_step_s": first,
+              "mem_gib": mem,
+              "losses": losses,
+              "attn_implementation": info.get("attn_implementation"),
+            }
+          )
+        except Exception as e:  # noqa: BLE001
+          protocol.print_record({**rec, "kind": "error", "error": protocol.error_text(e)})
+      if all(b[1] != model_key for b in order[i + 1 :]):
+        # Its steps are done: free it for the larger ones.
+        models.pop(model_key, None)
+        for b in order:
+          if b[1] == model_key:
+            runs.pop(b[0]["id"], None)
+        if cuda:
+          torch.cuda.empty_cache()
+  protocol.print_result({"side": "torch", "built": len(built)})
+
+
 if __name__ == "__main__":
-  protocol.print_result(measure(json.loads(sys.argv[1])))
+  spec = json.loads(sys.argv[1])
+  if spec.get("session") == "gpu":
+    gpu_session(spec)
+  else:
+    protocol.print_result(measure(spec))

@@ -3,8 +3,11 @@
 A worker process prints one `BENCH_RESULT <json>` line with its record when it is done. A
 lockstep worker (one that stays up and steps on request) first prints `BENCH_READY`, then
 answers each `step` or `settle` line on its stdin with `BENCH_STEP <seconds>` after running one
-step, and stops serving at any other line. Standard library only: the peer worker, in an
-interpreter without bert_jax, loads this file by path.
+step, and stops serving at any other line. A GPU-session worker (`gpu.py`) prints a
+`BENCH_RECORD <json>` line per event as it goes, `BENCH_READY` once it has built everything,
+and after a `time` line on its stdin times what it built, then ends with `BENCH_RESULT`.
+Standard library only: the peer worker, in an interpreter without bert_jax, loads this file by
+path.
 """
 
 from __future__ import annotations
@@ -19,11 +22,24 @@ from typing import Any
 RESULT_MARK = "BENCH_RESULT "
 READY_MARK = "BENCH_READY"
 STEP_MARK = "BENCH_STEP "
+RECORD_MARK = "BENCH_RECORD "
 
 
 def print_result(rec: dict[str, Any]) -> None:
   """The worker's last line: its record."""
   print(RESULT_MARK + json.dumps(rec), flush=True)
+
+
+def print_record(rec: dict[str, Any]) -> None:
+  """One record of a GPU-session worker, as it happens."""
+  print(RECORD_MARK + json.dumps(rec), flush=True)
+
+
+def error_text(error: BaseException) -> str:
+  """An exception as one short line: its type and the start of its message (XLA's
+  out-of-memory errors run to pages)."""
+  text = " ".join(str(error).split())
+  return f"{type(error).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
 
 
 def serve(run_one: Callable[[], float]) -> list[float]:

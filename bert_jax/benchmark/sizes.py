@@ -1,6 +1,6 @@
 """The benchmark's model sizes (`bert_jax.model.SIZES` plus the shape of a released checkpoint
-the fine-tuning benchmark times, MiniLM-L6-H384: all-MiniLM-L6-v2's encoder) and the FLOPs of
-a fine-tuning step."""
+the fine-tuning benchmark times, MiniLM-L6-H384: all-MiniLM-L6-v2's encoder), the masked
+positions per sequence, and the FLOPs of a step."""
 
 from __future__ import annotations
 
@@ -12,6 +12,13 @@ from bert_jax import model as model_lib
 # (num_layers, hidden_size, num_heads); intermediate = 4 * hidden, BERT's 30,522 vocab.
 EXTRA_SIZES = {"minilm": (6, 384, 12)}
 SIZES = {**model_lib.SIZES, **EXTRA_SIZES}
+# Predicted positions per sequence by length (the original BERT's two phases).
+MAX_PREDICTIONS = {128: 20, 512: 80}
+
+
+def max_predictions(seq: int) -> int:
+  """Masked positions per sequence of length `seq`."""
+  return MAX_PREDICTIONS.get(seq, max(1, round(0.15 * seq)))
 
 
 def size_fields(name: str) -> dict[str, int]:
@@ -35,3 +42,14 @@ def finetune_flops_per_token(cfg: model_lib.BertConfig, seq: int, num_labels: in
   nsp_head = 6 * 2 * cfg.hidden_size / seq  # the NSP classifier train_flops_per_token counts
   classifier = 6 * num_labels * cfg.hidden_size / seq
   return model_lib.train_flops_per_token(full, seq, 0) - nsp_head + classifier
+
+
+def standard_flops_per_token(size: str, seq: int, task: str = "pretrain") -> float:
+  """The model FLOPs per token that MFU is quoted in, the same for every implementation: every
+  layer at every position (our pruned last layer is not credited), attention included, the
+  MLM head at the `max_predictions(seq)` masked positions and the pooler + NSP head once per
+  sequence (fine-tuning: pooler + 2-way classifier, no MLM head)."""
+  cfg = config_for_size(size, prune_last_layer=False)
+  if task == "finetune":
+    return finetune_flops_per_token(cfg, seq)
+  return model_lib.train_flops_per_token(cfg, seq, max_predictions(seq))

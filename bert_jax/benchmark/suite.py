@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bert_jax.benchmark import peers, step
+from bert_jax.benchmark import measure, peers
 
 
 def emit(rec: dict[str, Any], json_out: str | None) -> None:
@@ -80,7 +80,7 @@ def run_suite(
                 size=size, seq=seq, batch=batch, dtype=dtype, steps=steps, warmup=warmup,
                 variant=variant, task=task,
               )  # fmt: skip
-              rec = step.measure_ours_isolated(spec) if isolate else step.measure_ours(**spec)
+              rec = measure.measure_ours_isolated(spec) if isolate else measure.measure_ours(**spec)
             else:
               rec = peers.measure_peer(
                 peer_python, impl, dtype, size, seq, batch, steps, warmup, task=task

@@ -7,6 +7,7 @@ and the frozen-feature mode plug in here.
   squad    SQuAD JSON -> windows; n-best decoding; the official EM/F1
   metrics  host-side metrics and seed statistics
   heads    FinetuneModel = BertModel + one head
+  kinds    the task kinds: each one's head, loss, predictions, score and HF class
 
 Batches carry, besides the model inputs, `weight` (1 for a real row, 0 for the padding rows
 that fill the last batch) and `row` (the row's index in its split, -1 for padding).
@@ -17,28 +18,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from bert_jax.tasks.heads import KINDS, FinetuneModel  # noqa: F401  (re-exported)
-
-# Per kind: the label fields a row carries (padded to the bucket length when per token).
-LABEL_FIELDS = {
-  "classification": ("label",),
-  "regression": ("label",),
-  "tagging": ("label_ids",),
-  "span_qa": ("start_positions", "end_positions"),
-  "multiple_choice": ("label",),
-}
-
-
-def _ce(logits: Array, labels: Array) -> Array:
-  """Cross-entropy per position; labels < 0 give 0 (their weight is 0 anyway)."""
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
-  safe = jnp.maximum(labels, 0)
-  return -jnp.take_along_axis(logp, safe[..., None], -1)[..., 0]
+from bert_jax.tasks import kinds
+from bert_jax.tasks.heads import FinetuneModel
 
 
 @dataclasses.dataclass
@@ -94,10 +78,13 @@ class Task:
   metrics: tuple[str, ...]
 
   def __post_init__(self):
-    if self.kind not in KINDS:
-      raise ValueError(f"task.kind must be one of {', '.join(KINDS)}, not {self.kind!r}")
-    if self.kind in ("classification", "tagging") and len(self.labels) < 2:
+    spec = kinds.get(self.kind)
+    if spec.labelled and len(self.labels) < 2:
       raise ValueError(f"task {self.name}: a {self.kind} task needs >= 2 labels: {self.labels}")
+
+  @property
+  def spec(self) -> kinds.Kind:
+    return kinds.KINDS[self.kind]
 
   @property
   def main_metric(self) -> str:
@@ -105,9 +92,7 @@ class Task:
 
   @property
   def num_outputs(self) -> int:
-    if self.kind in ("classification", "tagging"):
-      return len(self.labels)
-    return 2 if self.kind == "span_qa" else 1
+    return self.spec.num_outputs(self.labels)
 
   def model(self, cfg, bilstm: bool = False) -> FinetuneModel:
     return FinetuneModel(cfg, self.kind, self.num_outputs, bilstm)
@@ -117,31 +102,14 @@ class Task:
   def losses(self, logits: Array, batch: dict[str, Array]) -> tuple[Array, Array]:
     """(summed loss, count) of a batch: the loss is their ratio, and with gradient
     accumulation the count comes from the whole batch."""
-    w = batch["weight"]
-    if self.kind in ("classification", "multiple_choice"):
-      return jnp.sum(_ce(logits, batch["label"]) * w), jnp.sum(w)
-    if self.kind == "regression":
-      err = logits[:, 0] - batch["label"].astype(jnp.float32)
-      return jnp.sum(jnp.square(err) * w), jnp.sum(w)
-    if self.kind == "tagging":
-      tw = (batch["label_ids"] >= 0) * w[:, None]
-      return jnp.sum(_ce(logits, batch["label_ids"]) * tw), jnp.sum(tw)
-    start = _ce(logits[..., 0], batch["start_positions"])
-    end = _ce(logits[..., 1], batch["end_positions"])
-    return jnp.sum(0.5 * (start + end) * w), jnp.sum(w)
+    return self.spec.loss(logits, batch)
 
   def count(self, batch: dict[str, Array]) -> Array:
-    if self.kind == "tagging":
-      return jnp.sum((batch["label_ids"] >= 0) * batch["weight"][:, None])
-    return jnp.sum(batch["weight"])
+    return self.spec.count(batch)
 
   def predict(self, logits: Array) -> dict[str, Array]:
     """Per-row predictions an evaluation gathers to the host."""
-    if self.kind == "regression":
-      return {"pred": logits[:, 0]}
-    if self.kind == "span_qa":
-      return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
-    return {"pred": jnp.argmax(logits, -1).astype(jnp.int32)}
+    return self.spec.predict(logits)
 
   # --------------------------------------------------------------- host side
 
@@ -151,24 +119,4 @@ class Task:
     """Metrics of a whole split: `preds[key][i]` is row i's prediction (trimmed to its length
     for per-token keys), `rows` the encoded rows (gold labels), `extra` what the kind needs
     besides (span QA: the examples and window metadata)."""
-    from bert_jax.tasks import metrics
-
-    if self.kind == "span_qa":
-      return extra.score(preds["start_logits"], preds["end_logits"])
-    if self.kind == "tagging":
-      gold_tags, pred_tags = [], []
-      for row, p in zip(rows, preds["pred"], strict=True):
-        at = row["label_ids"] >= 0
-        gold_tags.append([self.labels[i] for i in row["label_ids"][at]])
-        pred_tags.append([self.labels[i] for i in p[at]])
-      if not any(gold_tags):
-        return {}  # an unlabelled split
-      return metrics.compute(self.metrics, pred_tags, gold_tags)
-    gold = np.array([r["label"] for r in rows])
-    pred = np.array(preds["pred"])
-    labelled = gold >= 0 if self.kind != "regression" else np.isfinite(gold)
-    if not labelled.all():
-      if labelled.any():
-        raise ValueError(f"task {self.name}: a split mixes labelled and unlabelled rows")
-      return {}
-    return metrics.compute(self.metrics, pred, gold)
+    return self.spec.score(self, preds, rows, extra)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from bert_jax.tasks import kinds
 from bert_jax.tasks.readers import TaggedExample, TextExample
 from bert_jax.tokenizer import Tokenizer
 
@@ -77,20 +78,24 @@ def _pair_row(
 
 
 def _encode_text(
-  examples: Sequence[TextExample], kind: str, tok: Tokenizer, max_len: int, labels: Sequence[str]
+  examples: Sequence[TextExample],
+  spec: kinds.Kind,
+  tok: Tokenizer,
+  max_len: int,
+  labels: Sequence[str],
 ) -> Encoded:
   flat = tok.encode_batch([t for ex in examples for t in ex.texts])
   index = {name: i for i, name in enumerate(labels)}
   rows, n_truncated, pos = [], 0, 0
   for i, ex in enumerate(examples):
     if len(ex.texts) not in (1, 2):
-      raise ValueError(f"{ex.source}: {len(ex.texts)} texts; {kind} takes one text or a pair")
+      raise ValueError(f"{ex.source}: {len(ex.texts)} texts; {spec.name} takes one text or a pair")
     pieces = flat[pos : pos + len(ex.texts)]
     pos += len(ex.texts)
     second = pieces[1] if len(pieces) == 2 else None
     ids, segments, truncated = _pair_row(tok, pieces[0], second, max_len)
     n_truncated += truncated
-    if kind == "regression":
+    if spec.value_label:
       label = _scalar(np.nan if ex.label is None else float(ex.label), np.float32)
     else:
       label = _scalar(_class_index(ex, index), np.int32)
@@ -206,17 +211,15 @@ def encode(
   """
   if max_seq_length < 3:
     raise ValueError(f"max_seq_length={max_seq_length} leaves no room for [CLS] x [SEP]")
-  if kind == "tagging":
+  spec = kinds.get(kind, "encode: kind")
+  if spec.examples == "tagged":
     if not all(isinstance(ex, TaggedExample) for ex in examples):
-      raise ValueError("tagging encodes TaggedExamples (read the task with kind='tagging')")
+      raise ValueError(f"{kind} encodes TaggedExamples (read the task with kind={kind!r})")
     return _encode_tagged(examples, tokenizer, max_seq_length, labels)
+  if spec.examples != "text":
+    raise ValueError(f"encode: {kind} rows come from bert_jax.tasks.{spec.examples}")
   if not all(isinstance(ex, TextExample) for ex in examples):
     raise ValueError(f"{kind} encodes TextExamples, not tagged sentences")
-  if kind in ("classification", "regression"):
-    return _encode_text(examples, kind, tokenizer, max_seq_length, labels)
-  if kind == "multiple_choice":
+  if spec.choices:
     return _encode_choices(examples, tokenizer, max_seq_length)
-  raise ValueError(
-    f"encode: kind {kind!r} is not classification, regression, tagging or multiple_choice "
-    "(span_qa windows come from bert_jax.tasks.squad)"
-  )
+  return _encode_text(examples, spec, tokenizer, max_seq_length, labels)

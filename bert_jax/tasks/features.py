@@ -41,9 +41,10 @@ import ml_collections
 import numpy as np
 from jax import Array
 
-from bert_jax import input_pipeline, interop
+from bert_jax import files, hf_io, input_pipeline, params_tree, trees
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
+from bert_jax.tasks import batches
 
 ROWS: dict[str, dict[str, Any]] = {
   "embeddings": dict(layers=(0,), all_layers=False, combine="concat"),
@@ -247,7 +248,6 @@ def add_features(
   """Adds "features" [L_row, K, D] to every row of every split in `data`, one encoder forward
   per row; returns {"layers", "rows", "batches", "seconds", "bytes"}. `bert_params` None: a
   random encoder (seeded by config.seed; the no-pretraining baseline)."""
-  from bert_jax import finetune
 
   layers = resolve_layers(config.features, cfg.num_layers)
   if bert_params is None:
@@ -255,7 +255,8 @@ def add_features(
     init = model_lib.BertModel(cfg).init(jax.random.key(config.seed), ids, ids, ids)
     bert_params = nn.meta.unbox(init["params"])
   params = jax.device_put(
-    interop.to_layout(interop._unbox_to_numpy(bert_params), cfg.scan_layers), sh.replicated(mesh)
+    params_tree.to_layout(params_tree.unbox_to_numpy(bert_params), cfg.scan_layers),
+    sh.replicated(mesh),
   )
   batch_sh = sh.batch_sharding(mesh)
   with sh.mesh_context(mesh, rules):
@@ -266,14 +267,14 @@ def add_features(
     )
     t0 = time.perf_counter()
     nbytes = n_rows = n_batches = 0
-    bl = finetune.buckets(config)
+    bl = batches.buckets(config)
     for split in data.values():
       if split is None:
         continue
       rows = split[1].rows
-      for batch in finetune.eval_batches(rows, config.data.eval_batch_size, bl, pad_id):
-        inputs = input_pipeline.to_global(finetune.host_slice(batch), mesh)
-        h = jax.device_get(forward(params, *(inputs[k] for k in finetune.MODEL_INPUTS)))
+      for batch in batches.eval_batches(rows, config.data.eval_batch_size, bl, pad_id):
+        inputs = input_pipeline.to_global(batches.host_slice(batch), mesh)
+        h = jax.device_get(forward(params, *(inputs[k] for k in batches.MODEL_INPUTS)))
         n_batches += 1
         for j, r in enumerate(batch["row"]):
           if r >= 0:
@@ -314,15 +315,15 @@ def save_head(
   }
   # np.array, not ascontiguousarray: that makes gamma's 0-d array 1-d.
   flat = {
-    k: np.array(v, order="C") for k, v in interop.flatten(interop._unbox_to_numpy(params)).items()
+    k: np.array(v, order="C") for k, v in trees.flatten(params_tree.unbox_to_numpy(params)).items()
   }
-  with interop._AtomicDir(path, True) as tmp:
+  with files.AtomicDir(path, True) as tmp:
     save_file(flat, str(tmp / HEAD_FILE), metadata={"format": "bert_jax_feature_head"})
-    (tmp / interop.TASK_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    (tmp / hf_io.TASK_FILE).write_text(json.dumps(info, indent=2) + "\n")
     cfg_json = json.dumps(dataclasses.asdict(cfg), indent=2, sort_keys=True) + "\n"
     (tmp / ENCODER_CONFIG).write_text(cfg_json)
     if tokenizer is not None:
-      tokenizer.save(tmp / interop.TOKENIZER_DIR)
+      tokenizer.save(tmp / hf_io.TOKENIZER_DIR)
 
 
 def load_head(path: str) -> tuple[dict[str, Any], Any]:
@@ -332,9 +333,8 @@ def load_head(path: str) -> tuple[dict[str, Any], Any]:
   p = pathlib.Path(path)
   if not (p / HEAD_FILE).is_file():
     raise FileNotFoundError(f"{p}: not a feature head dir (no {HEAD_FILE})")
-  with open(p / interop.TASK_FILE) as fh:
-    info = json.load(fh)
-  return info, interop.unflatten(load_file(str(p / HEAD_FILE)))
+  info = files.read_json(p / hf_io.TASK_FILE)
+  return info, trees.unflatten(load_file(str(p / HEAD_FILE)))
 
 
 def is_head_dir(path: str) -> bool:

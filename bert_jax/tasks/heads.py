@@ -23,10 +23,7 @@ from jax import Array
 
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
-
-KINDS = ("classification", "regression", "tagging", "span_qa", "multiple_choice")
-# Kinds whose head reads the pooled [CLS]; the others read every token.
-POOLED = ("classification", "regression", "multiple_choice")
+from bert_jax.tasks import kinds
 
 
 class Head(nn.Module):
@@ -40,7 +37,8 @@ class Head(nn.Module):
   @nn.compact
   def __call__(self, out: dict[str, Array], deterministic: bool) -> Array:
     cfg = dataclasses.replace(self.cfg, dtype="float32")
-    pooled = self.kind in POOLED
+    spec = kinds.get(self.kind)
+    pooled = spec.pooled
     if self.bilstm:
       d = cfg.hidden_size
       seq = nn.Bidirectional(
@@ -51,10 +49,9 @@ class Head(nn.Module):
       x = seq[:, 0] if pooled else seq  # the BiLSTM's [CLS] state has read the whole input
     else:
       x = out["pooled_output" if pooled else "sequence_output"].astype(jnp.float32)
-    if self.kind == "span_qa":
-      return model_lib.Dense((2,), (sh.EMBED, None), cfg, name="qa_outputs")(x)
-    x = model_lib.dropout(cfg, cfg.hidden_dropout_prob)(x, deterministic=deterministic)
-    return model_lib.Dense((self.num_outputs,), (sh.EMBED, None), cfg, name="classifier")(x)
+    if spec.head_dropout:
+      x = model_lib.dropout(cfg, cfg.hidden_dropout_prob)(x, deterministic=deterministic)
+    return model_lib.Dense((self.num_outputs,), (sh.EMBED, None), cfg, name=spec.head)(x)
 
 
 class FinetuneModel(nn.Module):
@@ -67,8 +64,7 @@ class FinetuneModel(nn.Module):
   bilstm: bool = False
 
   def setup(self):
-    if self.kind not in KINDS:
-      raise ValueError(f"task kind must be one of {', '.join(KINDS)}, not {self.kind!r}")
+    self.spec = kinds.get(self.kind)
     self.bert = model_lib.BertModel(self.cfg)
     self.head = Head(self.cfg, self.kind, self.num_outputs, self.bilstm)
 
@@ -84,7 +80,7 @@ class FinetuneModel(nn.Module):
       segment_ids = jnp.zeros_like(input_ids)
     if input_mask is None:
       input_mask = jnp.ones_like(input_ids)
-    choices = input_ids.shape[1] if self.kind == "multiple_choice" and input_ids.ndim == 3 else 0
+    choices = input_ids.shape[1] if self.spec.choices and input_ids.ndim == 3 else 0
     if choices:  # one row per (example, choice)
       flat = lambda x: x.reshape(-1, x.shape[-1])
       input_ids, segment_ids, input_mask = map(flat, (input_ids, segment_ids, input_mask))
@@ -92,7 +88,7 @@ class FinetuneModel(nn.Module):
     # The pooled token: [CLS]; a left-to-right model's [CLS] has seen only itself, so it pools
     # its last real token instead (as GPT classifies), through the same pooler.
     pooled_BQ = (jnp.maximum(lengths_B - 1, 0) if self.cfg.causal else 0 * lengths_B)[:, None]
-    pooled_only = self.kind in POOLED and not self.bilstm
+    pooled_only = self.spec.pooled and not self.bilstm
     # A pooled head reads one position of the last layer: run that layer's queries there only
     # (BertConfig.prune_last_layer, as pretraining does at the masked positions).
     prune = pooled_only and self.cfg.last_layer_prunable
@@ -108,6 +104,6 @@ class FinetuneModel(nn.Module):
       h_BD = jnp.take_along_axis(out["sequence_output"], pooled_BQ[:, :, None], axis=1)[:, 0]
       out["pooled_output"] = jnp.tanh(self.bert.pooler(h_BD))
     logits = self.head(out, deterministic).astype(jnp.float32)
-    if self.kind == "multiple_choice":
+    if self.spec.choices:
       return logits.reshape(-1, choices or 1)
     return logits

@@ -5,8 +5,9 @@ metrics take class indices, tagging metrics tag sequences. Argument order is (pr
 everywhere except `entity_f1(gold, pred)`, which keeps seqeval's (y_true, y_pred) order.
 
   compute(("accuracy", "f1"), preds, golds) -> {"accuracy": 0.84, "f1": 0.88}
-  default_metrics("tagging", labels) -> ("entity_f1", "token_accuracy"): main metric first
   summarize([0.81, 0.83, 0.80]) -> {"mean", "std" (ddof=1), "median", "min", "max", "n"}
+  baseline("classification", ("accuracy",), ("neg", "pos"), train_rows, {"dev": dev_rows})
+    -> {"name": "majority class", "prediction": "pos", "dev": {"accuracy": 0.6081}}
 """
 
 from __future__ import annotations
@@ -16,16 +17,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-
-# Per task kind, the metrics a run reports; the first is the main metric (the one the best
-# dev checkpoint is chosen by and the report shows). Tagging drops entity_f1 when the tag set
-# is not BIO-like (see `default_metrics`). Span QA's metrics come from tasks/squad.py.
-KIND_METRICS: dict[str, tuple[str, ...]] = {
-  "classification": ("accuracy",),
-  "regression": ("pearson", "spearman"),
-  "tagging": ("entity_f1", "token_accuracy"),
-  "multiple_choice": ("accuracy",),
-}
 
 
 def _pair(preds: Any, golds: Any, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -177,19 +168,6 @@ def is_bio(labels: Sequence[str]) -> bool:
   return bool(tags) and all(len(t) > 2 and t[0] in "BIES" and t[1] == "-" for t in tags)
 
 
-def default_metrics(kind: str, labels: Sequence[str] = ()) -> tuple[str, ...]:
-  """The metrics of a task kind (main metric first); tagging keeps entity_f1 only for BIO
-  tags."""
-  if kind not in KIND_METRICS:
-    raise ValueError(
-      f"no default metrics for task kind {kind!r} (one of {', '.join(KIND_METRICS)})"
-    )
-  names = KIND_METRICS[kind]
-  if kind == "tagging" and not is_bio(labels):
-    names = tuple(n for n in names if n != "entity_f1")
-  return names
-
-
 def _entity_metrics(preds: Any, golds: Any) -> dict[str, float]:
   r = entity_f1(golds, preds)
   return {"entity_f1": r["f1"], "entity_precision": r["precision"], "entity_recall": r["recall"]}
@@ -248,3 +226,100 @@ def summarize_seeds(seed_rows: Sequence[dict[str, float]]) -> dict[str, dict[str
         f"summarize_seeds: seed row {i} has metrics {sorted(row)}, not {sorted(names)}"
       )
   return {n: summarize([row[n] for row in seed_rows]) for n in names}
+
+
+# ----------------------------------------------------------------------------- baselines
+
+# Scores at or below the baseline within this margin count as "at" it (the same counts give
+# the same float either way; the margin only absorbs summation order).
+BASELINE_EPS = 1e-9
+
+
+def baseline(
+  kind: str,
+  names: Sequence[str],
+  labels: Sequence[str],
+  train_rows: Sequence[dict[str, Any]],
+  eval_rows: dict[str, Sequence[dict[str, Any]]],
+) -> dict[str, Any]:
+  """What a model that learned nothing scores, to read each fine-tuned score against:
+
+    classification   always the train split's most frequent class ("majority class")
+    tagging          every word the train split's most frequent tag ("majority tag")
+    regression       always the train mean ("train mean": a constant correlates 0.0)
+    multiple_choice  a uniform guess ("chance": the mean of 1 / choices)
+    span_qa          none applies
+
+  `train_rows` / `eval_rows[split]` are encoded rows (tasks.encode: `label`, `label_ids`,
+  `input_ids`). Returns {"name", "prediction", split: {metric: value}}; an unlabelled split
+  gets {}. The same metrics (`names`) as the task's scores, computed the same way."""
+  if kind == "span_qa":
+    return {"name": "none", "why": "no trivial answer predictor applies to span QA"}
+  out: dict[str, Any] = {}
+  if kind == "multiple_choice":
+    out = {"name": "chance", "prediction": None}
+    for split, rows in eval_rows.items():
+      labelled = [r for r in rows if int(r["label"]) >= 0]
+      chance = float(np.mean([1.0 / np.shape(r["input_ids"])[0] for r in labelled] or [np.nan]))
+      out[split] = {"accuracy": chance} if labelled and "accuracy" in names else {}
+    return out
+  if kind == "tagging":
+    train = np.concatenate([np.asarray(r["label_ids"]).reshape(-1) for r in train_rows])
+    tag = int(np.bincount(train[train >= 0]).argmax())
+    out = {"name": "majority tag", "prediction": labels[tag]}
+    for split, rows in eval_rows.items():
+      golds = [[labels[i] for i in np.asarray(r["label_ids"])[r["label_ids"] >= 0]] for r in rows]
+      preds = [[labels[tag]] * len(g) for g in golds]
+      out[split] = compute(names, preds, golds) if any(golds) else {}
+    return out
+  train = np.array([r["label"] for r in train_rows])
+  if kind == "regression":
+    value: Any = float(np.mean(train[np.isfinite(train)]))
+    out = {"name": "train mean", "prediction": value}
+  elif kind == "classification":
+    value = int(np.bincount(train[train >= 0].astype(np.int64)).argmax())
+    out = {"name": "majority class", "prediction": labels[value] if labels else value}
+  else:
+    raise ValueError(f"no baseline for task kind {kind!r}")
+  for split, rows in eval_rows.items():
+    gold = np.array([r["label"] for r in rows])
+    labelled = np.isfinite(gold) if kind == "regression" else gold >= 0
+    if not labelled.all():
+      out[split] = {}
+      continue
+    out[split] = compute(names, np.full(gold.shape, value, gold.dtype), gold)
+  return out
+
+
+def at_or_below(
+  base: dict[str, Any], seed_rows: Sequence[dict[str, float]], split: str, metric: str
+) -> list[int]:
+  """Indices of the seeds whose `metric` on `split` is at or below the baseline's (every
+  metric here is higher-is-better)."""
+  b = base.get(split, {}).get(metric)
+  if b is None:
+    return []
+  return [
+    k
+    for k, row in enumerate(seed_rows)
+    if row and metric in row and row[metric] <= b + BASELINE_EPS
+  ]
+
+
+def baseline_note(
+  base: dict[str, Any], split: str, metric: str, seeds: Sequence[int], n: int
+) -> str:
+  """The summary line's tail: '; majority class 0.6081: all 5 seeds at or below it'."""
+  if base.get("name") == "none":
+    return f"; no baseline ({base['why']})"
+  b = base.get(split, {}).get(metric)
+  if b is None:
+    return ""
+  note = f"; {base['name']} {b:.4f}"
+  if not seeds:
+    return note
+  if len(seeds) == n:
+    who = {1: "the seed is", 2: "both seeds"}.get(n, f"all {n} seeds")
+  else:
+    who = f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+  return f"{note}: {who} at or below it"

@@ -24,8 +24,9 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from bert_jax.tasks import kinds
+
 SPLITS = ("train", "dev", "test")
-KINDS = ("classification", "regression", "tagging", "multiple_choice", "span_qa")
 FORMATS = ("jsonl", "csv", "tsv", "conll", "glue", "tfds")
 _SUFFIX_FORMATS = {
   ".jsonl": "jsonl",
@@ -228,10 +229,11 @@ def read_split(task: Any, split: str) -> list[Example]:
   preset's file under task.glue_dir is read unless task.<split> names another file.
   """
   kind = _get(task, "kind", "classification")
-  if kind not in KINDS:
-    raise ValueError(f"task.kind={kind!r} is not one of {', '.join(KINDS)}")
-  if kind == "span_qa":
-    raise ValueError("task.kind='span_qa' is read by bert_jax.tasks.squad, not by readers")
+  spec = kinds.get(kind)
+  if spec.examples not in ("text", "tagged"):
+    raise ValueError(
+      f"task.kind={kind!r} is read by bert_jax.tasks.{spec.examples}, not by readers"
+    )
   if not has_split(task, split):
     raise ValueError(f"task {_get(task, 'name', '')!r} has no {split} split (task.{split} is '')")
   limit = int(_get(task, "max_examples", 0)) or sys.maxsize
@@ -243,7 +245,7 @@ def read_split(task: Any, split: str) -> list[Example]:
   else:
     path = os.fspath(_get(task, split, ""))
     fmt = _format(task, path)
-    if kind == "tagging":
+    if spec.examples == "tagged":
       if fmt == "jsonl":
         examples = _read_tagged_jsonl(task, path, split, limit)
       elif fmt == "conll":
@@ -256,7 +258,7 @@ def read_split(task: Any, split: str) -> list[Example]:
       fields = tuple(_get(task, "text_fields", ()))
       label_field = _get(task, "label_field", "label")
       rows = _jsonl_rows(path) if fmt == "jsonl" else _table_rows(path, fmt)
-      examples = _text_examples(rows, fields, label_field, kind, split, limit)
+      examples = _text_examples(rows, fields, label_field, spec, split, limit)
   if not examples:
     raise ValueError(f"{path}: the {split} split is empty (no examples)")
   return examples
@@ -268,8 +270,7 @@ def label_list(
   """Class (or tag) names in index order: task.labels if set, a GLUE preset's, else the sorted
   unique labels of train (and of the `extra` splits: brown_pos's dev and test hold a few rare
   tags that train lacks). Regression and multiple choice have none ([])."""
-  kind = _get(task, "kind", "classification")
-  if kind in ("regression", "multiple_choice", "span_qa"):
+  if not kinds.get(_get(task, "kind", "classification")).labelled:
     return []
   given = _get(task, "labels", ())
   if given:
@@ -410,8 +411,8 @@ def _text(obj: dict[str, Any], name: str, source: str) -> str:
   return value
 
 
-def _label(value: Any, kind: str, name: str, source: str) -> str | float:
-  if kind == "regression":
+def _label(value: Any, spec: kinds.Kind, name: str, source: str) -> str | float:
+  if spec.value_label:
     try:
       out = float(value)
     except (TypeError, ValueError):
@@ -432,13 +433,13 @@ def _text_examples(
   rows: Iterator[tuple[str, dict[str, Any]]],
   fields: tuple[str, ...],
   label_field: str,
-  kind: str,
+  spec: kinds.Kind,
   split: str,
   limit: int,
 ) -> list[TextExample]:
   """TextExamples from dict rows. Train and dev need labels; a test split whose first row has
   no label field is read as unlabelled (as GLUE's test files)."""
-  if kind == "multiple_choice":
+  if spec.choices:
     if not fields:
       raise ValueError("task.text_fields must name the context field and the ending field(s)")
   elif len(fields) not in (1, 2):
@@ -450,7 +451,7 @@ def _text_examples(
       break
     if labelled is None:
       labelled = split != "test" or label_field in obj
-    if kind == "multiple_choice" and len(fields) == 2 and isinstance(obj.get(fields[1]), list):
+    if spec.choices and len(fields) == 2 and isinstance(obj.get(fields[1]), list):
       endings = _field(obj, fields[1], source)
       if not all(isinstance(e, str) for e in endings):
         raise ValueError(f"{source}: field {fields[1]!r} must be a list of strings")
@@ -458,7 +459,7 @@ def _text_examples(
     else:
       texts = tuple(_text(obj, f, source) for f in fields)
     label = (
-      _label(_field(obj, label_field, source), kind, label_field, source) if labelled else None
+      _label(_field(obj, label_field, source), spec, label_field, source) if labelled else None
     )
     out.append(TextExample(texts, label, source))
   return out
@@ -548,9 +549,9 @@ def _read_glue(task: Any, split: str, limit: int) -> tuple[str, list[Example]]:
   )
   fieldnames = preset["fieldnames"] if split in preset.get("headerless", ()) else None
   rows = _table_rows(path, "tsv", fieldnames)
-  kind = preset["kind"]
+  spec = kinds.get(preset["kind"])
   return path, _text_examples(
-    rows, preset["text_fields"], preset["label_field"], kind, split, limit
+    rows, preset["text_fields"], preset["label_field"], spec, split, limit
   )
 
 
@@ -603,7 +604,7 @@ def _read_tfds(task: Any, split: str, limit: int) -> tuple[str, list[Example]]:
     ) from None
   label_feature = builder.info.features["label"]
   names = list(getattr(label_feature, "names", ()) or ())
-  kind = preset["kind"]
+  spec = kinds.get(preset["kind"])
   labelled = not split_name.startswith("test")
   out: list[Example] = []
   for i in range(min(len(source), limit)):
@@ -618,7 +619,7 @@ def _read_tfds(task: Any, split: str, limit: int) -> tuple[str, list[Example]]:
         raise ValueError(f"{where}: feature {name!r} is not UTF-8 text") from None
     label: str | float | None = None
     raw = record["label"]
-    if labelled and kind == "regression":
+    if labelled and spec.value_label:
       label = float(raw)
     elif labelled and int(raw) >= 0:
       # TFDS's ClassLabel names ("positive") -> GLUE's label strings ("1"), by name or index.

@@ -1,0 +1,335 @@
+"""The parallel, byte-deterministic half of create_data: documents -> shuffled chunks ->
+sequences in worker processes -> ArrayRecord shards written in chunk order.
+
+A first pass (`Scatter`) routes each document to train or eval and scatters it over random
+bucket files of about a chunk each (an external shuffle); each bucket is then read and shuffled
+in memory and chunks of ~CHUNK_CHARS of text are cut from them, so every chunk is a uniform
+random sample of the corpus whatever its order and size. Each chunk is an independent work
+unit (`process_unit`: bert_jax.sequences on it) whose random generator is seeded from (seed,
+split, dupe pass, chunk index); the random "other document" for NSP comes from the same chunk.
+Workers (spawned processes) run units; the parent writes results in chunk order and numbers
+examples sequentially (`write_result`), so the output is byte-identical for any number of
+workers, and at most a few chunks are in memory at once (the buckets take about the size of
+the uncompressed text, in a temporary directory).
+
+Held-out documents are chosen by a hash of their text (duplicates land in the same split); a
+corpus that fits in one chunk gets at least MIN_EVAL_DOCS eval documents (at most a tenth of
+its documents, and at least one). Eval documents are grouped into their own chunks and get a
+single pass (no dupes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from bert_jax import corpus, records, sequences
+
+CHUNK_CHARS = 4 << 20  # text per work unit
+# Buckets of about a chunk each up to 16 GB of text (bigger corpora get bigger buckets, each
+# still shuffled in memory); write buffers share a fixed budget.
+MAX_BUCKETS = 4096
+BUFFER_BUDGET_CHARS = 256 << 20
+MIN_EVAL_DOCS = 3
+SPLITS = ("train", "eval")
+
+
+@dataclasses.dataclass
+class Unit:
+  """A work unit: chunk `index` of `split`, documents of sentences."""
+
+  split: str
+  index: int
+  docs: list[list[str]]
+
+
+class Scatter:
+  """Pass 1: routes documents to train/eval and scatters them over random bucket files.
+
+  Pass 2 shuffles each bucket in memory and cuts chunks from it, so each chunk is a uniform
+  random sample of the corpus and the random "other document" of NSP is as representative as in
+  the original (which draws from the whole corpus). A bucket alone keeps the corpus order: a
+  chunk cut from an unshuffled bucket bigger than a chunk, or spanning two buckets, would draw
+  its "other documents" from one stretch of the corpus (one source), which changes the length
+  statistics. Memory: a write buffer per bucket (a fixed total); one bucket when reading.
+  """
+
+  MAX_BUFFER_CHARS = 1 << 20
+  MIN_BUFFER_CHARS = 64 << 10
+
+  def __init__(
+    self, directory: str, est_chars: int, eval_fraction: float, chunk_chars: int, seed: int
+  ):
+    self.directory = directory
+    self.eval_fraction = eval_fraction
+    self.chunk_chars = chunk_chars
+    self.seed = seed
+    self.rng = random.Random(seed)
+    self.num_buckets = {
+      "train": min(MAX_BUCKETS, max(1, -(-est_chars // chunk_chars))),
+      "eval": min(MAX_BUCKETS, max(1, -(-int(est_chars * eval_fraction) // chunk_chars))),
+    }
+    per_bucket = BUFFER_BUDGET_CHARS // sum(self.num_buckets.values())
+    self.buffer_chars = min(self.MAX_BUFFER_CHARS, max(self.MIN_BUFFER_CHARS, per_bucket))
+    self.buffers = {(s, b): [] for s, n in self.num_buckets.items() for b in range(n)}
+    self.buffered = dict.fromkeys(self.buffers, 0)
+    self.documents = {"train": 0, "eval": 0}
+
+  def _path(self, split: str, bucket: int) -> str:
+    return os.path.join(self.directory, f"{split}-{bucket:04d}.txt")
+
+  def _flush(self, key) -> None:
+    if self.buffers[key]:
+      with open(self._path(*key), "a", encoding="utf-8", errors="surrogatepass") as f:
+        f.write("".join(self.buffers[key]))
+      self.buffers[key] = []
+      self.buffered[key] = 0
+
+  def _add(self, split: str, doc: list[str]) -> None:
+    key = (split, self.rng.randrange(self.num_buckets[split]))
+    text = "\n".join(doc) + "\n\n"
+    self.buffers[key].append(text)
+    self.buffered[key] += len(text)
+    self.documents[split] += 1
+    if self.buffered[key] >= self.buffer_chars:
+      self._flush(key)
+
+  def scatter(self, docs: Iterator[list[str]], report=lambda: None) -> None:
+    # Buffer one chunk first: if the corpus ends inside it, it is "small" and gets at least
+    # MIN_EVAL_DOCS eval documents (the smallest hashes); otherwise a hash threshold decides.
+    first: list[list[str]] = []
+    size = 0
+    small = True
+    for doc in docs:
+      first.append(doc)
+      size += sum(map(len, doc))
+      if size >= self.chunk_chars:
+        small = False
+        break
+    eval_ids: set[int] = set()
+    if small and self.eval_fraction > 0 and len(first) > 1:
+      # Never more than a tenth of a tiny corpus (the bundled sample has 15 documents).
+      n = len(first)
+      k = min(max(MIN_EVAL_DOCS, round(self.eval_fraction * n)), max(1, n // 10))
+      eval_ids = set(sorted(range(n), key=lambda i: (corpus.doc_hash(first[i]), i))[:k])
+    threshold = int(self.eval_fraction * 2**64)
+    i = 0
+    for source in (first, docs):
+      for doc in source:
+        if small:
+          self._add("eval" if i in eval_ids else "train", doc)
+        else:
+          self._add("eval" if corpus.doc_hash(doc) < threshold else "train", doc)
+        i += 1
+        if i % 1024 == 0:
+          report()
+    for key in self.buffers:
+      self._flush(key)
+    report()
+
+  def _read_bucket(self, split: str, bucket: int) -> list[list[str]]:
+    path = self._path(split, bucket)
+    if not os.path.exists(path):
+      return []
+    docs: list[list[str]] = []
+    with open(path, encoding="utf-8", errors="surrogatepass") as f:
+      doc: list[str] = []
+      for line in f:
+        line = line.rstrip("\n")
+        if line:
+          doc.append(line)
+        else:
+          docs.append(doc)
+          doc = []
+    os.remove(path)
+    return docs
+
+  def units(self, split: str) -> Iterator[Unit]:
+    """Pass 2: chunks of ~chunk_chars of text from the shuffled buckets, one after another.
+
+    A chunk spanning two buckets joins random subsets of two random samples: still random.
+    """
+    index = 0
+    pending: list[list[str]] = []
+    size = 0
+    for bucket in range(self.num_buckets[split]):
+      docs = self._read_bucket(split, bucket)
+      sequences.seeded_rng(self.seed, "bucket", split, bucket).shuffle(docs)
+      for doc in docs:
+        pending.append(doc)
+        size += sum(map(len, doc))
+        if size >= self.chunk_chars:
+          yield Unit(split, index, pending)
+          index += 1
+          pending, size = [], 0
+    if pending:
+      yield Unit(split, index, pending)
+
+
+# ----------------------------------------------------------------------------- workers
+
+_WORKER: dict[str, Any] = {}
+
+
+def init_worker(opts: sequences.Options) -> None:
+  """Pool initializer: the options and the tokenizer, loaded once per worker process."""
+  from bert_jax.tokenizer import load_tokenizer
+
+  os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+  _WORKER["opts"] = opts
+  _WORKER["tok"] = load_tokenizer(opts.vocab)
+
+
+def process_unit(unit: Unit) -> dict[str, Any]:
+  """Tokenizes one chunk and builds its sequences (all dupe passes), in a worker."""
+  return sequences.chunk_sequences(
+    unit.split, unit.index, unit.docs, _WORKER["opts"], _WORKER["tok"]
+  )
+
+
+class InProcess:
+  """The apply_async interface of a Pool, run in this process (--num_workers=1)."""
+
+  def __init__(self, opts: sequences.Options):
+    init_worker(opts)
+
+  def apply_async(self, fn, args):
+    result = fn(*args)
+    return type("Done", (), {"get": lambda self, timeout=None: result})()
+
+  def close(self):
+    pass
+
+  def terminate(self):
+    pass
+
+  def join(self):
+    pass
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+class ShardWriter:
+  """Writes one split's records into numbered shards under a temporary directory."""
+
+  def __init__(self, directory: str, split: str, records_per_shard: int):
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    self._writer_cls = ArrayRecordWriter
+    self.directory, self.split, self.per_shard = directory, split, records_per_shard
+    self.paths: list[str] = []
+    self._writer = None
+    self._in_shard = 0
+    self.num_records = 0
+    self.num_tokens = 0
+
+  def write(self, record: bytes) -> None:
+    if self._writer is None or self._in_shard >= self.per_shard:
+      self.close()
+      path = os.path.join(self.directory, f"{self.split}-{len(self.paths):05d}.partial")
+      self.paths.append(path)
+      self._writer = self._writer_cls(path, records.ARRAY_RECORD_OPTIONS)
+      self._in_shard = 0
+    self._writer.write(record)
+    self._in_shard += 1
+    self.num_records += 1
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()
+      self._writer = None
+
+  def finish(self) -> list[tuple[str, str]]:
+    """Closes; returns (temporary path, final file name) pairs."""
+    self.close()
+    n = len(self.paths)
+    return [(p, f"{self.split}-{i:05d}-of-{n:05d}.array_record") for i, p in enumerate(self.paths)]
+
+
+class Masker:
+  """--write_masks: bert_jax.masking.mask_batch with rng example_key(seed, example_id)."""
+
+  BATCH = 1024
+
+  def __init__(self, tok, opts: sequences.Options):
+    # A host-side tool: never grab an accelerator (or print libtpu's probing errors).
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+
+    from bert_jax import masking
+
+    self.cfg = masking.MaskingConfig(
+      max_predictions=opts.max_predictions_per_seq,
+      masked_lm_prob=opts.masked_lm_prob,
+      whole_word=opts.whole_word_mask,
+    )
+    tables = masking.tables_from_tokenizer(tok)
+    seed, cfg = opts.seed, self.cfg
+    self.mask_id = int(tok.mask_id)
+    self.length = opts.max_seq_length
+    self.fn = jax.jit(lambda i, x, m: masking.mask_batch(seed, i, None, x, m, tables, cfg))
+
+  def __call__(self, first_id: int, tokens_list: list[np.ndarray]):
+    """Yields (masked_ids, positions, original_ids) per sequence."""
+    for start in range(0, len(tokens_list), self.BATCH):
+      part = tokens_list[start : start + self.BATCH]
+      ids_BL = np.zeros((self.BATCH, self.length), np.int32)
+      mask_BL = np.zeros((self.BATCH, self.length), np.int32)
+      for r, t in enumerate(part):
+        ids_BL[r, : len(t)] = t
+        mask_BL[r, : len(t)] = 1
+      eid_B = (first_id + start + np.arange(self.BATCH)).astype(np.int32)
+      out = {k: np.asarray(v) for k, v in self.fn(eid_B, ids_BL, mask_BL).items()}
+      for r, t in enumerate(part):
+        m = int(out["masked_lm_weights"][r].sum())
+        yield (
+          out["input_ids"][r, : len(t)],
+          out["masked_lm_positions"][r, :m],
+          out["masked_lm_ids"][r, :m],
+        )
+
+
+def write_result(result, writers, next_id, masker, opts, stats, mask_kinds) -> int:
+  """Writes one unit's sequences (with their masks under --write_masks) as records numbered
+  from `next_id`, adding to the counts; returns the next example id."""
+  split = result["split"]
+  writer = writers[split]
+  tokens, lengths, len_a, labels = (result[k] for k in ("tokens", "lengths", "len_a", "labels"))
+  offsets = np.concatenate([[0], np.cumsum(lengths)])
+  seqs = [tokens[offsets[i] : offsets[i + 1]] for i in range(len(lengths))]
+  masks = masker(next_id, seqs) if masker is not None else None
+  for i, seq in enumerate(seqs):
+    if masks is None:
+      writer.write(records.encode(next_id, labels[i], len_a[i], seq))
+    else:
+      masked, positions, original = next(masks)
+      masked = masked.astype(seq.dtype)
+      writer.write(records.encode(next_id, labels[i], len_a[i], seq, positions, original, masked))
+      stats["masked_positions"] += len(positions)
+      replaced = masked[positions]
+      is_mask = replaced == masker.mask_id
+      mask_kinds["mask"] += int(is_mask.sum())
+      mask_kinds["same"] += int((replaced == original).sum())
+      mask_kinds["random"] += int((~is_mask & (replaced != original)).sum())
+    next_id += 1
+  stats[f"{split}_tokens"] += int(lengths.sum())
+  stats["sequences"] += len(lengths)
+  stats["tokens"] += int(lengths.sum())
+  stats["is_next"] += int((labels == 0).sum())
+  stats["short_128"] += int((lengths < 128).sum())
+  stats["short_64"] += int((lengths < 64).sum())
+  stats["below_max"] += int((lengths < opts.max_seq_length).sum())
+  from bert_jax import masking  # the masked-count rule; jax only once results are written
+
+  expected = masking.num_to_predict(lengths, opts.max_predictions_per_seq, opts.masked_lm_prob)
+  stats["expected_masked_positions"] += int(expected.sum())
+  for key in ("documents", "sentences", "sentences_without_tokens", "truncated_sentences"):
+    stats[key] += result[key]
+  stats[f"{split}_documents"] += result["documents"]
+  return next_id

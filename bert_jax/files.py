@@ -1,0 +1,203 @@
+"""Files and paths: local or gs://, written so that a kill or a full disk leaves no half file.
+
+`as_path` checks a path this code can serve (local, or gs:// with its packages) before any
+compute; `write_atomic`, `copytree_atomic` and `AtomicDir` write under a temporary name and
+rename at the end (an object store has no rename: an upload is all-or-nothing). Errors are one
+line naming the path. Imports no jax or orbax, so the run-status and resume records use it
+cheaply.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import shutil
+import tempfile
+from typing import Any
+
+from etils import epath
+
+PathLike = str | os.PathLike
+
+# Object stores a workdir may live on. gs:// is what orbax serves natively (TensorStore's GCS
+# driver for arrays, gcsfs through etils.epath for the rest); other epath schemes (s3://, az://)
+# have no orbax array path.
+REMOTE_SCHEMES = ("gs",)
+# What etils.epath and orbax need for gs:// beyond this package's dependencies: gcsfs (epath's
+# fsspec backend; tensorflow's gfile serves instead when installed) and google-cloud-storage
+# (orbax asks for the bucket's layout when it deletes an old step).
+_GCS_PACKAGES = {"gcsfs": "gcsfs", "google.cloud.storage": "google-cloud-storage"}
+
+
+def scheme(path: PathLike) -> str | None:
+  """'gs' for gs://bucket/x, None for a local path."""
+  m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", os.fspath(path))
+  return m.group(1).lower() if m else None
+
+
+def is_remote(path: PathLike) -> bool:
+  return scheme(path) is not None
+
+
+def _missing_gcs_packages() -> list[str]:
+  missing = []
+  try:
+    import fsspec
+
+    fsspec.get_filesystem_class("gcs")  # gcsfs, or whatever implementation is registered
+  except (ImportError, ValueError):
+    if importlib.util.find_spec("tensorflow") is None:
+      missing.append(_GCS_PACKAGES["gcsfs"])
+  try:
+    importlib.import_module("google.cloud.storage")
+  except ImportError:
+    missing.append(_GCS_PACKAGES["google.cloud.storage"])
+  return missing
+
+
+def as_path(path: PathLike, what: str = "path") -> epath.Path:
+  """`path` as an epath.Path that this code can serve: a local path made absolute (orbax needs
+  absolute paths; a URL is never made "absolute" into ./gs:/...), or gs://. Anything else is
+  one line (ValueError; ImportError naming the packages gs:// lacks), raised before compute."""
+  text = os.fspath(path)
+  kind = scheme(text)
+  if kind is None:
+    return epath.Path(os.path.abspath(text))
+  if kind not in REMOTE_SCHEMES:
+    raise ValueError(
+      f"{what} {text}: the {kind}:// scheme is not supported (a local path or gs://bucket/path)"
+    )
+  missing = _missing_gcs_packages()
+  if missing:
+    raise ImportError(
+      f"{what} {text}: gs:// needs {' and '.join(missing)} (pip install {' '.join(missing)})"
+    )
+  return epath.Path(text)
+
+
+def root_cause(error: BaseException) -> str:
+  """The innermost exception on one line: TensorStore's own message says what is wrong."""
+  while error.__cause__ or error.__context__:
+    error = error.__cause__ or error.__context__
+  return f"{type(error).__name__}: " + " ".join(str(error).split())
+
+
+def write_atomic(path: PathLike, text: str) -> None:
+  """Writes `text` to `path` under a temporary name, then renames it: a kill or a full disk
+  never leaves a partial file. On an object store (no rename) the object is written directly:
+  an object upload is all-or-nothing. Errors are one line naming `path`."""
+  path = os.fspath(path)
+  if is_remote(path):
+    try:
+      epath.Path(path).write_text(text)
+    except Exception as e:  # gcsfs/fsspec raise their own types for HTTP errors
+      raise OSError(f"cannot write {path}: {root_cause(e)[:400]}") from None
+    return
+  tmp = path + ".tmp"
+  try:
+    with open(tmp, "w") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except OSError as e:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise OSError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def copytree_atomic(src: str, dst: PathLike) -> None:
+  """Copies the local directory `src` to `dst` unless `dst` is there already: locally under a
+  temporary name, then a rename (as `write_atomic`); on an object store file by file, with a
+  partial copy (a killed run) counted as absent and done again."""
+  dst = os.fspath(dst)
+  if is_remote(dst):
+    files = sorted(
+      os.path.relpath(os.path.join(root, n), src) for root, _, names in os.walk(src) for n in names
+    )
+    target = epath.Path(dst)
+    try:
+      done = [
+        (target / f).exists()
+        and (target / f).stat().length == os.path.getsize(os.path.join(src, f))
+        for f in files
+      ]
+      if all(done):
+        return
+      for f in files:
+        (target / f).write_bytes(epath.Path(src, f).read_bytes())
+    except Exception as e:
+      raise OSError(f"cannot copy {src} to {dst}: {root_cause(e)[:400]}") from None
+    return
+  if os.path.isdir(dst):
+    return
+  tmp = dst.rstrip("/") + ".tmp"
+  try:
+    if os.path.exists(tmp):  # left by a killed run
+      shutil.rmtree(tmp)
+    shutil.copytree(src, tmp)
+    os.replace(tmp, dst)
+  except OSError as e:  # shutil.Error too
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise OSError(f"cannot copy {src} to {dst}: {e.strerror or e}") from None
+
+
+class AtomicDir:
+  """A local output directory written whole or not at all: `with AtomicDir(dst, overwrite) as
+  tmp:` writes into a temp dir beside `dst`, renamed into place only on success."""
+
+  def __init__(self, dst: PathLike, overwrite: bool):
+    self.dst = pathlib.Path(dst)
+    self.overwrite = overwrite
+
+  def __enter__(self) -> pathlib.Path:
+    if self.dst.exists() and not self.overwrite:
+      raise FileExistsError(f"{self.dst}: already exists (pass overwrite=True / --overwrite)")
+    self.dst.parent.mkdir(parents=True, exist_ok=True)
+    self.tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{self.dst.name}.tmp-", dir=self.dst.parent))
+    return self.tmp
+
+  def __exit__(self, exc_type, exc, tb) -> None:
+    if exc_type is not None:
+      shutil.rmtree(self.tmp, ignore_errors=True)
+      return
+    # mkdtemp and safetensors create owner-only modes: give the output the usual umask ones.
+    umask = os.umask(0)
+    os.umask(umask)
+    for root, _dirs, files in os.walk(self.tmp):
+      os.chmod(root, 0o777 & ~umask)
+      for name in files:
+        os.chmod(os.path.join(root, name), 0o666 & ~umask)
+    old = None
+    if self.dst.exists():
+      old = self.dst.parent / f".{self.dst.name}.old-{os.getpid()}"
+      os.rename(self.dst, old)
+    os.rename(self.tmp, self.dst)
+    if old is not None:
+      shutil.rmtree(old, ignore_errors=True)
+
+
+def read_json(path: str | os.PathLike, keys: tuple[str, ...] = ()) -> dict[str, Any]:
+  """A JSON object this project wrote (config.json, result.json, task.json, ...) read back;
+  an empty, torn or foreign file (not an object, or without `keys`) is one line naming it."""
+  path = os.fspath(path)
+  try:
+    text = epath.Path(path).read_text()
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{path}: no such file") from None
+  except UnicodeDecodeError:
+    raise ValueError(f"{path}: not a JSON file (not UTF-8 text)") from None
+  if not text.strip():
+    raise ValueError(f"{path}: empty file, not JSON")
+  try:
+    data = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+  if not isinstance(data, dict):
+    kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(data))
+    raise ValueError(f"{path}: holds a JSON {kind or 'number'}, not an object")
+  missing = [k for k in keys if k not in data]
+  if missing:
+    raise ValueError(f"{path}: no {', '.join(missing)} (not the file this run wrote)")
+  return data

@@ -1,0 +1,106 @@
+"""Paper-style results tables and plots for a directory of runs (e.g. a sweep's --root).
+
+  python -m bert_jax.report --root=/tmp/table5 [--paper=table5|table6|masking|wwm] \
+      [--split=test|dev]
+
+Pretraining: every directory under --root holding a `metrics.jsonl` (written by train.py) is a
+run; its `config.json` says what it was. The table has one row per run: the config fields
+that differ between the runs (the ablated ones), the steps trained, the final train loss (LM
+loss + NSP loss, as the trainer prints it), and the last eval's MLM/LTR accuracy and
+perplexity and NSP accuracy.
+
+Fine-tuning: every `results.json` (written by bert_jax.finetune) is a fine-tuning run, laid
+out as `<root>/<point>/finetune/<task>/results.json` (a sweep: <point> is the pretraining
+run's workdir) or given directly (--root = a fine-tuning workdir, or a directory of them: the
+point is then the checkpoint the run started from, its `init`). The table is the paper's
+layout: one row per pretraining point (its ablated fields, its held-out MLM perplexity and
+accuracy), one column per task with the main metric's "mean ± std (n seeds)" x 100 on --split,
+and their average. `--paper` adds published rows under ours (Devlin et al. 2019's Table 5 or
+6; RoBERTa's static/dynamic masking; the BERT repository's whole-word masking) and a line per
+claim judged against the seed spread; published.COLUMNS says which paper column each of our
+stand-in tasks fills.
+
+The tables are printed as markdown and written, with plots (loss curves; per-task bars with
+std error bars; score vs model size when the points differ in size), to --root/report/. The
+plots need matplotlib (`pip install 'bert_jax[plots]'`); without it the tables are still
+written and the command says the plots were skipped.
+
+  runs.py       the runs below a root: pretraining (metrics.jsonl) and fine-tuning (results.json)
+  tables.py     the pretraining table and the fine-tuning table in the paper's layout
+  published.py  the paper's published numbers, as data
+  claims.py     the paper's claims judged against the seed spread
+  plots.py      loss curves, per-task bars, score vs model size
+  __main__.py   the command line
+"""
+
+from __future__ import annotations
+
+import os
+
+from bert_jax.report import claims, plots, published, tables
+from bert_jax.report.runs import REPORT_DIR, FinetuneRun, Run, find_finetune_runs, find_runs
+
+
+def finetune_markdown(
+  runs: list[Run],
+  ft_runs: list[FinetuneRun],
+  split: str = "test",
+  paper: str | None = None,
+) -> str:
+  md = tables.markdown(*tables.finetune_table(runs, ft_runs, split, paper))
+  title = (
+    f"## Fine-tuning ({split}; main metric x 100, mean ± std (n seeds); MLM ppl/acc: the "
+    "point's last held-out pretraining eval"
+  )
+  if paper:
+    title += f"; paper rows: {published.SOURCES[paper]}"
+  notes = [
+    f"\n- {r.point} / {r.task}: {len(r.others) + 1} runs, the best on dev shown ({r.path})"
+    for r in ft_runs
+    if r.others
+  ]
+  md = f"{title})\n\n{md}" + ("\n" + "".join(notes) if notes else "")
+  lines = claims.claims(paper, *tables.finetune_points(runs, ft_runs, split)) if paper else []
+  if lines:
+    md += (
+      f"\n\n### The paper's claims at this scale ({split})\n\nreproduced: the difference "
+      "in the claimed direction exceeds the larger seed std of the two; not reproduced: it "
+      "exceeds it in the other direction; inconclusive: within the seed spread (or one seed)."
+      "\n\n" + "\n".join(f"- {ln}" for ln in lines)
+    )
+  return md
+
+
+def report(root: str, paper: str | None = None, split: str = "test") -> tuple[str, str | None]:
+  """Writes the tables (root/report/results.md) and the plots; returns the markdown and, when
+  the plots were skipped, why."""
+  if paper is not None and paper not in published.TABLES:
+    raise ValueError(f"--paper={paper}: one of {', '.join(published.TABLES)}")
+  if split not in ("test", "dev"):
+    raise ValueError(f"--split={split}: test or dev")
+  runs = find_runs(root, required=False)
+  ft_runs = find_finetune_runs(root)
+  if not runs and not ft_runs:
+    raise ValueError(
+      f"--root={root}: no run (a directory with metrics.jsonl or results.json) below it"
+    )
+  parts = []
+  if runs:
+    parts.append(("## Pretraining\n\n" if ft_runs else "") + tables.markdown(*tables.table(runs)))
+  if ft_runs:
+    parts.append(finetune_markdown(runs, ft_runs, split, paper))
+  md = "\n\n".join(parts)
+  out_dir = os.path.join(root, REPORT_DIR)
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, "results.md")
+  with open(path + ".tmp", "w") as f:
+    f.write(md + "\n")
+  os.replace(path + ".tmp", path)
+  try:
+    if runs:
+      plots.plot(runs, out_dir)
+    if ft_runs:
+      plots.plot_finetune(runs, ft_runs, out_dir, split)
+  except ImportError as e:
+    return md, str(e)
+  return md, None

@@ -1,0 +1,222 @@
+"""The tables: pretraining runs (one row per run, the ablated config fields and the last
+metrics) and fine-tuning in the paper's layout (one row per pretraining point, one column per
+task: the main metric's mean ± std over seeds x 100), as markdown."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from bert_jax.report import published
+from bert_jax.report.runs import FinetuneRun, Run
+
+# Config fields that differ between runs without being an ablation.
+_IGNORED_FIELDS = ("data.dir", "init_from")
+
+
+def ablated_fields(runs: list[Run]) -> list[str]:
+  """Config fields whose values differ between the runs, in config order."""
+  keys: list[str] = []
+  for r in runs:
+    keys += [k for k in r.config if k not in keys]
+  return [
+    k for k in keys if k not in _IGNORED_FIELDS and len({repr(r.config.get(k)) for r in runs}) > 1
+  ]
+
+
+def train_loss(row: dict[str, float]) -> float | None:
+  """The objective's loss as train.py prints it: LM (MLM or LTR) loss + NSP loss."""
+  if "loss" in row:
+    return row["loss"]
+  lm = row.get("mlm_loss", row.get("ltr_loss"))
+  if lm is None:
+    return None
+  return lm + row.get("nsp_loss", 0.0)
+
+
+COLUMNS = (
+  ("steps", None),
+  ("train loss", None),
+  ("eval MLM acc", "mlm_accuracy"),
+  ("eval MLM ppl", "mlm_perplexity"),
+  ("eval LTR acc", "ltr_accuracy"),
+  ("eval LTR ppl", "ltr_perplexity"),
+  ("eval NSP acc", "nsp_accuracy"),
+)
+
+
+def table(runs: list[Run]) -> tuple[list[str], list[list[Any]]]:
+  """(header, rows) with raw values (None where a run has no such metric)."""
+  fields = ablated_fields(runs)
+  header = ["run", *fields, *(c for c, _ in COLUMNS)]
+  rows = []
+  for r in runs:
+    ev = r.last("eval")
+    row = [r.name, *(r.config.get(k) for k in fields), r.steps(), train_loss(r.last("train"))]
+    row += [ev.get(key) for _, key in COLUMNS[2:]]
+    rows.append(row)
+  return header, rows
+
+
+def _cell(v: Any) -> str:
+  if v is None:
+    return "–"
+  if isinstance(v, bool):
+    return str(v)
+  if isinstance(v, float):
+    return "nan" if math.isnan(v) else f"{v:.4f}" if abs(v) < 100 else f"{v:.1f}"
+  return str(v)
+
+
+def markdown(header: list[str], rows: list[list[Any]]) -> str:
+  # Drop metric columns no run has (e.g. LTR columns in a masking sweep).
+  keep = [i for i in range(len(header)) if any(r[i] is not None for r in rows) or i == 0]
+  lines = ["| " + " | ".join(header[i] for i in keep) + " |"]
+  lines.append("|" + "|".join("---" for _ in keep) + "|")
+  lines += ["| " + " | ".join(_cell(r[i]) for i in keep) + " |" for r in rows]
+  return "\n".join(lines)
+
+
+def _task_order(tasks: set[str]) -> list[str]:
+  rank = lambda t: (
+    published.ORDER.index(published.COLUMNS[t]) if t in published.COLUMNS else len(published.ORDER),
+    t,
+  )
+  return sorted(tasks, key=rank)
+
+
+def param_count(config: dict[str, Any]) -> int | None:
+  """BertModel's parameter count (embeddings, layers, pooler) from a flattened config; None
+  when the config lacks a size field. BERT-Base: 109,482,240."""
+  try:
+    v, h, layers, i = (
+      int(config[f"model.{k}"])
+      for k in ("vocab_size", "hidden_size", "num_layers", "intermediate_size")
+    )
+  except KeyError:
+    return None
+  p = int(config.get("model.max_position_embeddings", 512))
+  t = int(config.get("model.type_vocab_size", 2))
+  embeddings = (v + p + t) * h + 2 * h
+  layer = 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h
+  return embeddings + layers * layer + (h * h + h)
+
+
+@dataclass
+class Column:
+  task: str
+  metric: str
+  scale: float  # 100 for fractions, 1 for metrics already in percent (official SQuAD)
+
+  @property
+  def header(self) -> str:
+    paper = published.COLUMNS.get(self.task)
+    return f"{self.task} ({paper}) {self.metric}" if paper else f"{self.task} {self.metric}"
+
+
+@dataclass
+class Point:
+  name: str
+  config: dict[str, Any]
+  pretrain: Run | None
+  cells: dict[str, dict[str, float]]  # task -> summary (mean, std, n), already x scale
+
+
+def finetune_points(
+  runs: list[Run], ft_runs: list[FinetuneRun], split: str = "test"
+) -> tuple[list[Column], list[Point]]:
+  """The columns (tasks) and rows (points) of the fine-tuning table, values x 100."""
+  by_name = {r.name: r for r in runs}
+  tasks = _task_order({f.task for f in ft_runs})
+  columns = []
+  for task in tasks:
+    of_task = [f for f in ft_runs if f.task == task]
+    metrics_ = sorted({f.results["main_metric"] for f in of_task})
+    if len(metrics_) > 1:
+      raise ValueError(f"task {task}: runs disagree on the main metric ({', '.join(metrics_)})")
+    # Fractions are shown x 100 as in the paper; a task whose values exceed 1 (the official
+    # SQuAD script's percentages) is already in percent.
+    values = [
+      abs(v)
+      for f in of_task
+      for s in [f.summary(split)]
+      if s
+      for v in (s["mean"], s.get("min", 0.0), s.get("max", 0.0))
+    ]
+    percent = of_task[0].results.get("kind") == "span_qa" or any(v > 1 for v in values)
+    columns.append(Column(task, metrics_[0], 1.0 if percent else 100.0))
+  points: dict[str, Point] = {}
+  for f in ft_runs:
+    pre = by_name.get(f.point)
+    pt = points.setdefault(f.point, Point(f.point, pre.config if pre else {}, pre, {}))
+    s = f.summary(split)
+    if s is not None:
+      col = next(c for c in columns if c.task == f.task)
+      pt.cells[f.task] = {
+        "mean": s["mean"] * col.scale,
+        "std": s.get("std", 0.0) * col.scale,
+        "n": int(s.get("n", 1)),
+      }
+  rows = list(points.values())
+  sizes = [param_count(p.config) for p in rows]
+  if len({s for s in sizes if s is not None}) > 1:  # a size sweep: smallest first, as Table 6
+    rows.sort(key=lambda p: (param_count(p.config) or 0, p.name))
+  else:
+    rows.sort(key=lambda p: p.name)
+  return columns, rows
+
+
+def _stat_cell(c: dict[str, float] | None) -> str | None:
+  return None if c is None else f"{c['mean']:.1f} ± {c['std']:.1f} ({c['n']})"
+
+
+def finetune_table(
+  runs: list[Run], ft_runs: list[FinetuneRun], split: str = "test", paper: str | None = None
+) -> tuple[list[str], list[list[Any]]]:
+  """(header, rows) of the paper-layout table: cells are strings ("84.1 ± 0.3 (5)") or None."""
+  columns, points = finetune_points(runs, ft_runs, split)
+  fields = ablated_fields([p.pretrain for p in points if p.pretrain])
+  if paper and paper not in published.TABLES:
+    raise ValueError(f"--paper={paper}: one of {', '.join(published.TABLES)}")
+  paper_rows = published.TABLES[paper] if paper else []
+  ours = {published.COLUMNS.get(c.task) for c in columns}
+  # Paper columns none of our tasks stands for still get a column, so no number is lost.
+  extra = [k for k in published.ORDER if k not in ours and any(k in v for _, _, v in paper_rows)]
+  header = ["point", *fields, "MLM ppl", "MLM acc %", *(c.header for c in columns)]
+  header += [f"{k} (paper only)" for k in extra] + ["average"]
+  rows = []
+  for p in points:
+    ev = p.pretrain.last("eval") if p.pretrain else {}
+    ppl, acc = ev.get("mlm_perplexity"), ev.get("mlm_accuracy")
+    cells = [p.cells.get(c.task) for c in columns]
+    avg = f"{sum(c['mean'] for c in cells) / len(cells):.1f}" if cells and all(cells) else None
+    rows.append(
+      [
+        p.name,
+        *(p.config.get(k) for k in fields),
+        None if ppl is None else f"{ppl:.2f}",
+        None if acc is None else f"{100 * acc:.1f}",
+        *(_stat_cell(c) for c in cells),
+        *(None for _ in extra),
+        avg,
+      ]
+    )
+  for label, config, values in paper_rows:
+    lm = values.get(published.LM_PPL)
+    rows.append(
+      [
+        f"paper: {label}",
+        *(config.get(k) for k in fields),
+        None if lm is None else f"{lm:.2f}",
+        None,
+        *(_fmt_paper(values.get(published.COLUMNS.get(c.task, ""))) for c in columns),
+        *(_fmt_paper(values.get(k)) for k in extra),
+        None,
+      ]
+    )
+  return header, rows
+
+
+def _fmt_paper(v: float | None) -> str | None:
+  return None if v is None else f"{v:.1f}"
