@@ -93,15 +93,19 @@ def all_finite(tree: Any) -> jax.Array:
 
 def apply_update(state: dict, grads: Any, tx) -> tuple[dict, dict[str, Any]]:
   """The optimizer update of a train state {step, params, opt_state}, guarded: unless the
-  gradient AND everything the update would write (parameters, optimizer state) are finite, the
-  step leaves params and optimizer state as they were, so no NaN or Inf ever reaches a
-  checkpoint. A finite gradient can still give a non-finite update (Adam with eps=0 divides
-  0 by 0 where a gradient is exactly zero; a learning rate can overflow float32). The host
-  stops or skips (opt.nonfinite). Returns the new state and {grad_norm, nonfinite}."""
+  gradient AND the parameter update are finite, the step leaves params and optimizer state as
+  they were, so no NaN or Inf ever reaches a checkpoint. A finite gradient can still give a
+  non-finite update (Adam with eps=0 divides 0 by 0 where a gradient is exactly zero; a
+  learning rate can overflow float32). Checking the update covers the new optimizer state too:
+  its moments are finite when the gradient's norm is (a squared gradient that overflows makes
+  the norm overflow). Checking the new params and optimizer state themselves (6 tensors a
+  weight instead of 2) tripled XLA:CPU's compile time of BERT-Base's step (14 -> 100 s; the
+  update: 38 s) and added 2 GB of peak memory. The host stops or skips (opt.nonfinite).
+  Returns the new state and {grad_norm, nonfinite}."""
   updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
   params = optax.apply_updates(state["params"], updates)
   grad_norm = optax.tree.norm(grads)
-  finite = jnp.isfinite(grad_norm) & all_finite((params, opt_state))
+  finite = jnp.isfinite(grad_norm) & all_finite(updates)
   keep = lambda new, old: jnp.where(finite, new, old)
   params = jax.tree.map(keep, params, state["params"])
   opt_state = jax.tree.map(keep, opt_state, state["opt_state"])

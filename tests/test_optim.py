@@ -1,5 +1,7 @@
 """bert_jax.optim: which parameters get weight decay (BERT's rule: not LayerNorm, not biases),
-that the optimizer applies exactly that, and the schedule's values (warmup, then linear decay)."""
+that the optimizer applies exactly that, the schedule's values (warmup, then linear decay), and
+the update guard (a non-finite gradient or update leaves params and optimizer state as they
+were)."""
 
 import dataclasses
 
@@ -7,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 
 from bert_jax import model as model_lib
@@ -99,3 +102,36 @@ def test_schedule_errors():
     optim.learning_rate_schedule(_opt(warmup_steps=100, total_steps=100))
   with pytest.raises(ValueError, match="config.opt.name must be 'adamw' or 'lamb', not 'sgd'"):
     optim.make_optimizer(_opt(name="sgd"))
+
+
+@pytest.mark.parametrize(
+  "tx, grads",
+  [
+    # Adam without eps: 0/0 where a gradient is exactly zero (a finite gradient).
+    (optax.adam(1e-3, eps=0.0), [1.0, 0.0, 2.0]),
+    # A learning rate that overflows float32: a finite gradient, an infinite update.
+    (optax.sgd(3e38), [10.0, 1.0, 2.0]),
+    # A non-finite gradient.
+    (optax.adam(1e-3), [1.0, float("nan"), 2.0]),
+  ],
+  ids=["adam_eps0", "lr_overflow", "nan_gradient"],
+)
+def test_apply_update_skips_a_nonfinite_update(tx, grads):
+  params = {"w": jnp.ones(3), "b": jnp.zeros(2)}
+  state = {"step": jnp.int32(0), "params": params, "opt_state": tx.init(params)}
+  g = {"w": jnp.asarray(grads), "b": jnp.ones(2)}
+  new, metrics = jax.jit(lambda s, g: optim.apply_update(s, g, tx))(state, g)
+  assert float(metrics["nonfinite"]) == 1.0
+  assert int(new["step"]) == 1
+  for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(state), strict=True):
+    if a.ndim:  # params and optimizer state exactly as they were
+      np.testing.assert_array_equal(a, b)
+
+
+def test_apply_update_applies_a_finite_update():
+  tx = optax.adam(1e-3)
+  params = {"w": jnp.ones(3)}
+  state = {"step": jnp.int32(0), "params": params, "opt_state": tx.init(params)}
+  new, metrics = optim.apply_update(state, {"w": jnp.asarray([1.0, 0.0, -2.0])}, tx)
+  assert float(metrics["nonfinite"]) == 0.0
+  np.testing.assert_allclose(new["params"]["w"], [1 - 1e-3, 1.0, 1 + 1e-3], rtol=1e-6)
