@@ -17,6 +17,7 @@ bucket (see `WorkdirLock` for how the lock works without an exclusive create).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -101,6 +102,9 @@ class Preemption:
     if not self._training and not self._multi:
       message = f"{name} received before training started: stopped, nothing to save"
       print(f"{message}; rerun the same command to resume", file=sys.stderr, flush=True)
+      if _deferring:
+        _deferred[:] = [Preempted(message)]
+        return
       raise Preempted(message)
     if first:
       logging.warning("%s received: saving a checkpoint, then exiting", name)
@@ -157,6 +161,25 @@ def read_status(workdir: str) -> dict | None:
 
 
 # ----------------------------------------------------------------------------- lock
+
+
+# Sections that must not be cut by `Preempted` (raised by a signal handler, which runs in the
+# main thread between any two bytecodes whichever thread the signal reached): a signal there
+# raises at the section's end.
+_deferring = 0
+_deferred: list[Preempted] = []
+
+
+@contextlib.contextmanager
+def _preemption_deferred():
+  global _deferring
+  _deferring += 1
+  try:
+    yield
+  finally:
+    _deferring -= 1
+  if not _deferring and _deferred:
+    raise _deferred.pop()
 
 
 def _pid_alive(pid: int) -> bool:
@@ -260,10 +283,13 @@ class WorkdirLock:
     owner = {"host": socket.gethostname(), "pid": os.getpid(), "token": uuid.uuid4().hex}
     workdir = os.path.dirname(self.path)
     for _ in range(3):
-      if self._try_create(owner):
-        self.held, self._owner = True, owner
-        self._thread = threading.Thread(target=self._heartbeat, daemon=True, name="lock")
-        self._thread.start()
+      with _preemption_deferred():  # a file created is a lock held and refreshed
+        created = self._try_create(owner)
+        if created:
+          self.held, self._owner = True, owner
+          self._thread = threading.Thread(target=self._heartbeat, daemon=True, name="lock")
+          self._thread.start()
+      if created:
         return ""
       try:
         other, age = self._read()
@@ -300,7 +326,8 @@ class WorkdirLock:
     if self.held:
       self.held = False
       self._stop.set()
-      self._thread.join()
+      if self._thread is not None and self._thread.ident is not None:  # started
+        self._thread.join()
       if self.remote:
         # Not a lock another trainer took over after a lost refresh.
         try:
@@ -311,7 +338,13 @@ class WorkdirLock:
       self._remove()
 
   def __enter__(self) -> WorkdirLock:
-    self.acquire()
+    try:
+      self.acquire()
+    except BaseException:
+      # A signal while taking the lock (Preempted, before training): `with` will not call
+      # __exit__, so the lock this process may already hold goes here.
+      self.release()
+      raise
     return self
 
   def __exit__(self, *exc: Any) -> None:

@@ -145,8 +145,10 @@ def _preempt_process_1(workdir, data_dir, steps, sig, env=None):
 
 @pytest.mark.slow
 def test_sigterm_to_one_of_two_processes_saves_the_same_step_on_both(tiny_data_dir, tmp_path):
-  """JAX's preemption sync; the rerun ends bit-identical to an uninterrupted 2-process run."""
-  steps = 30
+  """JAX's preemption sync; the rerun ends bit-identical to an uninterrupted 2-process run.
+  (A step of 2 processes over Gloo takes about 0.6 s here: 16 steps leave the signal, sent
+  after step 3, several seconds to land mid-run.)"""
+  steps = 16
   ref = tmp_path / "ref"
   rcs, errs = _finish(_start(_two_process_cmds(ref, tiny_data_dir, steps)))
   assert rcs == [0, 0], errs[0][-2000:] + errs[1][-2000:]
@@ -175,7 +177,7 @@ def test_other_signal_or_no_preemption_service_on_two_processes(
   """SIGHUP (and SIGINT) take JAX's SIGTERM path; with JAX's preemption service disabled the
   processes agree through an allgather of a per-process flag."""
   env = _env(JAX_ENABLE_PREEMPTION_SERVICE=service)
-  _preempt_process_1(tmp_path / "wd", tiny_data_dir, 60, sig, env)
+  _preempt_process_1(tmp_path / "wd", tiny_data_dir, 16, sig, env)
 
 
 def test_signal_before_training_exits_preempted_and_releases_the_lock(tmp_path):
@@ -241,3 +243,21 @@ def test_a_lost_process_ends_the_other_in_one_line(tiny_data_dir, tmp_path):
   status = _status(wd)
   saved = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit())
   assert status["state"] == "peer_lost" and status["step"] == saved[-1] >= 4
+
+
+def test_a_signal_while_taking_the_lock_leaves_no_lock(tmp_path, monkeypatch):
+  """SIGTERM landing the moment the lock file is created (before training, so the handler
+  raises Preempted): the lock is released, not left behind for the rerun to find."""
+  lock = preemption.WorkdirLock(str(tmp_path))
+  create = lock._try_create
+
+  def create_then_signal(owner):
+    made = create(owner)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return made
+
+  monkeypatch.setattr(lock, "_try_create", create_then_signal)
+  with preemption.Preemption(), pytest.raises(preemption.Preempted):
+    with lock:
+      pytest.fail("the signal must stop the run before its body")
+  assert not (tmp_path / preemption.LOCK_FILE).exists()
