@@ -9,8 +9,8 @@ with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
   LONG_DESCRIPTION = f.read()
 
 PLOTS = ["matplotlib>=3.8"]
-# The versions the code is tested with: jax 0.10.2 / flax 0.12.8 here (CPU, the test suite;
-# requirements-lock.txt pins that set), jax 0.11.2 / flax 0.12.10 on a GPU (docs/gpu.md).
+# The versions the code is tested with: jax 0.10.2 / flax 0.12.8 (CPU, the test suite;
+# requirements-lock.txt pins that set). The GPU image (docs/gpu.md) has jax 0.11.2 / flax 0.12.10.
 JAX = ">=0.10.2,<0.12"
 
 setuptools.setup(

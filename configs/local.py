@@ -3,36 +3,27 @@
   bert_jax_train --config=local --workdir=/tmp/bert_local
   python -m bert_jax.main --config=configs/local.py --workdir=/tmp/bert_local  # from a checkout
 
-Hardware: 2 CPU cores; bfloat16 compute where the CPU has AVX512-BF16 or AMX (/proc/cpuinfo,
-the benchmark's rule), float32 elsewhere (bf16 is emulated there, and slower). Time: 3 min 19 s
-from a fresh clone to the last line, venv and pip install included, at 38 steps/s (2-core AMD
-EPYC Zen 5 with AVX512-BF16 shared with other jobs, load 4-5, 2026-11-26; the previous default,
-10k steps of batch 8 in float32, took 3 min 11 s there). Reaches held-out MLM accuracy 34.2%
-(31.2% at [MASK], perplexity 52) after 6k steps, the same every run; on the same held-out masks
-the count-based neighbour reference gets 31.0% (27.1%; `python references/ngram_reference.py
-WORKDIR`) and always predicting the most frequent target 9.5%. The held-out split is one
-document (451 masked targets, about +-2 points): over 10 mask draws of it the model averages
-35.9% and the reference 31.0%, the model ahead on every draw (by 3 to 10 points).
+Hardware: 2 CPU cores; bfloat16 compute where the CPU has AVX512-BF16 or AMX (/proc/cpuinfo),
+float32 elsewhere (bf16 is emulated there, and slower). Time: 2 min 10 s from a fresh clone to
+the last line, venv and pip install (from a warm pip cache) included, at about 71 steps/s
+(2-core AMD EPYC Zen 5 with AVX512-BF16, load 1.3, 2026-11-26). Metric: held-out MLM accuracy
+35.9% (32.3% at [MASK], perplexity 49.7) after 6k steps, the same every run; on the same
+held-out masks the count-based neighbour reference gets 31.0% (27.1% at [MASK];
+`python references/ngram_reference.py WORKDIR`) and always predicting the most frequent target
+9.5%. The held-out split is one document (451 masked targets, about +-2 points).
 
 On first use it trains a 4,096-token WordPiece vocab on bert_jax/data/sample_public_domain.txt
 (400 KB, 15 documents; NOTICE) and packs it into sequences of up to 64 tokens, then trains
 BERT-tiny (2 layers, hidden 128) for 6,000 steps of batch 16, evaluates on the held-out
 document (George Washington's 1790 address to Congress) and prints fill_mask predictions for
-two sentences cut from that document and two written for this demo (in no document):
-
-  representatives 0.22 / states 0.82 / hare 0.57 / rabbit 0.62 (the top answers, in order)
+two sentences cut from that document and two written for this demo (in no document); the top
+answers: representatives / states / hare / rabbit.
 
 The objective is the paper's "No NSP" row (Table 5) with dynamic masking, as RoBERTa: on 15
 documents NSP memorises its pairs and holds MLM back (docs/history.md); MLM+NSP is
-`--config.objective.nsp=True`.
-
-Departures from BERT's recipe, each measured on this run (held-out accuracy, one run each):
-no dropout (a 3-minute run underfits: 29.9% without, 22.6% with dropout 0.1 at the previous
-recipe; 35.7% vs 32.6% at batch 32), initializer std 0.05 instead of 0.02 (the model leaves
-its unigram plateau after ~1k steps instead of ~2k: 35.7% vs 29.0% at batch 32), batch 16 at
-lr 1.4e-3 (lr 2e-3 left the plateau late: 29.3%). Batch 32 (lr 2e-3, 3k steps) is as accurate
-(35.7%) but slower here, its larger buffers page-faulting without huge-page malloc; training
-longer only fits the training text better (batch 32, 4k steps: 50% train, 35.2% held-out).
+`--config.objective.nsp=True`. Departures from BERT's recipe for a 2-minute CPU run: no
+dropout, initializer std 0.05 (not 0.02), batch 16 at lr 1.4e-3; the measurements behind each
+are in docs/history.md.
 
 ARG: `size=NAME` (default tiny) and `steps=N` (default 6000).
 """
