@@ -470,3 +470,14 @@ def test_eval_accuracy_at_mask_counts_only_mask_replaced_targets():
   assert float(sums["mlm_at_mask_correct"]) == n_mask
   summary = objectives.summarize({k: float(v) for k, v in sums.items() if k != "target_hist"})
   assert summary["mlm_accuracy_at_mask"] == 1.0
+
+
+def test_a_run_that_never_leaves_its_majority_baseline_says_so(tiny_data_dir, tmp_path, capsys):
+  """Two steps of a random model: held-out accuracy is at most the majority baseline, and both
+  the eval line and the run's closing line say so (a run that 'finished' without learning)."""
+  c = tiny_config(tiny_data_dir, **{"opt.total_steps": 2, "eval.every_steps": 2})
+  out = train.train_and_evaluate(c, str(tmp_path / "wd"))
+  assert out["eval"]["mlm_accuracy"] <= out["eval"]["mlm_majority_baseline"]
+  printed = capsys.readouterr().out
+  assert "is not above the majority baseline" in printed
+  assert "Finished, but held-out mlm_accuracy ended at or below its majority baseline" in printed

@@ -22,3 +22,5 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/env.txt" 2>&1
 python3 -m pip list 2>/dev/null | grep -i -E "^(jax|jaxlib|jax-cuda.*|flax|optax|orbax.*|torch|transformers|grain) " >>"$OUT/env.txt"
 timeout 590 python3 -m bert_jax.benchmark --gpu --json_out="$OUT/gpu.jsonl" "$@" 2>&1 | tee "$OUT/gpu.log"
+# The first three losses of the Base 128 x 256 step against the CPU's (tools/gpu/cpu_losses.json).
+python3 tools/gpu/cpu_reference.py --compare="$OUT/gpu.jsonl" 2>&1 | tee "$OUT/losses.txt"
