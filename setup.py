@@ -53,7 +53,7 @@ setuptools.setup(
     "protobuf",
   ],
   extras_require={
-    "test": ["pytest>=8", "ruff>=0.6", *PLOTS],  # the tests check report's plots too
+    "test": ["pytest>=8", "pytest-xdist>=3.5", "ruff>=0.6", *PLOTS],  # report's plots are tested
     "tfds": ["tensorflow-datasets>=4.9.10"],  # create_data --tfds_name
     "plots": PLOTS,  # report's loss plots
     "tpu": [f"jax[tpu]{JAX}"],

@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 from jax import ad_checkpoint
 
-from bert_jax import kernels
+from bert_jax import kernels, params_tree
 from bert_jax import model as model_lib
-from bert_jax import params_tree
 from bert_jax.model import BertConfig, BertForPreTraining, BertModel
 
 TINY = BertConfig(
