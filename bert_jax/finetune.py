@@ -507,11 +507,11 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
 
 
 def _baseline(task: tasks_lib.Task, data: dict, seeds: list[dict]) -> dict[str, Any]:
-  """results.json's baseline (tasks.metrics.baseline) with the seeds at or below it."""
+  """results.json's baseline (tasks.kinds.baseline) with the seeds at or below it."""
   from bert_jax.tasks import metrics
 
   evals = {s: data[s][1].rows for s in ("dev", "test") if data[s] is not None}
-  base = metrics.baseline(task.kind, task.metrics, task.labels, data["train"][1].rows, evals)
+  base = kinds.baseline(task.kind, task.metrics, task.labels, data["train"][1].rows, evals)
   if base["name"] != "none":
     base["at_or_below"] = {
       s: metrics.at_or_below(base, [r[s] for r in seeds], s, task.main_metric) for s in evals

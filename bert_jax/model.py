@@ -154,7 +154,7 @@ REMAT_POLICIES = {
 
 
 # dropout_rng='auto' per platform, each from a measurement on that platform:
-# - cpu: 'hash'. scripts/lockstep_ab.py --size=tiny --layers=0 --rounds=12 --turn_s=3 (bf16,
+# - cpu: 'hash'. tools/probes/lockstep_ab.py --size=tiny --layers=0 --rounds=12 --turn_s=3 (bf16,
 #   seq 128, batch 32), step time over hash's: rbg 1.125, threefry 1.047 (medians).
 # - tpu: 'hash'. bert_jax.aot, BERT-Base (scanned layers) bf16, 256 x 128 on v5e-16, mesh
 #   (1,16,1): temporaries per device threefry 1.81, hash 1.81, rbg 1.92 GiB (XLA's
@@ -174,7 +174,7 @@ DROPOUT_RNG_AUTO = {"cpu": "hash", "tpu": "hash", "gpu": "threefry"}
 #       xla 1.78, explicit 1.78, explicit_lowp 1.67 GiB.
 #     S=512, batch 64: with explicit 2.58, explicit_lowp 2.30 GiB; without xla 2.44,
 #       explicit_lowp 1.87 GiB.
-# - cpu: scripts/lockstep_ab.py, bf16, step time of B over A (medians of 12-16 rounds):
+# - cpu: tools/probes/lockstep_ab.py, bf16, step time of B over A (medians of 12-16 rounds):
 #     without attention dropout, explicit_lowp over xla: BERT-tiny S=128 batch 32 0.935,
 #       S=512 batch 8 0.882; 4-layer Base S=128 0.860; over explicit: tiny S=512 0.948.
 #       (float32, where explicit_lowp is explicit: over xla, tiny S=128 1.004.)

@@ -177,7 +177,7 @@ def test_majority_class_baseline_hand_checked():
   # 1 = 2*2 / (2*2 + 3 + 0) = 4/7; test holds an unlabelled row (-1): no baseline there.
   train, dev = _rows([1, 0, 1, 0, 1]), _rows([1, 1, 0, 0, 0])
   test = _rows([1, -1])
-  b = metrics.baseline(
+  b = kinds.baseline(
     "classification", ("accuracy", "f1"), ("neg", "pos"), train, {"dev": dev, "test": test}
   )
   assert b["name"] == "majority class" and b["prediction"] == "pos"
@@ -201,7 +201,7 @@ def test_majority_class_baseline_hand_checked():
 
 def test_other_kinds_baselines():
   # Regression: the train mean (2.0) for every row; a constant correlates 0.0.
-  reg = metrics.baseline(
+  reg = kinds.baseline(
     "regression",
     ("pearson", "spearman"),
     (),
@@ -213,7 +213,7 @@ def test_other_kinds_baselines():
   # are not words. dev words: O O B-X -> token accuracy 2/3, entity F1 0.
   labels = ("B-X", "O")
   ids = lambda *x: {"label_ids": np.array(x, np.int32)}
-  tag = metrics.baseline(
+  tag = kinds.baseline(
     "tagging",
     ("entity_f1", "token_accuracy"),
     labels,
@@ -223,7 +223,7 @@ def test_other_kinds_baselines():
   assert tag["name"] == "majority tag" and tag["prediction"] == "O"
   assert tag["dev"]["token_accuracy"] == pytest.approx(2 / 3) and tag["dev"]["entity_f1"] == 0.0
   # Multiple choice: chance, the mean of 1 / choices (rows of 4 and of 2 choices).
-  mc = metrics.baseline(
+  mc = kinds.baseline(
     "multiple_choice",
     ("accuracy",),
     (),
@@ -237,6 +237,6 @@ def test_other_kinds_baselines():
   )
   assert mc == {"name": "chance", "prediction": None, "dev": {"accuracy": (1 / 4 + 1 / 2) / 2}}
   # Span QA: none applies, and the printed line says so.
-  qa = metrics.baseline("span_qa", ("f1", "exact_match"), (), [], {"dev": []})
+  qa = kinds.baseline("span_qa", ("f1", "exact_match"), (), [], {"dev": []})
   assert qa["name"] == "none"
   assert metrics.baseline_note(qa, "dev", "f1", [], 3).startswith("; no baseline (")

@@ -147,6 +147,8 @@ class Kind:
   hf_problem_type: str | None = None  # config.json's problem_type when it must be written
   hf_id2label: tuple[str, ...] = ()  # the id2label export writes for an unlabelled kind
   hf_num_labels: int | None = None  # the num_labels HF's class needs of an unlabelled kind
+  # What a model that learned nothing scores (tasks.metrics' *_baseline functions).
+  baseline: Callable[..., dict[str, Any]] = metrics_lib.majority_class_baseline
 
   @property
   def labelled(self) -> bool:
@@ -179,6 +181,7 @@ KINDS: dict[str, Kind] = {
       hf_class="BertForSequenceClassification",
       hf_problem_type="regression",
       hf_id2label=("LABEL_0",),  # HF's name for output 0
+      baseline=metrics_lib.train_mean_baseline,
     ),
     Kind(
       name="tagging",
@@ -191,6 +194,7 @@ KINDS: dict[str, Kind] = {
       score=_score_tags,
       hf_class="BertForTokenClassification",
       hf_pooler=False,
+      baseline=metrics_lib.majority_tag_baseline,
     ),
     Kind(
       name="span_qa",
@@ -206,6 +210,7 @@ KINDS: dict[str, Kind] = {
       hf_class="BertForQuestionAnswering",
       hf_pooler=False,
       hf_num_labels=2,  # its qa_outputs size (HF's default id2label)
+      baseline=metrics_lib.no_baseline,
     ),
     Kind(
       name="multiple_choice",
@@ -215,6 +220,7 @@ KINDS: dict[str, Kind] = {
       loss=_class_loss,
       score=_score_classes,
       hf_class="BertForMultipleChoice",
+      baseline=metrics_lib.chance_baseline,
     ),
   )
 }
@@ -225,6 +231,18 @@ def get(kind: Any, source: str = "task.kind") -> Kind:
   if not isinstance(kind, str) or kind not in KINDS:
     raise ValueError(f"{source}: unknown task kind {kind!r} (one of {', '.join(KINDS)})")
   return KINDS[kind]
+
+
+def baseline(
+  kind: str,
+  names: Sequence[str],
+  labels: Sequence[str],
+  train_rows: Sequence[dict[str, Any]],
+  eval_rows: dict[str, Sequence[dict[str, Any]]],
+) -> dict[str, Any]:
+  """What a model that learned nothing scores on each split, for a task kind (`Kind.baseline`:
+  majority class, majority tag, train mean, chance, or none for span QA)."""
+  return get(kind).baseline(names, labels, train_rows, eval_rows)
 
 
 def default_metrics(kind: str, labels: Sequence[str] = ()) -> tuple[str, ...]:

@@ -6,7 +6,7 @@ everywhere except `entity_f1(gold, pred)`, which keeps seqeval's (y_true, y_pred
 
   compute(("accuracy", "f1"), preds, golds) -> {"accuracy": 0.84, "f1": 0.88}
   summarize([0.81, 0.83, 0.80]) -> {"mean", "std" (ddof=1), "median", "min", "max", "n"}
-  baseline("classification", ("accuracy",), ("neg", "pos"), train_rows, {"dev": dev_rows})
+  majority_class_baseline(("accuracy",), ("neg", "pos"), train_rows, {"dev": dev_rows})
     -> {"name": "majority class", "prediction": "pos", "dev": {"accuracy": 0.6081}}
 """
 
@@ -235,56 +235,63 @@ def summarize_seeds(seed_rows: Sequence[dict[str, float]]) -> dict[str, dict[str
 BASELINE_EPS = 1e-9
 
 
-def baseline(
-  kind: str,
-  names: Sequence[str],
-  labels: Sequence[str],
-  train_rows: Sequence[dict[str, Any]],
-  eval_rows: dict[str, Sequence[dict[str, Any]]],
-) -> dict[str, Any]:
-  """What a model that learned nothing scores, to read each fine-tuned score against:
+# What a model that learned nothing scores, per task kind (tasks.kinds.Kind.baseline; the
+# registry's `baseline(kind, ...)` picks one), to read each fine-tuned score against. Each takes
+# (names, labels, train_rows, eval_rows): the task's metrics, its labels, the encoded train rows
+# and {split: encoded rows} (tasks.encode: `label`, `label_ids`, `input_ids`), and returns
+# {"name", "prediction", split: {metric: value}}, computed as the task's scores are; an
+# unlabelled split gets {}.
 
-    classification   always the train split's most frequent class ("majority class")
-    tagging          every word the train split's most frequent tag ("majority tag")
-    regression       always the train mean ("train mean": a constant correlates 0.0)
-    multiple_choice  a uniform guess ("chance": the mean of 1 / choices)
-    span_qa          none applies
 
-  `train_rows` / `eval_rows[split]` are encoded rows (tasks.encode: `label`, `label_ids`,
-  `input_ids`). Returns {"name", "prediction", split: {metric: value}}; an unlabelled split
-  gets {}. The same metrics (`names`) as the task's scores, computed the same way."""
-  if kind == "span_qa":
-    return {"name": "none", "why": "no trivial answer predictor applies to span QA"}
-  out: dict[str, Any] = {}
-  if kind == "multiple_choice":
-    out = {"name": "chance", "prediction": None}
-    for split, rows in eval_rows.items():
-      labelled = [r for r in rows if int(r["label"]) >= 0]
-      chance = float(np.mean([1.0 / np.shape(r["input_ids"])[0] for r in labelled] or [np.nan]))
-      out[split] = {"accuracy": chance} if labelled and "accuracy" in names else {}
-    return out
-  if kind == "tagging":
-    train = np.concatenate([np.asarray(r["label_ids"]).reshape(-1) for r in train_rows])
-    tag = int(np.bincount(train[train >= 0]).argmax())
-    out = {"name": "majority tag", "prediction": labels[tag]}
-    for split, rows in eval_rows.items():
-      golds = [[labels[i] for i in np.asarray(r["label_ids"])[r["label_ids"] >= 0]] for r in rows]
-      preds = [[labels[tag]] * len(g) for g in golds]
-      out[split] = compute(names, preds, golds) if any(golds) else {}
-    return out
+def no_baseline(names, labels, train_rows, eval_rows) -> dict[str, Any]:
+  """Span QA: no trivial answer predictor applies."""
+  return {"name": "none", "why": "no trivial answer predictor applies to span QA"}
+
+
+def chance_baseline(names, labels, train_rows, eval_rows) -> dict[str, Any]:
+  """Multiple choice: a uniform guess ("chance": the mean of 1 / choices)."""
+  out: dict[str, Any] = {"name": "chance", "prediction": None}
+  for split, rows in eval_rows.items():
+    labelled = [r for r in rows if int(r["label"]) >= 0]
+    chance = float(np.mean([1.0 / np.shape(r["input_ids"])[0] for r in labelled] or [np.nan]))
+    out[split] = {"accuracy": chance} if labelled and "accuracy" in names else {}
+  return out
+
+
+def majority_tag_baseline(names, labels, train_rows, eval_rows) -> dict[str, Any]:
+  """Tagging: every word gets the train split's most frequent tag ("majority tag")."""
+  train = np.concatenate([np.asarray(r["label_ids"]).reshape(-1) for r in train_rows])
+  tag = int(np.bincount(train[train >= 0]).argmax())
+  out: dict[str, Any] = {"name": "majority tag", "prediction": labels[tag]}
+  for split, rows in eval_rows.items():
+    golds = [[labels[i] for i in np.asarray(r["label_ids"])[r["label_ids"] >= 0]] for r in rows]
+    preds = [[labels[tag]] * len(g) for g in golds]
+    out[split] = compute(names, preds, golds) if any(golds) else {}
+  return out
+
+
+def majority_class_baseline(names, labels, train_rows, eval_rows) -> dict[str, Any]:
+  """Classification: always the train split's most frequent class ("majority class")."""
   train = np.array([r["label"] for r in train_rows])
-  if kind == "regression":
-    value: Any = float(np.mean(train[np.isfinite(train)]))
-    out = {"name": "train mean", "prediction": value}
-  elif kind == "classification":
-    value = int(np.bincount(train[train >= 0].astype(np.int64)).argmax())
-    out = {"name": "majority class", "prediction": labels[value] if labels else value}
-  else:
-    raise ValueError(f"no baseline for task kind {kind!r}")
+  value = int(np.bincount(train[train >= 0].astype(np.int64)).argmax())
+  name = {"name": "majority class", "prediction": labels[value] if labels else value}
+  return {**name, **_constant_scores(names, value, eval_rows, lambda gold: gold >= 0)}
+
+
+def train_mean_baseline(names, labels, train_rows, eval_rows) -> dict[str, Any]:
+  """Regression: always the train mean ("train mean": a constant correlates 0.0)."""
+  train = np.array([r["label"] for r in train_rows])
+  value = float(np.mean(train[np.isfinite(train)]))
+  name = {"name": "train mean", "prediction": value}
+  return {**name, **_constant_scores(names, value, eval_rows, np.isfinite)}
+
+
+def _constant_scores(names, value, eval_rows, labelled) -> dict[str, dict[str, float]]:
+  """Each split's metrics of predicting `value` for every row ({} if a row is unlabelled)."""
+  out = {}
   for split, rows in eval_rows.items():
     gold = np.array([r["label"] for r in rows])
-    labelled = np.isfinite(gold) if kind == "regression" else gold >= 0
-    if not labelled.all():
+    if not labelled(gold).all():
       out[split] = {}
       continue
     out[split] = compute(names, np.full(gold.shape, value, gold.dtype), gold)
