@@ -66,9 +66,10 @@ def test_build_step_is_the_trainers_jitted_step(monkeypatch):
   spy("create_state")
   config = step.bench_config("tiny", 32, 2, "float32", {"hidden_dropout_prob": 0.0})
   s = step.build_step(config)
-  # Lowered against the abstract state; the state made by create_state's own sharded init
-  # (state_init_fn under sharding.sharded_init), compiled with the step, run after it.
-  assert calls == ["abstract_state", "jit_train_step", "state_init_fn"]
+  # Lowered against the abstract state (which traces state_init_fn abstractly); the state made
+  # by create_state's own init (state_init_fn under sharding.sharded_init), compiled with the
+  # step and run after it; create_state itself (init compiled and run first) never.
+  assert calls == ["abstract_state", "state_init_fn", "jit_train_step", "state_init_fn"]
   assert s.init is not None and s.init_compile_s > 0
   # The trainer's model config, its kernels resolved for this (CPU) backend as train does.
   assert s.cfg == model_lib.resolve_kernels(train.bert_config(config), "cpu")

@@ -428,7 +428,12 @@ def parse_trace(path: str, hlo_text: str | None, steps: int) -> dict[str, Any]:
 
   data = jax.profiler.ProfileData.from_file(path)
   hlo = HloIndex(hlo_text) if hlo_text else None
-  return summarize(trace_events(data.planes), hlo, steps)
+  events = trace_events(data.planes)
+  if not events:
+    raise RuntimeError(
+      f"{path}: no device kernels and no XLA ops in the trace (on a GPU: is CUPTI there?)"
+    )
+  return summarize(events, hlo, steps)
 
 
 def profile_step(
