@@ -270,6 +270,10 @@ def test_gpu_cli_dry_run_prints_the_plan_and_empty_variants_mean_none(tmp_path):
   stdout, recs = plan()
   (p,) = [r for r in recs if r["kind"] == "gpu_plan"]
   assert any(x["role"] == "variant" for x in p["plans"])
+  # Our variants that do not fit wait on standby (built only if time is left), not skipped.
+  assert p["standby"] and not {x["id"] for x in p["plans"]} & set(p["standby"])
+  assert all(i.startswith("ours") for i in p["standby"])
+  assert not {r["id"] for r in recs if r["kind"] == "skipped"} & set(p["standby"])
   assert "| 0 | ours bert_jax pretrain base 128 x 256 | shape |" in stdout
   assert "planned end" in stdout
   stdout, recs = plan("--variants=", "--shapes=base128,large512", "--torch_modes=")
