@@ -410,13 +410,13 @@ def ensure_built(config, workdir: str) -> str:
   from bert_jax import tokenizer as tokenizer_lib
   from bert_jax.input_pipeline import read_metadata
 
-  check_source(config)
   if not config.data.dir and files.is_remote(workdir):
     raise ValueError(
       f"workdir {workdir} is on an object store, where <workdir>/data cannot be built "
       "(ArrayRecord reads local files only): build config.data.input with python -m "
       "bert_jax.create_data into a local directory on every host and set config.data.dir to it"
     )
+  check_source(config)
   if config.data.dir:
     return config.data.dir
   data_dir = os.path.join(workdir, "data")
