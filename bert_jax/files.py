@@ -78,6 +78,21 @@ def as_path(path: PathLike, what: str = "path") -> epath.Path:
   return epath.Path(text)
 
 
+def as_dir(path: PathLike, what: str = "directory") -> epath.Path:
+  """`as_path` for a directory a run creates or reuses: a local path that is a file, or lies
+  under one, is one line naming it (ValueError), before anything is created."""
+  out = as_path(path, what)
+  if is_remote(path):  # an object store has no files in the way of a prefix
+    return out
+  text, probe = os.fspath(path), os.fspath(out)
+  while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+    probe = os.path.dirname(probe)
+  if not os.path.isdir(probe):
+    where = "" if probe == os.fspath(out) else f"{probe} "
+    raise ValueError(f"{what} {text}: {where}is a file, not a directory")
+  return out
+
+
 def root_cause(error: BaseException) -> str:
   """The innermost exception on one line: TensorStore's own message says what is wrong."""
   while error.__cause__ or error.__context__:

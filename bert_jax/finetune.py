@@ -353,7 +353,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 def run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """One recipe, every seed, in `workdir`. Everything a user can get wrong (config, checkpoint,
   task files) is checked before the workdir is touched."""
-  workdir = str(files.as_path(workdir, "workdir"))  # one line for an unservable scheme
+  workdir = str(files.as_dir(workdir, "--workdir"))  # an unservable scheme or a file: one line
   if files.is_remote(workdir):
     raise ValueError(
       f"--workdir={workdir}: fine-tuning writes its best/ params dir and predictions with "

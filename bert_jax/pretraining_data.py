@@ -367,6 +367,29 @@ def build_options(config) -> dict[str, Any]:
   }
 
 
+def check_source(config) -> None:
+  """One line, before a run creates anything, when its data cannot be read: `config.data.dir`
+  without metadata.json or on an object store, `config.data.input` matching no file, or
+  neither set."""
+  from bert_jax import files
+
+  if config.data.dir and files.is_remote(config.data.dir):
+    raise ValueError(
+      f"config.data.dir={config.data.dir}: ArrayRecord reads local files only; copy the data to "
+      "local disk on every host (e.g. gcloud storage cp -r) and set config.data.dir to the copy"
+    )
+  if config.data.dir:
+    if not os.path.isfile(os.path.join(config.data.dir, "metadata.json")):
+      raise FileNotFoundError(
+        f"config.data.dir={config.data.dir} has no metadata.json: build it with "
+        "python -m bert_jax.create_data"
+      )
+    return
+  if not config.data.input:
+    raise ValueError("set config.data.dir (a create_data output) or config.data.input (text)")
+  corpus.expand_inputs(config.data.input, "--config.data.input")
+
+
 def ensure_built(config, workdir: str) -> str:
   """The dataset directory of a training run: `config.data.dir`, or `config.data.input` built
   into `<workdir>/data` on first use, with a WordPiece vocab of `config.data.train_vocab_size`
@@ -387,26 +410,15 @@ def ensure_built(config, workdir: str) -> str:
   from bert_jax import tokenizer as tokenizer_lib
   from bert_jax.input_pipeline import read_metadata
 
-  if config.data.dir and files.is_remote(config.data.dir):
-    raise ValueError(
-      f"config.data.dir={config.data.dir}: ArrayRecord reads local files only; copy the data to "
-      "local disk on every host (e.g. gcloud storage cp -r) and set config.data.dir to the copy"
-    )
   if not config.data.dir and files.is_remote(workdir):
     raise ValueError(
       f"workdir {workdir} is on an object store, where <workdir>/data cannot be built "
       "(ArrayRecord reads local files only): build config.data.input with python -m "
       "bert_jax.create_data into a local directory on every host and set config.data.dir to it"
     )
+  check_source(config)
   if config.data.dir:
-    if not os.path.isfile(os.path.join(config.data.dir, "metadata.json")):
-      raise FileNotFoundError(
-        f"config.data.dir={config.data.dir} has no metadata.json: build it with "
-        "python -m bert_jax.create_data"
-      )
     return config.data.dir
-  if not config.data.input:
-    raise ValueError("set config.data.dir (a create_data output) or config.data.input (text)")
   data_dir = os.path.join(workdir, "data")
   options = build_options(config)
   n_vocab = config.data.train_vocab_size

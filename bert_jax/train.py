@@ -284,7 +284,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   `workdir` is a local path or gs://bucket/path (any other scheme, or gs:// without its
   packages, is one line before any compute). A signal before the first step (building data,
   training a vocab, restoring) raises `preemption.Preempted`, the lock released."""
-  workdir = str(files.as_path(workdir, "workdir"))
+  workdir = str(files.as_dir(workdir, "workdir"))
+  pretraining_data.check_source(config)  # unreadable data: one line, nothing created
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   with preemption_lib.Preemption() as preempt, preemption_lib.WorkdirLock(workdir) as lock:
     unregister = multihost.on_cleanup(lambda: _peer_lost(workdir, config, lock))

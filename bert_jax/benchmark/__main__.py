@@ -56,6 +56,8 @@ _SIZES = flags.DEFINE_list(
   "Model sizes (bert_jax.model.SIZES, and 'minilm': 6 layers, hidden 384, 12 heads).",
 )
 _SEQS = flags.DEFINE_list("seqs", ["128"], "Sequence lengths.")
+cli.check_flag(_SIZES, lambda names: [sizes.size_fields(s) for s in names])
+cli.check_flag(_SEQS, lambda seqs: [_seq(s) for s in seqs])
 _BATCH = flags.DEFINE_integer("batch", 32, "Global batch (sequences).")
 _DTYPES = flags.DEFINE_list(
   "dtypes",
@@ -164,6 +166,12 @@ _TORCH_MODES = flags.DEFINE_list(
 _GPU_WORKER = flags.DEFINE_string("gpu_worker", None, "Internal: our side of --gpu (JSON spec).")
 
 
+def _seq(text: str) -> int:
+  if not text.strip().isdigit() or int(text) < 1:
+    raise ValueError(f"--seqs: {text!r} is not a sequence length (a positive integer)")
+  return int(text)
+
+
 def _peer_list(peer_python: str) -> list[tuple[str, str]]:
   """--peer_list (or the default peers) that `peer_python` can run; the others are skipped
   with a note."""
@@ -239,9 +247,7 @@ def main(argv: list[str]) -> None:
   if _GPU.value or _GPU_SMOKE.value:
     _gpu()
     return
-  for s in _SIZES.value:
-    sizes.size_fields(s)  # an unknown size: one line naming the known ones
-  seqs = [int(s) for s in _SEQS.value]
+  seqs = [_seq(s) for s in _SEQS.value]
   variants = [{}] + (suite.parse_variants(_VARIANTS.value) if _VARIANTS.value else [])
   peer_python = _PEER_PYTHON.value or sys.executable
   peer_list = _peer_list(peer_python) if _PEERS.value else []
