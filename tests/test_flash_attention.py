@@ -1,0 +1,211 @@
+"""bert_jax.flash_attention in Pallas' interpreter: the same outputs and gradients as the
+explicit attention (model.explicit_attention) with the same mask and the same hash dropout
+(model.Dropout with dropout_rng='hash'), on one device and sharded; and the kernels lower for
+CUDA through Pallas' Triton backend."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bert_jax import kernels
+from bert_jax import model as model_lib
+from bert_jax import sharding as sh
+from bert_jax.flash_attention import flash_attention
+
+GRADS = ("dq", "dk", "dv")
+
+
+def _inputs(b, q_len, s, h, k, dtype=jnp.float32, seed=0):
+  kq, kk, kv, kg = jax.random.split(jax.random.key(seed), 4)
+  q = jax.random.normal(kq, (b, q_len, h, k), jnp.float32).astype(dtype)
+  keys = jax.random.normal(kk, (b, s, h, k), jnp.float32).astype(dtype)
+  values = jax.random.normal(kv, (b, s, h, k), jnp.float32).astype(dtype)
+  cotangent = jax.random.normal(kg, (b, q_len, h, k), jnp.float32).astype(dtype)
+  return q, keys, values, cotangent
+
+
+def _input_mask(b, s):
+  """Row 0 whole, row 1 padded after 3/5 of its keys, row 2 (if any) all padding: its rows are
+  fully masked."""
+  mask = np.ones((b, s), np.int32)
+  mask[1, (3 * s) // 5 :] = 0
+  if b > 2:
+    mask[2] = 0
+  return jnp.asarray(mask)
+
+
+def _hash_dropout(rate, key):
+  """model.Dropout with dropout_rng='hash' bound to `key`, and the seed words its first mask
+  hashes with (its first make_rng)."""
+  drop = lambda: model_lib.Dropout(rate, "hash").bind({}, rngs={"dropout": key})
+  return drop(), kernels.hash_seed(drop().make_rng("dropout"))
+
+
+def explicit(q, k, v, input_mask, causal, positions, rate, key):
+  drop = _hash_dropout(rate, key)[0] if rate > 0 else None
+  mask = model_lib.attention_mask(input_mask, causal, positions)
+  return model_lib.explicit_attention(q, k, v, mask, model_lib.XLA_OPS, drop)[0]
+
+
+def flash(q, k, v, input_mask, causal, positions, rate, key, **kw):
+  seed = _hash_dropout(rate, key)[1] if rate > 0 else None
+  return flash_attention(
+    q,
+    k,
+    v,
+    input_mask,
+    causal=causal,
+    query_positions_BQ=positions,
+    dropout_rate=rate,
+    dropout_seed=seed,
+    interpret=True,
+    **kw,
+  )
+
+
+def _out_and_grads(fn, q, k, v, g, *args):
+  """fn's output and the VJP of <output, g> with respect to q, k, v (one compile)."""
+
+  @jax.jit
+  def run(q, k, v, g):
+    out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, *args), q, k, v)
+    return out, vjp(g)
+
+  return run(q, k, v, g)
+
+
+def _assert_close(got, want, what, atol, rtol=0.0):
+  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  np.testing.assert_allclose(got, want, atol=atol, rtol=rtol, err_msg=what)
+
+
+# (B, Q, S, H, K, causal, pruned queries, dropout rate). 'pad': S=40 is not a multiple of the
+# 16-key tile (padded keys must stay out of a fully masked row's uniform softmax). 'pruned':
+# queries at [CLS] + 20 positions (Q=21 padded to 32 inside), as the pruned last layer;
+# 'pruned_causal' the same under the causal mask, with a head dim (24) padded to 32.
+CASES = {
+  "pad": (3, 40, 40, 2, 16, False, False, 0.2),
+  "causal_nodrop": (3, 64, 64, 2, 32, True, False, 0.0),
+  "pruned": (2, 21, 64, 2, 16, False, True, 0.2),
+  "pruned_causal": (3, 21, 64, 2, 24, True, True, 0.1),
+}
+
+
+def _positions(b, q_len, s, seed=7):
+  """[CLS] then q_len - 1 distinct positions per row, unsorted (as the masked positions)."""
+  rng = np.random.default_rng(seed)
+  rows = [np.concatenate([[0], rng.permutation(np.arange(1, s))[: q_len - 1]]) for _ in range(b)]
+  return jnp.asarray(np.stack(rows), jnp.int32)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_equals_explicit_attention_float32(case):
+  b, q_len, s, h, k, causal, pruned, rate = CASES[case]
+  q, keys, values, g = _inputs(b, q_len, s, h, k)
+  input_mask = _input_mask(b, s)
+  positions = _positions(b, q_len, s) if pruned else None
+  key = jax.random.key(11)
+  args = (input_mask, causal, positions, rate, key)
+  want, want_grads = _out_and_grads(explicit, q, keys, values, g, *args)
+  got, got_grads = _out_and_grads(flash, q, keys, values, g, *args)
+  _assert_close(got, want, "output", atol=2e-6, rtol=1e-5)
+  for name, x, y in zip(GRADS, got_grads, want_grads, strict=True):
+    _assert_close(x, y, name, atol=5e-6, rtol=1e-5)
+  # Fully masked rows (row 2) are uniform over the S keys, as the explicit path's softmax.
+  if b > 2 and rate == 0.0:
+    _assert_close(got[2], jnp.broadcast_to(values[2].mean(0), got[2].shape), "uniform", 1e-5)
+
+
+def test_equals_explicit_attention_bfloat16():
+  b, q_len, s, h, k = 3, 64, 64, 2, 32
+  q, keys, values, g = _inputs(b, q_len, s, h, k, jnp.bfloat16)
+  args = (_input_mask(b, s), False, None, 0.2, jax.random.key(5))
+  want, want_grads = _out_and_grads(explicit, q, keys, values, g, *args)
+  got, got_grads = _out_and_grads(flash, q, keys, values, g, *args)
+  assert got.dtype == jnp.bfloat16 and all(x.dtype == jnp.bfloat16 for x in got_grads)
+  # bf16 rounds at 2**-8 relative: the probabilities and ds are rounded to bf16 before their
+  # dots in the kernels, where the explicit path's backward dots see float32 cotangents.
+  scale = lambda x: float(jnp.abs(x.astype(jnp.float32)).max())
+  _assert_close(got, want, "output", atol=2e-2 * scale(want))
+  for name, x, y in zip(GRADS, got_grads, want_grads, strict=True):
+    _assert_close(x, y, name, atol=3e-2 * scale(y))
+
+
+def test_dropout_masks_follow_the_key_and_rate_zero_is_no_dropout():
+  b, q_len, s, h, k = 2, 32, 32, 2, 16
+  q, keys, values, _ = _inputs(b, q_len, s, h, k)
+  input_mask = _input_mask(b, s)
+
+  run = jax.jit(
+    lambda seed: flash_attention(
+      q, keys, values, input_mask, dropout_rate=0.3, dropout_seed=seed, interpret=True
+    )
+  )
+  seeds = [_hash_dropout(0.3, jax.random.key(i))[1] for i in (1, 2)]
+  one, two = run(seeds[0]), run(seeds[1])
+  none = flash(q, keys, values, input_mask, False, None, 0.0, None)
+  want_none = explicit(q, keys, values, input_mask, False, None, 0.0, None)
+  _assert_close(none, want_none, "rate 0", atol=2e-6, rtol=1e-5)
+  for dropped in (one, two):
+    assert float(jnp.abs(dropped - none).max()) > 0.1
+  assert float(jnp.abs(one - two).max()) > 0.1
+  # Each key's mask is keep_mask's: the explicit path with that key gives the same output.
+  _assert_close(one, explicit(q, keys, values, input_mask, False, None, 0.3, jax.random.key(1)),
+                "key 1", atol=2e-6, rtol=1e-5)  # fmt: skip
+
+
+def test_sharded_equals_unsharded_and_explicit():
+  """On a (2, 2, 2) mesh, batch over ('data', 'fsdp') and heads over 'tensor' (the logical
+  rules' placement): each shard hashes its global indices, so the masks are the global ones."""
+  b, q_len, s, h, k = 4, 32, 32, 2, 16
+  q, keys, values, g = _inputs(b, q_len, s, h, k)
+  input_mask = jnp.asarray(np.r_[_input_mask(3, s), np.ones((1, s), np.int32)])
+  args = (input_mask, False, None, 0.2, jax.random.key(3))
+  want, want_grads = _out_and_grads(explicit, q, keys, values, g, *args)
+  single, single_grads = _out_and_grads(flash, q, keys, values, g, *args)
+
+  mesh = sh.make_mesh((2, 2, 2))
+  seq = NamedSharding(mesh, PartitionSpec(sh.DATA_AXES, None, "tensor", None))
+  placed = [jax.device_put(x, seq) for x in (q, keys, values, g)]
+  sharded_flash = functools.partial(flash, batch_axes=sh.DATA_AXES, head_axes="tensor")
+  with jax.set_mesh(mesh):
+    run = jax.jit(
+      lambda q, k, v, g: jax.vjp(lambda q, k, v: sharded_flash(q, k, v, *args), q, k, v)
+    )
+    traced = jax.make_jaxpr(lambda *x: run(*x)[0])(*placed)
+    got, vjp = run(*placed)
+    got_grads = vjp(placed[3])
+  assert "shard_map" in str(traced)  # the kernels ran per shard
+  _assert_close(got, single, "sharded output", atol=1e-6)
+  _assert_close(got, want, "output", atol=2e-6, rtol=1e-5)
+  for name, x, y, z in zip(GRADS, got_grads, single_grads, want_grads, strict=True):
+    _assert_close(x, y, name + " sharded", atol=1e-6)
+    _assert_close(x, z, name, atol=5e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_lowers_for_cuda_with_triton(dtype):
+  """The forward and both backward kernels lower through Pallas' Triton backend for a CUDA
+  device (from this CPU host: an unsupported op in a kernel fails here). Triton's own compile
+  to PTX happens only on a GPU."""
+  b, q_len, s, h, k = 2, 21, 128, 2, 64
+  q, keys, values, g = _inputs(b, q_len, s, h, k, dtype)
+  input_mask, positions = _input_mask(b, s), _positions(b, q_len, s)
+  seed = kernels.hash_seed(jax.random.key(0))
+
+  def step(q, k, v, g):
+    fn = lambda q, k, v: flash_attention(
+      q, k, v, input_mask, causal=True, query_positions_BQ=positions, dropout_rate=0.1,
+      dropout_seed=seed,
+    )  # fmt: skip
+    out, vjp = jax.vjp(fn, q, k, v)
+    return out, vjp(g)
+
+  text = jax.jit(step).trace(q, keys, values, g).lower(lowering_platforms=("cuda",)).as_text()
+  triton_calls = text.count("__gpu$xla.gpu.triton")
+  assert triton_calls == 3, triton_calls  # forward, dK/dV, dQ
+  assert "mosaic_gpu" not in text
