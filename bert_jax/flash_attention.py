@@ -87,9 +87,13 @@ class _Static:
     return 1.0 - self.rate
 
   @property
+  def scale(self) -> float:
+    return 1.0 / math.sqrt(self.head_dim)
+
+  @property
   def scale2(self) -> float:
-    """Logit scale 1/sqrt(K), times log2(e) for exp2."""
-    return LOG2E / math.sqrt(self.head_dim)
+    """The logit scale times log2(e): the kernels' softmax runs in base 2 (exp2)."""
+    return self.scale * LOG2E
 
 
 def _round_up(n: int, m: int) -> int:
@@ -163,7 +167,8 @@ def _fwd_kernel(hash_ref, q_ref, k_ref, v_ref, valid_ref, qpos_ref, o_ref, m_ref
   bq, bk = q_ref.shape[0], st.blocks.fwd_k
   rows = pl.program_id(0) * bq + jnp.arange(bq)
   base = _row_base(st, hash_ref)
-  q, qpos = q_ref[...], qpos_ref[...]
+  q = q_ref[...]
+  qpos = qpos_ref[...] if st.causal else None  # positions only matter to the causal mask
 
   def body(j, carry):
     acc, m, total = carry
@@ -203,9 +208,9 @@ def _dkv_kernel(
     qs = pl.ds(i * bq, bq)
     rows = i * bq + jnp.arange(bq)
     q, do = q_ref[qs, :], do_ref[qs, :]
-    p, allowed, keep = _probs(
-      st, hash_ref, base, q, k, rows, cols, valid, qpos_ref[qs], m_ref[qs], linv_ref[qs]
-    )
+    qpos = qpos_ref[qs] if st.causal else None
+    m, linv = m_ref[qs], linv_ref[qs]
+    p, allowed, keep = _probs(st, hash_ref, base, q, k, rows, cols, valid, qpos, m, linv)
     z, ds = _tile_grads(st, p, allowed, keep, do, v, delta_ref[qs])
     dv = dv + _dot(z.astype(do.dtype), do, ta=True)
     dk = dk + _dot(ds.astype(q.dtype), q, ta=True)
@@ -213,7 +218,7 @@ def _dkv_kernel(
 
   zeros = jnp.zeros(k.shape, jnp.float32)
   dk, dv = lax.fori_loop(0, q_ref.shape[0] // bq, body, (zeros, zeros))
-  dk_ref[...] = (dk * (st.scale2 / LOG2E)).astype(dk_ref.dtype)
+  dk_ref[...] = (dk * st.scale).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
@@ -224,14 +229,8 @@ def _dq_kernel(
   bq, bk = q_ref.shape[0], st.blocks.dq_k
   rows = pl.program_id(0) * bq + jnp.arange(bq)
   base = _row_base(st, hash_ref)
-  q, do, qpos, m, linv, delta = (
-    q_ref[...],
-    do_ref[...],
-    qpos_ref[...],
-    m_ref[...],
-    linv_ref[...],
-    delta_ref[...],
-  )
+  q, do, m, linv, delta = q_ref[...], do_ref[...], m_ref[...], linv_ref[...], delta_ref[...]
+  qpos = qpos_ref[...] if st.causal else None
 
   def body(j, dq):
     ks = pl.ds(j * bk, bk)
@@ -242,7 +241,7 @@ def _dq_kernel(
     return dq + _dot(ds.astype(k.dtype), k)
 
   dq = lax.fori_loop(0, k_ref.shape[0] // bk, body, jnp.zeros(q.shape, jnp.float32))
-  dq_ref[...] = (dq * (st.scale2 / LOG2E)).astype(dq_ref.dtype)
+  dq_ref[...] = (dq * st.scale).astype(dq_ref.dtype)
 
 
 # ----------------------------------------------------------------------------- pallas calls
