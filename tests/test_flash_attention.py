@@ -127,12 +127,13 @@ def test_equals_explicit_attention_bfloat16():
   want, want_grads = _out_and_grads(explicit, q, keys, values, g, *args)
   got, got_grads = _out_and_grads(flash, q, keys, values, g, *args)
   assert got.dtype == jnp.bfloat16 and all(x.dtype == jnp.bfloat16 for x in got_grads)
-  # bf16 rounds at 2**-8 relative: the probabilities and ds are rounded to bf16 before their
-  # dots in the kernels, where the explicit path's backward dots see float32 cotangents.
+  # The kernels round the probabilities and ds to bf16 before their dots, where the explicit
+  # path's backward dots see float32 cotangents: one bf16 ulp (2**-8 relative) of the largest
+  # value apart (measured: 0.0078 at 1.4-1.6); the bound is two.
   scale = lambda x: float(jnp.abs(x.astype(jnp.float32)).max())
-  _assert_close(got, want, "output", atol=2e-2 * scale(want))
+  _assert_close(got, want, "output", atol=1e-2 * scale(want))
   for name, x, y in zip(GRADS, got_grads, want_grads, strict=True):
-    _assert_close(x, y, name, atol=3e-2 * scale(y))
+    _assert_close(x, y, name, atol=1e-2 * scale(y))
 
 
 def test_dropout_masks_follow_the_key_and_rate_zero_is_no_dropout():
