@@ -27,8 +27,9 @@ from bert_jax import checkpoints as ckpt_lib
 from bert_jax import hf_heads, hf_names, params_tree, tokenizer_files
 from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.files import AtomicDir, PathLike, read_json
-from bert_jax.model import BertConfig
+from bert_jax.model_config import BertConfig
 from bert_jax.params_tree import Params
+from bert_jax.tasks import kinds
 from bert_jax.trees import flatten, unflatten
 
 HF_WEIGHTS = "model.safetensors"
@@ -36,8 +37,8 @@ HF_CONFIG = "config.json"
 PARAMS_FILE = "params.safetensors"
 PARAMS_CONFIG = "bert_config.json"  # also the name Google's TF release uses for its config
 TF_CKPT = "bert_model.ckpt"
-TOKENIZER_DIR = "tokenizer"  # bert_jax's own tokenizer directory in workdirs and params dirs
-TASK_FILE = "task.json"  # a fine-tuned params dir's task (hf_heads.check_task)
+TOKENIZER_DIR = tokenizer_lib.TOKENIZER_DIR  # bert_jax's own tokenizer in workdirs, params dirs
+TASK_FILE = kinds.TASK_FILE  # a fine-tuned params dir's task (hf_heads.check_task)
 
 
 def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:

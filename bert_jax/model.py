@@ -7,11 +7,11 @@ decoder tied to the word embeddings plus an output bias) evaluated only at the g
 positions, and a 2-way NSP head. Parameter names map 1:1 onto HuggingFace's
 `BertForPreTraining` (see convert.py).
 
-The layers are written in stock Flax/XLA ops. `BertConfig.kernels='cpu'` swaps in the XLA:CPU
-speed kernels of kernels.py (same values and gradients, same parameters), through `ops_for`
-only; 'auto' picks them on the CPU backend alone. `dropout_rng` picks how dropout masks are
-drawn and `attention_impl` how self-attention is computed; their 'auto' values come from
-measurements per backend (`resolve_kernels`, `DROPOUT_RNG_AUTO`, `AUTO_ATTENTION`).
+The hyper-parameters are `BertConfig` (model_config.py). The layers are written once, in
+stock Flax/XLA ops; what a backend swaps in is asked of backends.py: the array ops
+(`backends.ops_for`: `BertConfig.kernels='cpu'` is the XLA:CPU speed kernels of kernels.py, same
+values, gradients and parameters), the dropout keep-masks (`dropout_rng`) and the attention
+(`attention_impl`), whose 'auto' values come from measurements per backend.
 
 Embedding lookups read the float32 (param_dtype) tables and cast after: the word gather's
 gradient is then a float32 scatter-add, the 2-row token-type table is a select and positions a
@@ -26,304 +26,43 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
-from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax import kernels
+from bert_jax import backends, kernels
 from bert_jax import sharding as sh
 
+# The config, its sizes (model_config.py) and the per-backend choices (backends.py) have rooms
+# of their own; their names stay importable from here, as configs, tools and users spell them.
+from bert_jax.backends import (  # noqa: F401
+  AUTO_ATTENTION,
+  CPU_OPS,
+  DEFAULT_ATTENTION,
+  DROPOUT_RNG_AUTO,
+  KEEP_MASKS,
+  XLA_OPS,
+  Ops,
+  attention_choice,
+  ops_for,
+  platform_family,
+  resolve_kernels,
+  resolved,
+)
+from bert_jax.model_config import (  # noqa: F401
+  ATTENTION_IMPLS,
+  DROPOUT_RNGS,
+  KERNELS,
+  REMAT_POLICIES,
+  SIZES,
+  BertConfig,
+  config_for_size,
+  size_fields,
+)
+
 Array = jax.Array
-
-# ----------------------------------------------------------------------------- config
-
-KERNELS = ("auto", "xla", "cpu")
-DROPOUT_RNGS = ("auto", "threefry", "rbg", "hash")
-ATTENTION_IMPLS = ("auto", "explicit", "explicit_lowp", "xla", "cudnn")
-
-
-@dataclasses.dataclass(frozen=True)
-class BertConfig:
-  """Every hyper-parameter of the network; the keys of `config.model` in configs/."""
-
-  vocab_size: int = 30522
-  hidden_size: int = 768
-  num_layers: int = 12
-  num_heads: int = 12
-  intermediate_size: int = 3072
-  max_position_embeddings: int = 512
-  type_vocab_size: int = 2
-  hidden_dropout_prob: float = 0.1
-  attention_dropout_prob: float = 0.1
-  layer_norm_eps: float = 1e-12
-  initializer_range: float = 0.02
-  # Left-to-right (causal) self-attention, for the paper's LTR ablation.
-  causal: bool = False
-  # Compute dtype; params are stored in param_dtype. Softmax, LayerNorm statistics, logits
-  # and losses are always float32.
-  dtype: str = "float32"
-  param_dtype: str = "float32"
-  scan_layers: bool = False  # nn.scan over layers: compile time independent of depth
-  remat_policy: str = "none"  # none | full | dots | dots_no_batch | minimal
-  # Pretraining with masked positions (unrolled layers): the last layer computes its queries,
-  # attention output and FFN only at [CLS] and the masked positions, the only outputs the
-  # MLM and NSP heads read (keys and values still cover every position). Same losses and
-  # gradients, ~(1 - (P+1)/L) of one layer's FLOPs fewer.
-  prune_last_layer: bool = True
-  # Which ops the layers run: 'xla' stock Flax/XLA ops, 'cpu' the XLA:CPU kernels of
-  # kernels.py (same values and parameters), 'auto' = 'cpu' on the CPU backend, else 'xla'
-  # (see `resolve_kernels`).
-  kernels: str = "auto"
-  # How dropout keep-masks are drawn from the 'dropout' rng (same keep probability, other
-  # masks): 'threefry' jax.random's default generator (flax's nn.Dropout), 'rbg' XLA's
-  # RngBitGenerator seeded from the threefry key, 'hash' a counter hash of each element's
-  # index (kernels.py); 'auto' per backend, `DROPOUT_RNG_AUTO`. MLM masking never uses it.
-  dropout_rng: str = "auto"
-  # Self-attention: 'explicit' softmax with float32 probabilities materialised; 'explicit_lowp'
-  # the same with the probabilities kept in the compute dtype from float32 statistics
-  # (kernels.attention_probs; equal to 'explicit' in float32); 'xla' / 'cudnn'
-  # jax.nn.dot_product_attention with that implementation (no attention dropout; cudnn: on a
-  # GPU, bf16 or fp16, float32 falls back to 'xla'); 'auto' per backend and length,
-  # `AUTO_ATTENTION`. Attention probabilities asked for (output_attentions) come from 'explicit'.
-  attention_impl: str = "auto"
-  # The JAX platform `resolve_kernels` resolved the 'auto' fields for ('' = not resolved: the
-  # process's default backend when traced). Set by resolve_kernels, not by configs.
-  platform: str = ""
-
-  def __post_init__(self):
-    if self.hidden_size % self.num_heads:
-      raise ValueError(
-        f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
-      )
-    if self.kernels not in KERNELS:
-      raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, not {self.kernels!r}")
-    if self.attention_impl == "fused":  # its name in checkpoints of earlier versions
-      object.__setattr__(self, "attention_impl", "auto")
-    if self.dropout_rng not in DROPOUT_RNGS:
-      raise ValueError(
-        f"dropout_rng must be one of {', '.join(DROPOUT_RNGS)}, not {self.dropout_rng!r}"
-      )
-    if self.attention_impl not in ATTENTION_IMPLS:
-      raise ValueError(
-        f"attention_impl must be one of {', '.join(ATTENTION_IMPLS)}, not {self.attention_impl!r}"
-      )
-    if self.attention_impl in ("xla", "cudnn") and self.attention_dropout_prob > 0:
-      raise ValueError(
-        f"attention_impl={self.attention_impl!r} has no attention dropout: set "
-        f"attention_dropout_prob=0 (it is {self.attention_dropout_prob}) or attention_impl to "
-        "auto, explicit or explicit_lowp"
-      )
-    if self.remat_policy not in REMAT_POLICIES:
-      raise ValueError(f"remat_policy {self.remat_policy!r} not in {sorted(REMAT_POLICIES)}")
-    for name in ("dtype", "param_dtype"):
-      if getattr(self, name) not in ("float32", "bfloat16", "float16"):
-        raise ValueError(
-          f"{name} must be float32, bfloat16 or float16, not {getattr(self, name)!r}"
-        )
-
-  @property
-  def last_layer_prunable(self) -> bool:
-    """Whether pretraining with masked positions runs the last layer only where the heads
-    read (`prune_last_layer`; scanned layers share one layer body, so they never prune)."""
-    return self.prune_last_layer and not self.scan_layers
-
-  @property
-  def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads
-
-  @property
-  def compute_dtype(self):
-    return jnp.dtype(self.dtype)
-
-  @property
-  def storage_dtype(self):
-    return jnp.dtype(self.param_dtype)
-
-
-REMAT_POLICIES = {
-  "none": None,
-  "full": jax.checkpoint_policies.nothing_saveable,
-  "dots": jax.checkpoint_policies.checkpoint_dots,
-  "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
-  "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
-
-
-# dropout_rng='auto' per platform, each from a measurement on that platform:
-# - cpu: 'hash'. tools/probes/lockstep_ab.py --size=tiny --layers=0 --rounds=12 --turn_s=3 (bf16,
-#   seq 128, batch 32), step time over hash's: rbg 1.125, threefry 1.047 (medians).
-# - tpu: 'hash'. bert_jax.aot, BERT-Base (scanned layers) bf16, 256 x 128 on v5e-16, mesh
-#   (1,16,1): temporaries per device threefry 1.81, hash 1.81, rbg 1.92 GiB (XLA's
-#   RngBitGenerator partitioning makes every device generate the global batch's mask);
-#   XLA-counted FLOPs threefry 7.41e10, hash 7.23e10 (rbg 7.18e10: its bits count as none).
-# - gpu: 'threefry', the generator before dropout_rng existed: nothing measured on a GPU yet;
-#   the prepared GPU command times dropout_rng=threefry|rbg|hash and its numbers decide.
-DROPOUT_RNG_AUTO = {"cpu": "hash", "tpu": "hash", "gpu": "threefry"}
-
-# attention_impl='auto' per (platform, key length S): (the implementation without attention
-# dropout, the one with it). Only measured entries (another length takes the nearest measured
-# one); a platform without any entry keeps the behaviour before attention_impl existed: 'xla'
-# without attention dropout, 'explicit' with it.
-# - tpu: bert_jax.aot, BERT-Base (scanned layers) bf16 on v5e-16, mesh (1,16,1), dropout_rng
-#   hash; temporaries per device (XLA-counted FLOPs within 0.6% of each other):
-#     S=128, batch 256: with attention dropout explicit 1.81, explicit_lowp 1.74 GiB; without
-#       xla 1.78, explicit 1.78, explicit_lowp 1.67 GiB.
-#     S=512, batch 64: with explicit 2.58, explicit_lowp 2.30 GiB; without xla 2.44,
-#       explicit_lowp 1.87 GiB.
-# - cpu: tools/probes/lockstep_ab.py, bf16, step time of B over A (medians of 12-16 rounds):
-#     without attention dropout, explicit_lowp over xla: BERT-tiny S=128 batch 32 0.935,
-#       S=512 batch 8 0.882; 4-layer Base S=128 0.860; over explicit: tiny S=512 0.948.
-#       (float32, where explicit_lowp is explicit: over xla, tiny S=128 1.004.)
-#     with attention dropout, explicit_lowp over explicit: tiny S=128 0.991, S=512 1.006 (no
-#       gain: 'explicit' stays).
-# - gpu: no entry yet. The prepared GPU command times attention_impl=explicit|explicit_lowp
-#   (attention dropout 0.1) and xla|cudnn|explicit_lowp (attention_dropout_prob=0) at seq 128
-#   and 512; its numbers fill the ("gpu", S) entries.
-AUTO_ATTENTION: dict[tuple[str, int], tuple[str, str]] = {
-  ("cpu", 128): ("explicit_lowp", "explicit"),
-  ("cpu", 512): ("explicit_lowp", "explicit"),
-  ("tpu", 128): ("explicit_lowp", "explicit_lowp"),
-  ("tpu", 512): ("explicit_lowp", "explicit_lowp"),
-}
-DEFAULT_ATTENTION = ("xla", "explicit")
-
-
-def platform_family(platform: str) -> str:
-  """A JAX platform name as DROPOUT_RNG_AUTO and AUTO_ATTENTION key it ('cuda', 'rocm' -> 'gpu')."""
-  return "gpu" if platform in ("gpu", "cuda", "rocm") else platform
-
-
-def resolve_kernels(cfg: BertConfig, platform: str) -> BertConfig:
-  """`cfg` resolved for a JAX platform ('cpu', 'tpu', 'gpu', 'cuda', ...): `kernels` 'auto'
-  becomes 'cpu' on the CPU platform and 'xla' on every other, `dropout_rng` 'auto' the
-  platform's `DROPOUT_RNG_AUTO`, and `platform` records it for `attention_impl` 'auto' (which
-  also depends on the sequence length: `attention_choice`). Explicit values stay."""
-  family = platform_family(platform)
-  return dataclasses.replace(
-    cfg,
-    kernels=cfg.kernels if cfg.kernels != "auto" else "cpu" if family == "cpu" else "xla",
-    dropout_rng=(
-      cfg.dropout_rng if cfg.dropout_rng != "auto" else DROPOUT_RNG_AUTO.get(family, "threefry")
-    ),
-    platform=family,
-  )
-
-
-def resolved(cfg: BertConfig) -> BertConfig:
-  """`cfg` as resolved for its platform, or for the process's default backend if it was never
-  resolved."""
-  if cfg.platform and "auto" not in (cfg.kernels, cfg.dropout_rng):
-    return cfg
-  return resolve_kernels(cfg, cfg.platform or jax.default_backend())
-
-
-def attention_choice(cfg: BertConfig, key_length: int, dropout: bool, probs: bool) -> str:
-  """The attention implementation a layer runs: `cfg.attention_impl`, or for 'auto' the
-  measured `AUTO_ATTENTION` entry of cfg's platform nearest to `key_length` (by whether
-  attention dropout is active). Probabilities asked for always take 'explicit'."""
-  if probs:
-    return "explicit"
-  if cfg.attention_impl != "auto":
-    return cfg.attention_impl
-  platform = resolved(cfg).platform
-  lengths = [s for p, s in AUTO_ATTENTION if p == platform]
-  if lengths:
-    nearest = min(lengths, key=lambda s: (abs(s - key_length), s))
-    choice = AUTO_ATTENTION[(platform, nearest)]
-  else:
-    choice = DEFAULT_ATTENTION
-  return choice[1] if dropout else choice[0]
-
-
-# ----------------------------------------------------------------------------- sizes
-
-# (num_layers, hidden_size, num_heads); intermediate = 4 * hidden.
-SIZES = {
-  "tiny": (2, 128, 2),
-  "mini": (4, 256, 4),
-  "small": (4, 512, 8),
-  "medium": (8, 512, 8),
-  "base": (12, 768, 12),
-  "large": (24, 1024, 16),
-  # The paper's Table 6 (ablation over model size).
-  "L3_H768_A12": (3, 768, 12),
-  "L6_H768_A3": (6, 768, 3),
-  "L6_H768_A12": (6, 768, 12),
-  "L12_H768_A12": (12, 768, 12),
-  "L12_H1024_A16": (12, 1024, 16),
-  "L24_H1024_A16": (24, 1024, 16),
-}
-
-
-def size_fields(name: str) -> dict[str, int]:
-  """BertConfig fields for a named size ('tiny' ... 'large', a Table 6 row, or any size named
-  as the paper names them, 'L{layers}_H{hidden}_A{heads}')."""
-  m = re.fullmatch(r"L(\d+)_H(\d+)_A(\d+)", name)
-  if name in SIZES:
-    n, d, h = SIZES[name]
-  elif m and int(m[2]) % int(m[3]) == 0 and min(map(int, m.groups())) > 0:
-    n, d, h = map(int, m.groups())
-  else:
-    raise ValueError(
-      f"unknown model size {name!r}; choose from {', '.join(SIZES)} or L<layers>_H<hidden>_A<heads>"
-      " (hidden a multiple of heads)"
-    )
-  return dict(num_layers=n, hidden_size=d, num_heads=h, intermediate_size=4 * d)
-
-
-def config_for_size(name: str, **overrides: Any) -> BertConfig:
-  return BertConfig(**{**size_fields(name), **overrides})
-
-
-# ----------------------------------------------------------------------------- ops
-
-
-@dataclasses.dataclass(frozen=True)
-class Ops:
-  """The array ops the layers are written in: one set per resolved `BertConfig.kernels`."""
-
-  matmul: Callable[..., Array]  # (x, w, contract, dtype): x[..., *c] @ w[*c, ...] in dtype
-  add_bias: Callable[[Array, Array], Array]  # (y, b): y + b in y's dtype
-  logits: Callable[..., Array]  # (h, table_VD, dtype): float32 h . table^T
-  scores: Callable[[Array, Array], Array]  # (q_BQHK, k_BSHK): float32 [B, H, Q, S]
-  context: Callable[[Array, Array], Array]  # (p_BHQS, v_BSHK): float32 [B, Q, H, K]
-  layer_norm: Callable[..., nn.Module]  # nn.LayerNorm's fields and parameters
-
-
-def _f32_einsum(spec: str, a: Array, b: Array) -> Array:
-  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
-
-
-XLA_OPS = Ops(
-  matmul=lambda x, w, contract, dtype: jnp.tensordot(x.astype(dtype), w.astype(dtype), contract),
-  add_bias=lambda y, b: y + b.astype(y.dtype),
-  logits=lambda h, table_VD, dtype: _f32_einsum(
-    "...d,vd->...v", h.astype(dtype), table_VD.astype(dtype)
-  ),
-  scores=functools.partial(_f32_einsum, "bqhk,bshk->bhqs"),
-  context=functools.partial(_f32_einsum, "bhqs,bshk->bqhk"),
-  layer_norm=functools.partial(nn.LayerNorm, use_fast_variance=False),
-)
-
-CPU_OPS = Ops(
-  matmul=kernels.matmul,
-  add_bias=kernels.add_bias,
-  logits=kernels.tied_logits,
-  scores=kernels.attention_scores,
-  context=kernels.attention_context,
-  layer_norm=kernels.LayerNorm,
-)
-
-
-def ops_for(cfg: BertConfig) -> Ops:
-  """The one place `BertConfig.kernels` acts (an unresolved 'auto' resolves for the default
-  backend of the process)."""
-  return CPU_OPS if resolved(cfg).kernels == "cpu" else XLA_OPS
-
 
 # ----------------------------------------------------------------------------- building blocks
 
@@ -367,13 +106,13 @@ class Dense(nn.Module):
       "kernel", _init(cfg, self.axes), (*in_shape, *self.features), cfg.storage_dtype
     )
     bias = self.param("bias", _zeros(self.axes[self.contract :]), self.features, cfg.storage_dtype)
-    ops = ops_for(cfg)
+    ops = backends.ops_for(cfg)
     return ops.add_bias(ops.matmul(x, kernel, self.contract, cfg.compute_dtype), bias)
 
 
 def layer_norm(cfg: BertConfig, name: str) -> nn.Module:
   """LayerNorm over the hidden axis (statistics in float32), params `scale` and `bias`."""
-  return ops_for(cfg).layer_norm(
+  return backends.ops_for(cfg).layer_norm(
     epsilon=cfg.layer_norm_eps,
     dtype=cfg.compute_dtype,
     param_dtype=cfg.storage_dtype,
@@ -383,23 +122,15 @@ def layer_norm(cfg: BertConfig, name: str) -> nn.Module:
   )
 
 
-# dropout_rng -> (key, shape, rate) -> boolean keep-mask, True with probability 1 - rate.
-KEEP_MASKS: dict[str, Callable[[Array, tuple[int, ...], float], Array]] = {
-  "threefry": lambda key, shape, rate: jax.random.bernoulli(key, 1.0 - rate, shape),
-  "rbg": kernels.rbg_keep_mask,
-  "hash": kernels.keep_mask,
-}
-
-
 class Dropout(nn.Module):
   """Inverted dropout with the 'dropout' rng collection, as flax's nn.Dropout (with 'threefry'
-  the same masks and values), keep-masks drawn by `KEEP_MASKS[rng]`."""
+  the same masks and values), keep-masks drawn by `backends.KEEP_MASKS[rng]`."""
 
   rate: float
   rng_impl: str = "threefry"  # a resolved BertConfig.dropout_rng
 
   def keep_mask(self, shape: tuple[int, ...]) -> Array:
-    return KEEP_MASKS[self.rng_impl](self.make_rng("dropout"), shape, self.rate)
+    return backends.KEEP_MASKS[self.rng_impl](self.make_rng("dropout"), shape, self.rate)
 
   def __call__(self, x: Array, deterministic: bool) -> Array:
     if deterministic or self.rate == 0.0:
@@ -411,7 +142,7 @@ class Dropout(nn.Module):
 
 
 def dropout(cfg: BertConfig, rate: float) -> Dropout:
-  return Dropout(rate, resolved(cfg).dropout_rng)
+  return Dropout(rate, backends.resolved(cfg).dropout_rng)
 
 
 def gather_positions(x_BL: Array, positions_BP: Array) -> Array:
@@ -502,7 +233,7 @@ class Embeddings(nn.Module):
   def attend(self, h_BPD: Array) -> Array:
     """Logits against the word embeddings (the tied MLM decoder), in float32."""
     table_VD = self.word_embeddings.embedding
-    return ops_for(self.cfg).logits(h_BPD, table_VD, self.cfg.compute_dtype)
+    return backends.ops_for(self.cfg).logits(h_BPD, table_VD, self.cfg.compute_dtype)
 
 
 # ----------------------------------------------------------------------------- attention
@@ -530,7 +261,7 @@ def explicit_attention(
   k_BSHK: Array,
   v_BSHK: Array,
   mask_B1QS: Array,
-  ops: Ops,
+  ops: backends.Ops,
   drop: Dropout | None = None,
   lowp: bool = False,
 ) -> tuple[Array, Array | None]:
@@ -601,14 +332,14 @@ def self_attention(
   v_BSHK = _constrain(Dense((h, k), qkv_axes, cfg, name="value")(x_BSD), act)
 
   dropping = not deterministic and cfg.attention_dropout_prob > 0
-  impl = attention_choice(cfg, x_BSD.shape[1], dropping, output_attentions)
+  impl = backends.attention_choice(cfg, x_BSD.shape[1], dropping, output_attentions)
   if impl == "cudnn" and q_BQHK.dtype == jnp.float32:
     impl = "xla"  # cuDNN's fused attention has no float32 kernels
   probs_BHQS = None
   if impl in ("explicit", "explicit_lowp"):
     drop = dropout(cfg, cfg.attention_dropout_prob) if dropping else None
     ctx_BQHK, probs_BHQS = explicit_attention(
-      q_BQHK, k_BSHK, v_BSHK, mask_B1QS, ops_for(cfg), drop, lowp=impl == "explicit_lowp"
+      q_BQHK, k_BSHK, v_BSHK, mask_B1QS, backends.ops_for(cfg), drop, lowp=impl == "explicit_lowp"
     )
   elif dropping:
     raise ValueError(f"attention_impl={impl!r} has no attention dropout")
@@ -802,7 +533,7 @@ class MLMHead(nn.Module):
     h_BPD = Dense((cfg.hidden_size,), (sh.EMBED, sh.EMBED_OUT), cfg, name="transform")(h_BPD)
     h_BPD = layer_norm(cfg, "transform_LayerNorm")(gelu(h_BPD))
     bias_V = self.param("bias", _zeros((sh.VOCAB,)), (cfg.vocab_size,), cfg.storage_dtype)
-    logits_BPV = ops_for(cfg).add_bias(embeddings.attend(h_BPD), bias_V)
+    logits_BPV = backends.ops_for(cfg).add_bias(embeddings.attend(h_BPD), bias_V)
     return _constrain(logits_BPV, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_VOCAB))
 
 

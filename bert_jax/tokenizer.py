@@ -49,6 +49,7 @@ WORDPIECE_MAX_CHARS = 200  # google-research/bert WordpieceTokenizer.max_input_c
 # the `tokenizers` format (which convert writes for export); directories saved before the
 # rename carry LEGACY_CONFIG_FILE and still load.
 CONFIG_FILE = "bert_jax_tokenizer.json"
+TOKENIZER_DIR = "tokenizer"  # the directory workdirs, params dirs and feature heads keep it in
 LEGACY_CONFIG_FILE = "tokenizer.json"
 _WORD_CACHE_SIZE = 500_000  # distinct words kept per WordPiece tokenizer (~100 MB at most)
 _FORMAT = "bert_jax.tokenizer/1"

@@ -16,7 +16,7 @@ import pathlib
 
 from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.files import PathLike, read_json
-from bert_jax.model import BertConfig
+from bert_jax.model_config import BertConfig
 
 HF_VOCAB = "vocab.txt"
 HF_TOKENIZER = "tokenizer.json"

@@ -522,33 +522,6 @@ def test_attention_impl_config():
     BertConfig(attention_impl=impl, dtype="bfloat16", attention_dropout_prob=0.0)
 
 
-def test_auto_attention_by_platform_and_length(monkeypatch):
-  """'auto' without measurements is the behaviour before the switch (xla without attention
-  dropout, explicit with it); measured entries apply to their platform, the nearest length."""
-  gpu = model_lib.resolve_kernels(TINY, "gpu")
-  cpu = model_lib.resolve_kernels(TINY, "cpu")
-  monkeypatch.setattr(model_lib, "AUTO_ATTENTION", {})
-  choice = model_lib.attention_choice
-  assert [choice(gpu, 128, d, False) for d in (False, True)] == ["xla", "explicit"]
-  assert choice(gpu, 128, False, True) == "explicit"  # probabilities asked for
-  table = {("gpu", 128): ("cudnn", "explicit_lowp"), ("gpu", 512): ("xla", "explicit")}
-  monkeypatch.setattr(model_lib, "AUTO_ATTENTION", table)
-  assert [choice(gpu, s, False, False) for s in (64, 128, 300, 512, 2048)] == [
-    "cudnn",
-    "cudnn",
-    "cudnn",
-    "xla",
-    "xla",
-  ]
-  assert choice(gpu, 128, True, False) == "explicit_lowp"
-  assert choice(gpu, 128, True, True) == "explicit"
-  assert [choice(cpu, 128, d, False) for d in (False, True)] == ["xla", "explicit"]
-  # An explicit value is taken as it is.
-  assert choice(dataclasses.replace(gpu, attention_impl="explicit_lowp"), 128, False, False) == (
-    "explicit_lowp"
-  )
-
-
 def _attention_loss(cfg, params, dropout_seed=None, attentions=False):
   """(outputs, grads) of a loss through BertForPreTraining at masked positions (the pruned
   last layer's odd query count, 1 + 2), with dropout from `dropout_seed` if given."""

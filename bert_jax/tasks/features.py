@@ -41,10 +41,11 @@ import ml_collections
 import numpy as np
 from jax import Array
 
-from bert_jax import files, hf_io, input_pipeline, params_tree, trees
+from bert_jax import files, input_pipeline, params_tree, trees
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
-from bert_jax.tasks import batches
+from bert_jax.tasks import batches, kinds
+from bert_jax.tokenizer import TOKENIZER_DIR
 
 ROWS: dict[str, dict[str, Any]] = {
   "embeddings": dict(layers=(0,), all_layers=False, combine="concat"),
@@ -319,11 +320,11 @@ def save_head(
   }
   with files.AtomicDir(path, True) as tmp:
     save_file(flat, str(tmp / HEAD_FILE), metadata={"format": "bert_jax_feature_head"})
-    (tmp / hf_io.TASK_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    (tmp / kinds.TASK_FILE).write_text(json.dumps(info, indent=2) + "\n")
     cfg_json = json.dumps(dataclasses.asdict(cfg), indent=2, sort_keys=True) + "\n"
     (tmp / ENCODER_CONFIG).write_text(cfg_json)
     if tokenizer is not None:
-      tokenizer.save(tmp / hf_io.TOKENIZER_DIR)
+      tokenizer.save(tmp / TOKENIZER_DIR)
 
 
 def load_head(path: str) -> tuple[dict[str, Any], Any]:
@@ -333,7 +334,7 @@ def load_head(path: str) -> tuple[dict[str, Any], Any]:
   p = pathlib.Path(path)
   if not (p / HEAD_FILE).is_file():
     raise FileNotFoundError(f"{p}: not a feature head dir (no {HEAD_FILE})")
-  info = files.read_json(p / hf_io.TASK_FILE)
+  info = files.read_json(p / kinds.TASK_FILE)
   return info, trees.unflatten(load_file(str(p / HEAD_FILE)))
 
 

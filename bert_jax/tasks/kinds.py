@@ -28,6 +28,10 @@ from bert_jax.tasks import metrics as metrics_lib
 
 Batch = dict[str, Array]
 
+# The file a fine-tuned params dir (hf_io) or a feature head dir (features.py) keeps its task
+# in: {"kind", "labels", "task", "max_seq_length"} (hf_heads.check_task checks it).
+TASK_FILE = "task.json"
+
 
 def _ce(logits: Array, labels: Array) -> Array:
   """Cross-entropy per position; labels < 0 give 0 (their weight is 0 anyway)."""

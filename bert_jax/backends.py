@@ -1,0 +1,166 @@
+"""What each backend runs: the choices behind BertConfig's `kernels`, `dropout_rng` and
+`attention_impl`, and the measurements that set their 'auto' values per platform.
+
+model.py writes the layers once; they ask here which array ops (`ops_for`: stock XLA ops or the
+XLA:CPU kernels of kernels.py), which dropout keep-masks (`KEEP_MASKS`) and which attention
+(`attention_choice`) to run. An 'auto' value moves to another choice on a platform only after a
+measurement there says it pays (the comments on `DROPOUT_RNG_AUTO` and `AUTO_ATTENTION`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax import kernels
+from bert_jax.model_config import BertConfig
+
+Array = jax.Array
+
+# ----------------------------------------------------------------------------- 'auto' per platform
+
+# dropout_rng='auto' per platform, each from a measurement on that platform:
+# - cpu: 'hash'. tools/probes/lockstep_ab.py --size=tiny --layers=0 --rounds=12 --turn_s=3 (bf16,
+#   seq 128, batch 32), step time over hash's: rbg 1.125, threefry 1.047 (medians).
+# - tpu: 'hash'. bert_jax.aot, BERT-Base (scanned layers) bf16, 256 x 128 on v5e-16, mesh
+#   (1,16,1): temporaries per device threefry 1.81, hash 1.81, rbg 1.92 GiB (XLA's
+#   RngBitGenerator partitioning makes every device generate the global batch's mask);
+#   XLA-counted FLOPs threefry 7.41e10, hash 7.23e10 (rbg 7.18e10: its bits count as none).
+# - gpu: 'threefry', the generator before dropout_rng existed: nothing measured on a GPU yet;
+#   the prepared GPU command times dropout_rng=threefry|rbg|hash and its numbers decide.
+DROPOUT_RNG_AUTO = {"cpu": "hash", "tpu": "hash", "gpu": "threefry"}
+
+# attention_impl='auto' per (platform, key length S): (the implementation without attention
+# dropout, the one with it). Only measured entries (another length takes the nearest measured
+# one); a platform without any entry keeps the behaviour before attention_impl existed: 'xla'
+# without attention dropout, 'explicit' with it.
+# - tpu: bert_jax.aot, BERT-Base (scanned layers) bf16 on v5e-16, mesh (1,16,1), dropout_rng
+#   hash; temporaries per device (XLA-counted FLOPs within 0.6% of each other):
+#     S=128, batch 256: with attention dropout explicit 1.81, explicit_lowp 1.74 GiB; without
+#       xla 1.78, explicit 1.78, explicit_lowp 1.67 GiB.
+#     S=512, batch 64: with explicit 2.58, explicit_lowp 2.30 GiB; without xla 2.44,
+#       explicit_lowp 1.87 GiB.
+# - cpu: tools/probes/lockstep_ab.py, bf16, step time of B over A (medians of 12-16 rounds):
+#     without attention dropout, explicit_lowp over xla: BERT-tiny S=128 batch 32 0.935,
+#       S=512 batch 8 0.882; 4-layer Base S=128 0.860; over explicit: tiny S=512 0.948.
+#       (float32, where explicit_lowp is explicit: over xla, tiny S=128 1.004.)
+#     with attention dropout, explicit_lowp over explicit: tiny S=128 0.991, S=512 1.006 (no
+#       gain: 'explicit' stays).
+# - gpu: no entry yet. The prepared GPU command times attention_impl=explicit|explicit_lowp
+#   (attention dropout 0.1) and xla|cudnn|explicit_lowp (attention_dropout_prob=0) at seq 128
+#   and 512; its numbers fill the ("gpu", S) entries.
+AUTO_ATTENTION: dict[tuple[str, int], tuple[str, str]] = {
+  ("cpu", 128): ("explicit_lowp", "explicit"),
+  ("cpu", 512): ("explicit_lowp", "explicit"),
+  ("tpu", 128): ("explicit_lowp", "explicit_lowp"),
+  ("tpu", 512): ("explicit_lowp", "explicit_lowp"),
+}
+DEFAULT_ATTENTION = ("xla", "explicit")
+
+
+def platform_family(platform: str) -> str:
+  """A JAX platform name as DROPOUT_RNG_AUTO and AUTO_ATTENTION key it ('cuda', 'rocm' -> 'gpu')."""
+  return "gpu" if platform in ("gpu", "cuda", "rocm") else platform
+
+
+def resolve_kernels(cfg: BertConfig, platform: str) -> BertConfig:
+  """`cfg` resolved for a JAX platform ('cpu', 'tpu', 'gpu', 'cuda', ...): `kernels` 'auto'
+  becomes 'cpu' on the CPU platform and 'xla' on every other, `dropout_rng` 'auto' the
+  platform's `DROPOUT_RNG_AUTO`, and `platform` records it for `attention_impl` 'auto' (which
+  also depends on the sequence length: `attention_choice`). Explicit values stay."""
+  family = platform_family(platform)
+  return dataclasses.replace(
+    cfg,
+    kernels=cfg.kernels if cfg.kernels != "auto" else "cpu" if family == "cpu" else "xla",
+    dropout_rng=(
+      cfg.dropout_rng if cfg.dropout_rng != "auto" else DROPOUT_RNG_AUTO.get(family, "threefry")
+    ),
+    platform=family,
+  )
+
+
+def resolved(cfg: BertConfig) -> BertConfig:
+  """`cfg` as resolved for its platform, or for the process's default backend if it was never
+  resolved."""
+  if cfg.platform and "auto" not in (cfg.kernels, cfg.dropout_rng):
+    return cfg
+  return resolve_kernels(cfg, cfg.platform or jax.default_backend())
+
+
+def attention_choice(cfg: BertConfig, key_length: int, dropout: bool, probs: bool) -> str:
+  """The attention implementation a layer runs: `cfg.attention_impl`, or for 'auto' the
+  measured `AUTO_ATTENTION` entry of cfg's platform nearest to `key_length` (by whether
+  attention dropout is active). Probabilities asked for always take 'explicit'."""
+  if probs:
+    return "explicit"
+  if cfg.attention_impl != "auto":
+    return cfg.attention_impl
+  platform = resolved(cfg).platform
+  lengths = [s for p, s in AUTO_ATTENTION if p == platform]
+  if lengths:
+    nearest = min(lengths, key=lambda s: (abs(s - key_length), s))
+    choice = AUTO_ATTENTION[(platform, nearest)]
+  else:
+    choice = DEFAULT_ATTENTION
+  return choice[1] if dropout else choice[0]
+
+
+# ----------------------------------------------------------------------------- ops
+
+
+@dataclasses.dataclass(frozen=True)
+class Ops:
+  """The array ops the layers are written in: one set per resolved `BertConfig.kernels`."""
+
+  matmul: Callable[..., Array]  # (x, w, contract, dtype): x[..., *c] @ w[*c, ...] in dtype
+  add_bias: Callable[[Array, Array], Array]  # (y, b): y + b in y's dtype
+  logits: Callable[..., Array]  # (h, table_VD, dtype): float32 h . table^T
+  scores: Callable[[Array, Array], Array]  # (q_BQHK, k_BSHK): float32 [B, H, Q, S]
+  context: Callable[[Array, Array], Array]  # (p_BHQS, v_BSHK): float32 [B, Q, H, K]
+  layer_norm: Callable[..., nn.Module]  # nn.LayerNorm's fields and parameters
+
+
+def _f32_einsum(spec: str, a: Array, b: Array) -> Array:
+  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+XLA_OPS = Ops(
+  matmul=lambda x, w, contract, dtype: jnp.tensordot(x.astype(dtype), w.astype(dtype), contract),
+  add_bias=lambda y, b: y + b.astype(y.dtype),
+  logits=lambda h, table_VD, dtype: _f32_einsum(
+    "...d,vd->...v", h.astype(dtype), table_VD.astype(dtype)
+  ),
+  scores=functools.partial(_f32_einsum, "bqhk,bshk->bhqs"),
+  context=functools.partial(_f32_einsum, "bhqs,bshk->bqhk"),
+  layer_norm=functools.partial(nn.LayerNorm, use_fast_variance=False),
+)
+
+CPU_OPS = Ops(
+  matmul=kernels.matmul,
+  add_bias=kernels.add_bias,
+  logits=kernels.tied_logits,
+  scores=kernels.attention_scores,
+  context=kernels.attention_context,
+  layer_norm=kernels.LayerNorm,
+)
+
+
+def ops_for(cfg: BertConfig) -> Ops:
+  """The one place `BertConfig.kernels` acts (an unresolved 'auto' resolves for the default
+  backend of the process)."""
+  return CPU_OPS if resolved(cfg).kernels == "cpu" else XLA_OPS
+
+
+# ----------------------------------------------------------------------------- dropout masks
+
+# dropout_rng -> (key, shape, rate) -> boolean keep-mask, True with probability 1 - rate.
+KEEP_MASKS: dict[str, Callable[[Array, tuple[int, ...], float], Array]] = {
+  "threefry": lambda key, shape, rate: jax.random.bernoulli(key, 1.0 - rate, shape),
+  "rbg": kernels.rbg_keep_mask,
+  "hash": kernels.keep_mask,
+}
