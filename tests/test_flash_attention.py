@@ -1,8 +1,10 @@
 """bert_jax.flash_attention in Pallas' interpreter: the same outputs and gradients as the
 explicit attention (model.explicit_attention) with the same mask and the same hash dropout
-(model.Dropout with dropout_rng='hash'), on one device and sharded; and the kernels lower for
-CUDA through Pallas' Triton backend."""
+(model.Dropout with dropout_rng='hash'), on one device and sharded; the kernels lower for
+CUDA through Pallas' Triton backend; and the model with attention_impl='flash' trains as with
+'explicit' and dropout_rng='hash'."""
 
+import dataclasses
 import functools
 
 import jax
@@ -10,11 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
+from test_kernels import _micro_config, _train_batch
 
-from bert_jax import kernels
+from bert_jax import aot, kernels, objectives, optim, train
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax.flash_attention import flash_attention
+from bert_jax.model import BertConfig, BertForPreTraining
 
 GRADS = ("dq", "dk", "dv")
 
@@ -210,3 +214,99 @@ def test_lowers_for_cuda_with_triton(dtype):
   triton_calls = text.count("__gpu$xla.gpu.triton")
   assert triton_calls == 3, triton_calls  # forward, dK/dV, dQ
   assert "mosaic_gpu" not in text
+
+
+# --- the model ---------------------------------------------------------------------------------
+
+
+def _train_step_results(c, mesh_shape):
+  """One step of the jitted train step (train.jit_train_step) for config `c` resolved for the
+  CPU: its metrics, its Adam first moments (after one step, (1 - b1) times the clipped
+  gradients) by parameter path, and whether its program holds a Pallas kernel."""
+  mesh = sh.make_mesh(mesh_shape, jax.devices()[: int(np.prod(mesh_shape))])
+  cfg = model_lib.resolve_kernels(train.bert_config(c), "cpu")
+  model = BertForPreTraining(cfg)
+  tx = optim.make_optimizer(c.opt)
+  obj = objectives.Objective.from_config(c)
+  tables = aot._masking_tables(c)
+  state, state_sh, _ = train.create_state(c, model, tx, mesh, sh.DEFAULT_RULES, jax.random.key(0))
+  batch = jax.device_put(_train_batch(0), sh.batch_sharding(mesh))
+  with sh.mesh_context(mesh, sh.DEFAULT_RULES):
+    step = train.jit_train_step(model, tx, obj, tables, 1, mesh, state_sh)
+    pallas = "pallas_call" in str(jax.make_jaxpr(step)(state, batch, jax.random.key(3)))
+    state, metrics = step(state, batch, jax.random.key(3))
+  moments = {
+    jax.tree_util.keystr(path): np.asarray(x)
+    for path, x in jax.tree_util.tree_leaves_with_path(state["opt_state"])
+    if ".mu[" in jax.tree_util.keystr(path)
+  }
+  return jax.tree.map(float, metrics), moments, pallas
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective,mesh_shape", [("mlm", (2, 2, 2)), ("ltr", (1, 1, 1))])
+def test_model_flash_equals_explicit_with_hash_dropout(objective, mesh_shape):
+  """BERT-tiny (float32, dropout 0.1, dropout_rng='hash'): one train step with
+  attention_impl='flash' has the loss, gradient norm and (clipped) gradients of 'explicit'.
+  MLM runs the pruned last layer (queries at [CLS] + the masked positions) on a (2, 2, 2) mesh
+  (the kernels per batch and head shard), LTR the causal mask."""
+  results = {}
+  for impl in ("explicit", "flash"):
+    c = _micro_config("auto", dropout=0.1)
+    c.model.update(dropout_rng="hash", attention_impl=impl)
+    if objective == "ltr":
+      c.objective.update(mlm=False, nsp=False, ltr=True)
+    results[impl] = _train_step_results(c, mesh_shape)
+  (metrics_e, moments_e, pallas_e), (metrics_f, moments_f, pallas_f) = results.values()
+  assert pallas_f and not pallas_e
+  for name in ("loss", "grad_norm"):
+    assert metrics_f[name] == pytest.approx(metrics_e[name], rel=1e-5), name
+  assert moments_f.keys() == moments_e.keys() and len(moments_e) > 20
+  floor = 1e-3 * max(float(np.abs(m).max()) for m in moments_e.values())
+  for path, m in moments_e.items():
+    np.testing.assert_allclose(moments_f[path], m, rtol=1e-4, atol=floor, err_msg=path)
+
+
+def test_scanned_rematerialised_layers_flash_equals_explicit():
+  """Scanned layers (per-layer dropout rngs split by nn.scan) under full remat: 'flash' gives
+  the loss and gradients of 'explicit' with dropout_rng='hash'."""
+  cfg = model_lib.config_for_size(
+    "tiny", vocab_size=64, max_position_embeddings=16, dropout_rng="hash", scan_layers=True,
+    remat_policy="full",
+  )  # fmt: skip
+  ids = jnp.arange(32).reshape(2, 16) % 64
+  input_mask = jnp.ones((2, 16), jnp.int32).at[1, 10:].set(0)
+  params = model_lib.init_params(BertForPreTraining(cfg), jax.random.key(0))
+  results = []
+  for impl in ("explicit", "flash"):
+    model = BertForPreTraining(dataclasses.replace(cfg, attention_impl=impl))
+
+    def loss(p, model=model):
+      out = model.apply(
+        {"params": p}, ids, None, input_mask, deterministic=False,
+        rngs={"dropout": jax.random.key(2)},
+      )  # fmt: skip
+      return jnp.sum(out["mlm_logits"] ** 2) * 1e-3
+
+    results.append(jax.jit(jax.value_and_grad(loss))(params))
+  (loss_e, grads_e), (loss_f, grads_f) = results
+  assert float(loss_f) == pytest.approx(float(loss_e), rel=1e-6)
+  for x, y in zip(jax.tree.leaves(grads_f), jax.tree.leaves(grads_e), strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_flash_config():
+  """'flash' is a valid attention_impl with attention dropout, never 'auto''s choice; the
+  model refuses it on a TPU in one line."""
+  cfg = BertConfig(attention_impl="flash", attention_dropout_prob=0.1)
+  assert model_lib.attention_choice(cfg, 128, dropout=True, probs=False) == "flash"
+  assert model_lib.attention_choice(cfg, 128, dropout=True, probs=True) == "explicit"
+  assert all("flash" not in choice for choice in model_lib.AUTO_ATTENTION.values())
+  tpu = model_lib.resolve_kernels(dataclasses.replace(cfg, vocab_size=64), "tpu")
+  model = BertForPreTraining(dataclasses.replace(tpu, num_layers=1, hidden_size=32, num_heads=2))
+  ids = jnp.zeros((1, 8), jnp.int32)
+  with pytest.raises(ValueError, match="^attention_impl='flash' runs on GPUs .* not on tpu"):
+    jax.eval_shape(
+      lambda: model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, ids,
+                         deterministic=False)
+    )  # fmt: skip
