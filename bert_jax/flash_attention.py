@@ -270,7 +270,20 @@ def _stat_spec(block: int, blocked: bool) -> pl.BlockSpec:
   return pl.BlockSpec((None, None, block), lambda i, b, h: (b, h, 0))
 
 
-_HASH_SPEC = pl.BlockSpec((4,), lambda i, b, h: (0,))
+def _in_specs(q_block: int, k_block: int, k_pad: int, by_q: bool) -> list[pl.BlockSpec]:
+  """The kernels' inputs in order (hash words, q, k, v, valid, qpos, then the backward's dO,
+  m, 1/l, delta): the held axis in blocks (queries if by_q, else keys), the other whole."""
+  by_k = not by_q
+  return [
+    pl.BlockSpec((4,), lambda i, b, h: (0,)),
+    _seq_spec(q_block, k_pad, by_q),
+    _seq_spec(k_block, k_pad, by_k),
+    _seq_spec(k_block, k_pad, by_k),
+    _row_spec(k_block, by_k),
+    _row_spec(q_block, by_q),
+    _seq_spec(q_block, k_pad, by_q),
+    *[_stat_spec(q_block, by_q)] * 3,
+  ]
 
 
 def _pallas(kernel, st: _Static, name: str, grid, in_specs, out_specs, out_shape):
@@ -300,14 +313,7 @@ def _forward(st: _Static, hash_w, q, k, v, valid, qpos):
     st,
     "flash_attention_fwd",
     grid=(q_len_p // bq, b, h),
-    in_specs=[
-      _HASH_SPEC,
-      _seq_spec(bq, k_pad, True),
-      _seq_spec(k_len_p, k_pad, False),
-      _seq_spec(k_len_p, k_pad, False),
-      _row_spec(k_len_p, False),
-      _row_spec(bq, True),
-    ],
+    in_specs=_in_specs(bq, k_len_p, k_pad, by_q=True)[:6],
     out_specs=[_seq_spec(bq, k_pad, True), _stat_spec(bq, True), _stat_spec(bq, True)],
     out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), stats, stats],
   )(hash_w, q, k, v, valid, qpos)
@@ -328,16 +334,7 @@ def _backward(st: _Static, res, do):
     st,
     "flash_attention_dkv",
     grid=(k_len_p // bk, b, h),
-    in_specs=[
-      _HASH_SPEC,
-      _seq_spec(bq, k_pad, False),
-      _seq_spec(bk, k_pad, True),
-      _seq_spec(bk, k_pad, True),
-      _row_spec(bk, True),
-      _row_spec(bq, False),
-      _seq_spec(bq, k_pad, False),
-      *[_stat_spec(bq, False)] * 3,
-    ],
+    in_specs=_in_specs(bq, bk, k_pad, by_q=False),
     out_specs=[_seq_spec(bk, k_pad, True)] * 2,
     out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
   )(*args)
@@ -348,16 +345,7 @@ def _backward(st: _Static, res, do):
     st,
     "flash_attention_dq",
     grid=(q_len_p // bq, b, h),
-    in_specs=[
-      _HASH_SPEC,
-      _seq_spec(bq, k_pad, True),
-      _seq_spec(bk, k_pad, False),
-      _seq_spec(bk, k_pad, False),
-      _row_spec(bk, False),
-      _row_spec(bq, True),
-      _seq_spec(bq, k_pad, True),
-      *[_stat_spec(bq, True)] * 3,
-    ],
+    in_specs=_in_specs(bq, bk, k_pad, by_q=True),
     out_specs=_seq_spec(bq, k_pad, True),
     out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
   )(*args)
