@@ -294,10 +294,20 @@ def keep_mask(key: Array, shape: tuple[int, ...], rate: float) -> Array:
   (counter-based, as Philox in cuDNN's dropout): a few integer ops per element that XLA fuses,
   where threefry's rounds cost far more per element on a CPU. The index is an iota, which
   XLA's SPMD partitioner splits by shard, so each device hashes only its own elements."""
-  seed = jax.random.bits(key, (2,), jnp.uint32)
+  seed = hash_seed(key)
   idx = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
-  h = _fmix32(_fmix32(idx ^ seed[0]) + seed[1])
-  return h >= _threshold(rate)
+  return hash_keep(idx, seed[0], seed[1], rate)
+
+
+def hash_seed(key: Array) -> Array:
+  """The two uint32 seed words `keep_mask` draws from its key."""
+  return jax.random.bits(key, (2,), jnp.uint32)
+
+
+def hash_keep(idx: Array, seed0: Array, seed1: Array, rate: float) -> Array:
+  """`keep_mask`'s bits at the uint32 flat indices `idx` (also inside the Pallas kernels of
+  flash_attention.py, which hash each tile's indices)."""
+  return _fmix32(_fmix32(idx ^ seed0) + seed1) >= _threshold(rate)
 
 
 def rbg_keep_mask(key: Array, shape: tuple[int, ...], rate: float) -> Array:
