@@ -89,6 +89,8 @@ def _storage_leftover(error: BaseException | None, obj: Any = None) -> bool:
     return True
   if isinstance(error, RuntimeError) and "Event loop is closed" in str(error):
     return True  # its event loop was shut down by the failed operation
+  if error is not None and ocp.utils.TMP_DIR_SUFFIX in str(error):
+    return True  # a TensorStore write into a save's temporary directory (no orbax frame)
   tb = getattr(error, "__traceback__", None)
   while tb is not None:
     if "/orbax/" in tb.tb_frame.f_code.co_filename:
