@@ -26,7 +26,8 @@ LEARNS = {"opt.epochs": 4, "model.hidden_dropout_prob": 0.0, "model.attention_dr
 def _cmd(wd, arg="custom,seeds=1,size=tiny", **fields):
   flags = [f"--config.{k}={v}" for k, v in {**CLI_FIELDS, **fields}.items()]
   config = f"--config={REPO}/configs/finetune.py:{arg}"
-  return [sys.executable, "-m", "bert_jax.finetune", config, f"--workdir={wd}", *flags]
+  cmd = [sys.executable, "-m", "bert_jax.finetune", config, f"--workdir={wd}"]
+  return [*cmd, "--num_cpu_devices=8", *flags]  # the mesh of in-process runs (conftest)
 
 
 def _run(cmd):
@@ -52,6 +53,7 @@ def _dead_pid():
   return p.pid
 
 
+@pytest.mark.slow
 def test_unlabelled_test_split_gets_predictions_and_no_metrics(tmp_path):
   """37.1: a test file without labels (as GLUE's): no score of any kind (it used to get a
   "loss" against class 0), each example's prediction at the best dev point in
@@ -102,6 +104,7 @@ def test_partly_labelled_test_split_is_one_line(tmp_path):
     assert not wd.exists()
 
 
+@pytest.mark.slow
 def test_no_test_split_reports_dev(tmp_path):
   """38.1: train and dev files, no test file: the run trains, reports dev and says there is no
   test split (it used to fail after training with `summarize_seeds: no seeds`)."""
