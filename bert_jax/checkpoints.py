@@ -311,8 +311,9 @@ def all_steps(path: str | os.PathLike) -> list[int]:
 
 
 class WorkdirError(ValueError):
-  """A file every step of a workdir shares (its tokenizer) is wrong: no checkpoint is to blame
-  and an older step would fail alike, so `load_newest` raises it at once."""
+  """What every step of a workdir shares is wrong (its tokenizer) or not what was asked for
+  (its architecture): no checkpoint is to blame and an older step would fail alike, so
+  `load_newest` raises it at once."""
 
 
 def load_newest(path: str | os.PathLike, load: Callable[[int], T]) -> T:

@@ -195,7 +195,10 @@ def load_checkpoint(
     )
   fmt, cfg = read_config(p, step)
   if like is not None:
-    check_architecture(cfg, like, str(path))
+    try:
+      check_architecture(cfg, like, str(path))
+    except ValueError as e:  # every step of a workdir is the same architecture: no fallback
+      raise (ckpt_lib.WorkdirError if fmt in ("workdir", "orbax") else ValueError)(e) from None
   if target is not None:
     scan_layers = params_tree.is_scanned(target)
   meta: dict = {}
