@@ -161,13 +161,13 @@ def check_task_files(task: Any) -> None:
   """One line, before any checkpoint is read, for a task file that is not there: a preset's
   line says where its files come from (`task.files_hint`). A dev split is required (best-point
   selection); a test split may be absent (dev is reported alone)."""
-  if not task.dev and task.get("format", "auto") not in ("glue", "tfds"):
-    raise ValueError(f"task {task.name}: no dev split (config.task.dev) to select on")
   for split in SPLITS:
     for path in filter(None, (task[split] or "").split(",")):
       if not files.is_remote(path) and not os.path.exists(path):
         hint = task.get("files_hint", "")
         raise FileNotFoundError(f"{path}: no such file" + (f"; {hint}" if hint else ""))
+  if not task.dev and task.get("format", "auto") not in ("glue", "tfds"):
+    raise ValueError(f"task {task.name}: no dev split (config.task.dev) to select on")
 
 
 def optimizer_config(config: ml_collections.ConfigDict, steps_per_epoch: int) -> Any:
