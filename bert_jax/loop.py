@@ -19,6 +19,7 @@ eval does, what a checkpoint holds). The loop owns what must be the same everywh
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import math
@@ -195,6 +196,24 @@ class MetricLogger:
         shutil.rmtree(self.tb.logdir, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def closing(*closables: Any) -> Iterator[None]:
+  """Closes each of `closables` (a checkpointer, a logger) after the block. When the block
+  failed, that error is the one raised: a close failing for the same reason (an unwritable
+  workdir) is only logged, instead of replacing the error that names the cause."""
+  try:
+    yield
+  except BaseException:
+    for c in closables:
+      try:
+        c.close()
+      except Exception as e:  # noqa: BLE001 -- the block's own error is reported
+        logging.warning("while stopping: %s", " ".join(str(e).split())[:400])
+    raise
+  for c in closables:
+    c.close()
+
+
 # ----------------------------------------------------------------------------- the loop
 
 # Keys of a step's metrics that the loop reads itself; every other key is a sum that the log
@@ -238,6 +257,11 @@ class Job:
   flops_per_step: float = 0.0  # model FLOPs of one step, for MFU
   peak_flops: float = 0.0  # peak FLOP/s of all devices together; 0 = unknown
   clock: Callable[[], float] = time.perf_counter  # seconds, for the rates and the ETA
+
+
+class EvalInterrupted(Exception):
+  """Raised by a job's `evaluate` between eval batches when `Preemption.interrupts()`: the
+  loop saves the step with its eval marked pending, and the resumed run evaluates it first."""
 
 
 @dataclasses.dataclass
@@ -354,6 +378,14 @@ def run(job: Job, state: Any, start_step: int, window: dict[str, float] | None =
   prev = None  # (step, metrics, tokens) dispatched last: read after dispatching the next
   preempt = job.preemption
   preempt.training()
+  # An eval a signal cut short is the saved step's: done first, as it would have been.
+  pending_k = "_eval_pending"
+  if w.sums.pop(pending_k, 0.0):
+    try:
+      job.evaluate(step, state)
+    except EvalInterrupted:  # the checkpoint of this step is saved (with the eval pending)
+      return Result(state, step, True, last_train)
+  eval_cut = False
   while step < job.total_steps and not stop:
     host_batch = next(job.batches)
     tokens = host_batch["input_ids"].size * jax.process_count()
@@ -370,8 +402,12 @@ def run(job: Job, state: Any, start_step: int, window: dict[str, float] | None =
     if eval_now or save_now:
       consume(*prev)  # the eval and the checkpoint follow this step's host side
       prev = None
-    if eval_now:
-      job.evaluate(step, state)
+    if eval_now and not stop:
+      try:
+        job.evaluate(step, state)
+      except EvalInterrupted:
+        stop = save_now = True
+    eval_cut = eval_now and stop
     if save_now:
-      job.save(step, state, w.state())
-  return Result(state, step, stop and step < job.total_steps, last_train)
+      job.save(step, state, {**w.state(), **({pending_k: 1.0} if eval_cut else {})})
+  return Result(state, step, stop and (step < job.total_steps or eval_cut), last_train)
