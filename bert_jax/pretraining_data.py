@@ -40,6 +40,7 @@ import dataclasses
 import itertools
 import json
 import multiprocessing
+import multiprocessing.resource_tracker
 import os
 import shutil
 import signal
@@ -159,7 +160,7 @@ def build(
       pool = data_writer.InProcess(opts)
     else:
       ctx = multiprocessing.get_context("spawn")
-      with _workers_ignore_sigint():
+      with _signals_held_while_workers_start():
         pool = ctx.Pool(num_workers, initializer=data_writer.init_worker, initargs=(opts,))
     pending: collections.deque = collections.deque()
     max_in_flight = max(2, num_workers + 1)  # bounds memory: a few chunks at a time
@@ -271,18 +272,31 @@ def build(
 
 
 @contextlib.contextmanager
-def _workers_ignore_sigint():
-  """Workers started inside ignore SIGINT from their first instruction (an ignored signal
-  stays ignored across exec): a Ctrl-C reaches the whole process group, and the parent alone
-  stops the build, without a worker's KeyboardInterrupt traceback."""
+def _signals_held_while_workers_start():
+  """Starting the workers is not cut short by a signal (a half-made pool cannot be stopped, and
+  a worker whose parent is gone prints a traceback): SIGTERM and SIGHUP are deferred to the end
+  and SIGINT is blocked meanwhile. The workers inherit the block across exec, so a Ctrl-C to
+  the process group stops the parent alone (no worker KeyboardInterrupt traceback); SIGTERM,
+  as Pool.terminate sends it, stops them at any point."""
   if threading.current_thread() is not threading.main_thread():
     yield
     return
-  old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  # The resource tracker first: starting it unblocks SIGINT (its own hold while it starts).
+  multiprocessing.resource_tracker.ensure_running()
+  deferred = []
+  handlers = {
+    sig: signal.signal(sig, lambda signum, frame: deferred.append(signum))
+    for sig in (signal.SIGTERM, signal.SIGHUP)
+  }
+  mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
   try:
     yield
   finally:
-    signal.signal(signal.SIGINT, old)
+    for sig, handler in handlers.items():
+      signal.signal(sig, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending SIGINT is delivered here
+    if deferred:
+      signal.raise_signal(deferred[0])
 
 
 def _abandon(pool, bar) -> None:

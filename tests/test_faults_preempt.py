@@ -282,6 +282,17 @@ def _new_pid_namespace():
   return cmd if subprocess.run([*cmd, "true"], capture_output=True).returncode == 0 else None
 
 
+def _wait_for_checkpoint(proc, workdir, step, timeout=240):
+  """Until the checkpoint of `step` is committed (orbax renames its temporary directory to the
+  step's number once every file is written)."""
+  deadline = time.time() + timeout
+  while time.time() < deadline and proc.poll() is None:
+    if (workdir / "checkpoints" / str(step)).is_dir():
+      return
+    time.sleep(0.05)
+  raise AssertionError(f"run ended or stalled before its checkpoint {step}: {proc.poll()}")
+
+
 def _wait_until_gone(lock_path, timeout=60):
   """Until the kernel has dropped the flock of a SIGKILLed holder (its exit takes a moment
   after its parent's)."""
@@ -307,7 +318,8 @@ def test_a_killed_container_trainers_lock_is_taken_over(tiny_data_dir, tmp_path)
     stdout=subprocess.DEVNULL,
     stderr=subprocess.DEVNULL,
   )
-  _wait_for_step(proc, wd, 5)  # a checkpoint at step 4
+  _wait_for_step(proc, wd, 5)
+  _wait_for_checkpoint(proc, wd, 4)  # saved asynchronously: step 5's log line may come first
   lock = json.loads((wd / preemption.LOCK_FILE).read_text())
   assert lock["pid"] == 1 and lock["host"] == socket.gethostname() and lock["flock"]
   proc.kill()  # unshare, and with it (--kill-child) the trainer: pid 1 of its namespace
