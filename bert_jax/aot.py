@@ -108,9 +108,12 @@ def topology_devices(name: str) -> tuple[list[Any], Topology | None]:
 def parse_mesh(text: str) -> tuple[int, ...]:
   """'(1,-1,1)' or '1,-1,1' -> (1, -1, 1)."""
   try:
-    return tuple(int(x) for x in text.strip("()[] ").split(",") if x.strip())
+    shape = tuple(int(x) for x in text.strip("()[] ").split(",") if x.strip())
   except ValueError:
-    raise ValueError(f"--mesh={text}: expected three integers like (1,-1,1)") from None
+    shape = ()
+  if len(shape) != 3:
+    raise ValueError(f"--mesh={text}: expected three integers like (1,-1,1)")
+  return shape
 
 
 def _masking_tables(config: ml_collections.ConfigDict) -> Any:
@@ -300,6 +303,8 @@ _CPU_DEVICES = flags.DEFINE_integer(
   "num_cpu_devices", None, "With --topology=cpu: fake this many CPU devices."
 )
 flags.mark_flags_as_required(["config"])
+cli.check_flag(_TOPOLOGY, parse_topology)
+cli.check_flag(_MESH, lambda text: text is None or parse_mesh(text))
 
 
 def main(argv: list[str]) -> None:

@@ -4,7 +4,7 @@
 `step=`), one orbax step, a HuggingFace dir, a Google TF checkpoint or a params dir. Works in a
 plain single-device process with no mesh, whatever mesh the checkpoint was saved on.
 
-  m = bert_jax.load("/tmp/bert_local")
+  m = bert_jax.load("/tmp/bert_local")  # dtype="float32" to compute in float32
   m.fill_mask("the man went to the [MASK] .")
   m.embed(["a sentence"], layers=(-1, -2, -3, -4))
 
@@ -166,16 +166,19 @@ class Bert:
     )
 
 
-def load(path: str, step: int | None = None, device: Any = None) -> Bert:
+def load(path: str, step: int | None = None, device: Any = None, dtype: str | None = None) -> Bert:
   """Loads any checkpoint (the latest or `step` of a workdir) onto one device. A workdir's
   latest step that does not load (a truncated or corrupt file) is named in one warning and the
-  one before is tried, as the trainer does."""
+  one before is tried, as the trainer does. `dtype` is the compute dtype ('float32', 'bfloat16',
+  'float16'); None computes in the checkpoint's own (the run's `model.dtype`: bfloat16 for the
+  bundled default on a CPU with bf16 instructions). The weights keep their stored dtype."""
   target_device = device or jax.devices()[0]
   if step is None and loader.detect_format(path) == "workdir":
     ck = ckpt_lib.load_newest(path, lambda s: loader.load_checkpoint(path, s))
   else:
     ck = loader.load_checkpoint(path, step)
-  cfg = dataclasses.replace(ck.config, remat_policy="none")
+  dtype = ck.config.dtype if dtype is None else jnp.dtype(dtype).name
+  cfg = dataclasses.replace(ck.config, remat_policy="none", dtype=dtype)
   cfg = model_lib.resolve_kernels(cfg, target_device.platform)
   params = jax.device_put(ck.params, target_device)
   return Bert(cfg, params, ck.tokenizer, ck.meta, ck.step, ck.format)

@@ -62,6 +62,11 @@ AUTO_ATTENTION: dict[tuple[str, int], tuple[str, str]] = {
 }
 DEFAULT_ATTENTION = ("xla", "explicit")
 
+# attention_impl='flash' (flash_attention.py's Pallas kernels, never an 'auto' choice: no GPU
+# has run them yet) per platform: whether Pallas interprets them. On a GPU they lower through
+# Triton; on the CPU the interpreter runs them (slowly: for tests); no TPU (Mosaic) version.
+FLASH_INTERPRET = {"gpu": False, "cpu": True}
+
 
 def platform_family(platform: str) -> str:
   """A JAX platform name as DROPOUT_RNG_AUTO and AUTO_ATTENTION key it ('cuda', 'rocm' -> 'gpu')."""
@@ -108,6 +113,17 @@ def attention_choice(cfg: BertConfig, key_length: int, dropout: bool, probs: boo
   else:
     choice = DEFAULT_ATTENTION
   return choice[1] if dropout else choice[0]
+
+
+def flash_interpret(cfg: BertConfig) -> bool:
+  """Whether attention_impl='flash' runs in Pallas' interpreter on cfg's platform (a platform
+  without the kernels is a ValueError)."""
+  platform = resolved(cfg).platform
+  if platform not in FLASH_INTERPRET:
+    raise ValueError(
+      f"attention_impl='flash' runs on GPUs (Triton) and, interpreted, on CPUs; not on {platform}"
+    )
+  return FLASH_INTERPRET[platform]
 
 
 # ----------------------------------------------------------------------------- ops

@@ -89,6 +89,8 @@ def _storage_leftover(error: BaseException | None, obj: Any = None) -> bool:
     return True
   if isinstance(error, RuntimeError) and "Event loop is closed" in str(error):
     return True  # its event loop was shut down by the failed operation
+  if error is not None and ocp.utils.TMP_DIR_SUFFIX in str(error):
+    return True  # a TensorStore write into a save's temporary directory (no orbax frame)
   tb = getattr(error, "__traceback__", None)
   while tb is not None:
     if "/orbax/" in tb.tb_frame.f_code.co_filename:
@@ -309,8 +311,9 @@ def all_steps(path: str | os.PathLike) -> list[int]:
 
 
 class WorkdirError(ValueError):
-  """A file every step of a workdir shares (its tokenizer) is wrong: no checkpoint is to blame
-  and an older step would fail alike, so `load_newest` raises it at once."""
+  """What every step of a workdir shares is wrong (its tokenizer) or not what was asked for
+  (its architecture): no checkpoint is to blame and an older step would fail alike, so
+  `load_newest` raises it at once."""
 
 
 def load_newest(path: str | os.PathLike, load: Callable[[int], T]) -> T:

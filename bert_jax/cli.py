@@ -39,7 +39,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import ml_collections
 from absl import app, flags, logging
@@ -144,6 +144,12 @@ _HELP = {"--help", "-help", "-?", "--helpshort", "-helpshort"}
 _HELP_FULL = {"--helpfull", "-helpfull"}
 
 
+def _flag_module(main: Callable) -> str:
+  """The name absl files the entry module's flags under: its module's name, or sys.argv[0]
+  for `python -m`'s __main__."""
+  return sys.argv[0] if main.__module__ == "__main__" else main.__module__
+
+
 def _help(main: Callable, argv: list[str]) -> None:
   """Prints the entry module's docstring and flags and exits 0 on --help (absl's own help
   exits 1 and, from a console script, lists no flag: it looks them up under sys.argv[0])."""
@@ -151,12 +157,9 @@ def _help(main: Callable, argv: list[str]) -> None:
   full = any(a in _HELP_FULL for a in args)
   if not full and not any(a in _HELP for a in args):
     return
-  # absl files a flag under its module's name, or under sys.argv[0] for `python -m`'s __main__.
-  name = main.__module__
-  module = sys.modules.get(name)
-  key = sys.argv[0] if name == "__main__" else name
+  module = sys.modules.get(main.__module__)
   text = (module.__doc__ if module else None) or f"USAGE: {os.path.basename(argv[0])} [flags]"
-  listing = flags.FLAGS.get_help() if full else flags.FLAGS.module_help(key)
+  listing = flags.FLAGS.get_help() if full else flags.FLAGS.module_help(_flag_module(main))
   try:
     print(text.rstrip() + "\n\nflags:\n" + listing)
     if not full:
@@ -261,10 +264,28 @@ def _flags_parser(prog: str, main: Callable) -> Callable[[list[str]], list[str]]
   return parse
 
 
+def check_flag(holder: flags.FlagHolder, check: Callable[[Any], object]) -> None:
+  """Runs `check(value)` when the flags are parsed: a ValueError it raises ends the command in
+  `PROG: error: flag --NAME=VALUE: MESSAGE`, exit status 2, before `main` runs (a leading
+  `--NAME...: ` of the message is dropped, absl names the flag)."""
+  name = holder.name
+
+  def validate(value: Any) -> bool:
+    try:
+      check(value)
+    except ValueError as e:
+      raise flags.ValidationError(re.sub(rf"^--{name}\b[^:]*: ", "", str(e))) from None
+    return True
+
+  flags.register_validator(name, validate)
+
+
 def run(main: Callable[[list[str]], None], prog: str, compilation_cache: bool = False) -> None:
   """`app.run(main)` with one-line errors (see the module docstring); with `compilation_cache`,
   a `--compilation_cache_dir` flag and JAX's persistent compilation cache (`compile_cache`)."""
   cache_dir = compile_cache.define_flag() if compilation_cache else None
+  if cache_dir is not None:  # --help lists it with the command's own flags
+    flags.FLAGS.register_key_flag_for_module(_flag_module(main), flags.FLAGS[cache_dir.name])
 
   def guarded(argv: list[str]) -> None:
     if not flags.FLAGS["verbosity"].present:

@@ -29,8 +29,9 @@ MAX_DOC_SENTENCES = 50_000
 MAX_DOC_CHARS = 16 << 20
 
 
-def expand_inputs(patterns: str) -> list[str]:
-  """Comma-separated globs -> sorted, de-duplicated files; a glob matching nothing is an error."""
+def expand_inputs(patterns: str, what: str = "--input") -> list[str]:
+  """Comma-separated globs -> sorted, de-duplicated files; a glob matching nothing is an error
+  naming `what` (the flag or config field that gave the globs)."""
   files: list[str] = []
   for pattern in patterns.split(","):
     pattern = pattern.strip()
@@ -39,10 +40,10 @@ def expand_inputs(patterns: str) -> list[str]:
     matches = sorted(m for m in glob.glob(os.path.expanduser(pattern), recursive=True))
     matches = [m for m in matches if os.path.isfile(m)]
     if not matches:
-      raise FileNotFoundError(f"--input: no file matches {pattern!r}")
+      raise FileNotFoundError(f"{what}: no file matches {pattern!r}")
     files.extend(matches)
   if not files:
-    raise ValueError("--input is empty")
+    raise ValueError(f"{what} is empty")
   return list(dict.fromkeys(files))
 
 

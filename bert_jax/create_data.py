@@ -6,15 +6,19 @@ Input: .txt/.gz files, one sentence a line, a blank line between documents; or a
 text dataset (--tfds_name; needs `pip install 'bert_jax[tfds]'`). The sequence algorithm, the
 output layout and the determinism guarantees are described in bert_jax.pretraining_data; the
 summary (documents, sequences, tokens, what was skipped) goes to stderr.
+
+SIGTERM, SIGINT (Ctrl-C) or SIGHUP stop a build with one line and exit status 128 + the
+signal's number; nothing of it is left in --output_dir (an old dataset there stays as it was).
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from absl import flags
 
-from bert_jax import cli, pretraining_data
+from bert_jax import cli, files, pretraining_data
 
 _INPUT = flags.DEFINE_string(
   "input", None, "Comma-separated globs of .txt/.gz files (a sentence a line)."
@@ -73,9 +77,46 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace a dataset already in
 _PROGRESS = flags.DEFINE_bool("progress", True, "Progress bar on stderr.")
 
 
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class _Stopped(BaseException):
+  """A signal stopped the build: a BaseException, so that every `except Exception` on the way
+  lets it through while the build's own clean-up runs."""
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
+
+
+def _stop(signum: int, frame) -> None:
+  del frame
+  for sig in _SIGNALS:  # a second Ctrl-C must not cut the clean-up short
+    signal.signal(sig, signal.SIG_IGN)
+  files.interrupt(_Stopped(signum))  # at once, or once the dataset is whole in place
+
+
 def main(argv: list[str]) -> None:
   del argv
-  summary = pretraining_data.build(
+  for sig in _SIGNALS:
+    signal.signal(sig, _stop)
+  try:
+    summary = _build()
+  except _Stopped as e:
+    name = signal.Signals(e.signum).name
+    if getattr(e, "deferred", False):  # it came while the finished dataset was put in place
+      what = f"{_OUTPUT_DIR.value} holds the new dataset whole"
+    else:
+      what = (
+        f"nothing of this build is left in {_OUTPUT_DIR.value}; rerun the same command to build it"
+      )
+    print(f"create_data: {name} received: stopped; {what}", file=sys.stderr)
+    sys.exit(128 + e.signum)
+  print(pretraining_data.format_summary(summary), file=sys.stderr)
+
+
+def _build() -> dict:
+  return pretraining_data.build(
     _INPUT.value,
     _OUTPUT_DIR.value or "",
     vocab=_VOCAB.value,
@@ -99,7 +140,6 @@ def main(argv: list[str]) -> None:
     overwrite=_OVERWRITE.value,
     progress=_PROGRESS.value,
   )
-  print(pretraining_data.format_summary(summary), file=sys.stderr)
 
 
 def run() -> None:

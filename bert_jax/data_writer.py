@@ -21,8 +21,10 @@ single pass (no dupes).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import random
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,6 +39,24 @@ MAX_BUCKETS = 4096
 BUFFER_BUDGET_CHARS = 256 << 20
 MIN_EVAL_DOCS = 3
 SPLITS = ("train", "eval")
+
+
+class WriteError(OSError):
+  """Writing the dataset's files failed (a full disk, a quota, a file-size limit): `build`
+  says so in one line naming the output directory, and removes what it wrote."""
+
+
+# strerror text -> errno, to read ArrayRecord's RuntimeError ("write() failed: No space left on
+# device; writing ...; at byte N") back as the OS error it is.
+_ERRNOS = {os.strerror(n): n for n in sorted(errno.errorcode, reverse=True)}
+
+
+def _write_error(error: Exception) -> WriteError:
+  if isinstance(error, OSError):
+    return WriteError(error.errno, error.strerror or str(error))
+  m = re.search(r"failed: ([^;]+)", str(error))
+  reason = m.group(1).strip() if m else " ".join(str(error).split())[:200]
+  return WriteError(_ERRNOS.get(reason, errno.EIO), reason)
 
 
 @dataclasses.dataclass
@@ -85,8 +105,11 @@ class Scatter:
 
   def _flush(self, key) -> None:
     if self.buffers[key]:
-      with open(self._path(*key), "a", encoding="utf-8", errors="surrogatepass") as f:
-        f.write("".join(self.buffers[key]))
+      try:
+        with open(self._path(*key), "a", encoding="utf-8", errors="surrogatepass") as f:
+          f.write("".join(self.buffers[key]))
+      except OSError as e:
+        raise _write_error(e) from None
       self.buffers[key] = []
       self.buffered[key] = 0
 
@@ -230,20 +253,34 @@ class ShardWriter:
     self.num_tokens = 0
 
   def write(self, record: bytes) -> None:
-    if self._writer is None or self._in_shard >= self.per_shard:
-      self.close()
-      path = os.path.join(self.directory, f"{self.split}-{len(self.paths):05d}.partial")
-      self.paths.append(path)
-      self._writer = self._writer_cls(path, records.ARRAY_RECORD_OPTIONS)
-      self._in_shard = 0
-    self._writer.write(record)
+    try:
+      if self._writer is None or self._in_shard >= self.per_shard:
+        self.close()
+        path = os.path.join(self.directory, f"{self.split}-{len(self.paths):05d}.partial")
+        self.paths.append(path)
+        self._writer = self._writer_cls(path, records.ARRAY_RECORD_OPTIONS)
+        self._in_shard = 0
+      self._writer.write(record)
+    except (OSError, RuntimeError) as e:  # ArrayRecord reports a failed write as RuntimeError
+      raise _write_error(e) from None
     self._in_shard += 1
     self.num_records += 1
 
   def close(self) -> None:
     if self._writer is not None:
-      self._writer.close()
-      self._writer = None
+      writer, self._writer = self._writer, None
+      try:
+        writer.close()
+      except (OSError, RuntimeError) as e:
+        raise _write_error(e) from None
+
+  def abandon(self) -> None:
+    """Closes after a failure, whose error is the one to report: the writer's own is dropped
+    (ArrayRecord repeats a failed write's error at close)."""
+    try:
+      self.close()
+    except WriteError:
+      pass
 
   def finish(self) -> list[tuple[str, str]]:
     """Closes; returns (temporary path, final file name) pairs."""

@@ -2,13 +2,15 @@
 
 `as_path` checks a path this code can serve (local, or gs:// with its packages) before any
 compute; `write_atomic`, `copytree_atomic` and `AtomicDir` write under a temporary name and
-rename at the end (an object store has no rename: an upload is all-or-nothing). Errors are one
-line naming the path. Imports no jax or orbax, so the run-status and resume records use it
-cheaply.
+rename at the end (an object store has no rename: an upload is all-or-nothing); a temporary
+name carries its writer's pid, so `remove_leftovers` can clear what a killed writer left
+without touching a live one's. Errors are one line naming the path. Imports no jax or orbax,
+so the run-status and resume records use it cheaply.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -78,11 +80,105 @@ def as_path(path: PathLike, what: str = "path") -> epath.Path:
   return epath.Path(text)
 
 
+def as_dir(path: PathLike, what: str = "directory") -> epath.Path:
+  """`as_path` for a directory a run creates or reuses: a local path that is a file, or lies
+  under one, is one line naming it (ValueError), before anything is created."""
+  out = as_path(path, what)
+  if is_remote(path):  # an object store has no files in the way of a prefix
+    return out
+  text, probe = os.fspath(path), os.fspath(out)
+  while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+    probe = os.path.dirname(probe)
+  if not os.path.isdir(probe):
+    where = "" if probe == os.fspath(out) else f"{probe} "
+    raise ValueError(f"{what} {text}: {where}is a file, not a directory")
+  return out
+
+
 def root_cause(error: BaseException) -> str:
   """The innermost exception on one line: TensorStore's own message says what is wrong."""
   while error.__cause__ or error.__context__:
     error = error.__cause__ or error.__context__
   return f"{type(error).__name__}: " + " ".join(str(error).split())
+
+
+# ----------------------------------------------------------------------------- signals
+
+# Sections a signal must not cut (a lock file created but not yet known as held; a dataset half
+# moved into place). A signal handler runs in the main thread between any two bytecodes, so it
+# hands its exception to `interrupt`, which raises it now or at the section's end.
+_uninterrupted = 0
+_pending: list[BaseException] = []
+
+
+@contextlib.contextmanager
+def uninterrupted():
+  """A section that `interrupt` (called from a signal handler) does not cut: the exception is
+  raised at the end of the outermost section, marked `deferred = True` (what the section did
+  is done). If the section itself fails, its error is the one raised."""
+  global _uninterrupted
+  _uninterrupted += 1
+  try:
+    yield
+  except BaseException:
+    if _uninterrupted == 1:
+      _pending.clear()
+    raise
+  finally:
+    _uninterrupted -= 1
+  if not _uninterrupted and _pending:
+    error = _pending.pop()
+    error.deferred = True
+    raise error
+
+
+def interrupt(error: BaseException) -> None:
+  """Raises `error` from a signal handler, or keeps it for the end of the `uninterrupted`
+  section the main thread is in."""
+  if _uninterrupted:
+    _pending[:] = [error]
+    return
+  raise error
+
+
+# ----------------------------------------------------------------------------- leftovers
+
+
+def process_alive(pid: int) -> bool:
+  """Whether a process `pid` runs on this host (in this pid namespace)."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # exists, another user's
+    return True
+  except OverflowError:  # not a pid at all
+    return False
+  return True
+
+
+def remove_leftovers(directory: PathLike, prefix: str) -> list[str]:
+  """Removes the temporary entries that killed writers left in the local `directory`: those
+  named `<prefix><pid>-...` whose process is gone (or `<prefix>...` without a pid: an older
+  version's), never this process's own or a live process's. Returns the names removed."""
+  removed = []
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return removed
+  for name in names:
+    if not name.startswith(prefix):
+      continue
+    head = name[len(prefix) :].split("-", 1)[0]
+    if head.isdigit() and (int(head) == os.getpid() or process_alive(int(head))):
+      continue
+    path = os.path.join(directory, name)
+    try:
+      shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+    except OSError:  # a read-only or foreign directory: left for its owner
+      continue
+    removed.append(name)
+  return removed
 
 
 def write_atomic(path: PathLike, text: str) -> None:
@@ -145,7 +241,8 @@ def copytree_atomic(src: str, dst: PathLike) -> None:
 
 class AtomicDir:
   """A local output directory written whole or not at all: `with AtomicDir(dst, overwrite) as
-  tmp:` writes into a temp dir beside `dst`, renamed into place only on success."""
+  tmp:` writes into a temp dir beside `dst` (`.<name>.tmp-<pid>-*`), renamed into place only
+  on success, which also removes what killed writers of `dst` left beside it."""
 
   def __init__(self, dst: PathLike, overwrite: bool):
     self.dst = pathlib.Path(dst)
@@ -155,7 +252,8 @@ class AtomicDir:
     if self.dst.exists() and not self.overwrite:
       raise FileExistsError(f"{self.dst}: already exists (pass overwrite=True / --overwrite)")
     self.dst.parent.mkdir(parents=True, exist_ok=True)
-    self.tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{self.dst.name}.tmp-", dir=self.dst.parent))
+    prefix = f".{self.dst.name}.tmp-{os.getpid()}-"
+    self.tmp = pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir=self.dst.parent))
     return self.tmp
 
   def __exit__(self, exc_type, exc, tb) -> None:
@@ -176,6 +274,8 @@ class AtomicDir:
     os.rename(self.tmp, self.dst)
     if old is not None:
       shutil.rmtree(old, ignore_errors=True)
+    for kind in ("tmp", "old"):
+      remove_leftovers(self.dst.parent, f".{self.dst.name}.{kind}-")
 
 
 def read_json(path: str | os.PathLike, keys: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -193,7 +293,9 @@ def read_json(path: str | os.PathLike, keys: tuple[str, ...] = ()) -> dict[str, 
   try:
     data = json.loads(text)
   except json.JSONDecodeError as e:
-    raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    raise ValueError(
+      f"{path}: not valid JSON ({e.msg.removesuffix(' at')} at line {e.lineno})"
+    ) from None
   if not isinstance(data, dict):
     kind = {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(data))
     raise ValueError(f"{path}: holds a JSON {kind or 'number'}, not an object")

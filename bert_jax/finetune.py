@@ -157,6 +157,19 @@ def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_
   return task, splits
 
 
+def check_task_files(task: Any) -> None:
+  """One line, before any checkpoint is read, for a task file that is not there: a preset's
+  line says where its files come from (`task.files_hint`). A dev split is required (best-point
+  selection); a test split may be absent (dev is reported alone)."""
+  for split in SPLITS:
+    for path in filter(None, (task[split] or "").split(",")):
+      if not files.is_remote(path) and not os.path.exists(path):
+        hint = task.get("files_hint", "")
+        raise FileNotFoundError(f"{path}: no such file" + (f"; {hint}" if hint else ""))
+  if not task.dev and task.get("format", "auto") not in ("glue", "tfds"):
+    raise ValueError(f"task {task.name}: no dev split (config.task.dev) to select on")
+
+
 def optimizer_config(config: ml_collections.ConfigDict, steps_per_epoch: int) -> Any:
   """config.opt with total_steps = epochs x steps per epoch and warmup_steps from
   warmup_fraction (the paper's 10%)."""
@@ -275,14 +288,30 @@ def make_eval_step(model, task: tasks_lib.Task):
   return eval_step
 
 
-def evaluate(p_eval, params, task, split_data, config, mesh, pad_id) -> dict[str, float]:
-  """The task's metrics on a whole split, plus its mean loss when it has labels."""
+def split_state(split_data: Any) -> str:
+  """'absent' (no file), 'unlabelled' (a test split without labels: predictions, no metrics)
+  or 'labelled'. The readers refuse a split labelled in some rows only."""
+  if split_data is None:
+    return "absent"
+  first = split_data[0][0]
+  unlabelled = getattr(first, "label", 0) is None or getattr(first, "tags", 0) is None
+  return "unlabelled" if unlabelled else "labelled"
+
+
+def evaluate(
+  p_eval, params, task, split_data, config, mesh, pad_id, stop=None
+) -> tuple[dict[str, float], dict[str, list]]:
+  """(the task's metrics on a whole split plus its mean loss, each row's predictions); an
+  unlabelled split has no metrics ({}). `stop()` is asked before each batch (on every process
+  alike): True abandons the eval (`loop.EvalInterrupted`)."""
   _, enc, extra = split_data
   rows = enc.rows
   preds: dict[str, list] = {}
   loss_sum = count = 0.0
   bl = batches_lib.buckets(config)
   for batch in batches_lib.eval_batches(rows, config.data.eval_batch_size, bl, pad_id):
+    if stop is not None and stop():
+      raise loop.EvalInterrupted()
     out = jax.device_get(
       p_eval(params, input_pipeline.to_global(batches_lib.host_slice(batch), mesh))
     )
@@ -296,10 +325,12 @@ def evaluate(p_eval, params, task, split_data, config, mesh, pad_id) -> dict[str
         preds.setdefault(k, [None] * len(rows))[r] = (
           v[j][:n] if v.ndim > 1 and not task.spec.choices else v[j]
         )
+  if split_state(split_data) == "unlabelled":
+    return {}, preds
   result = task.score(preds, rows, extra)
   if count:
     result["loss"] = loss_sum / count
-  return result
+  return result, preds
 
 
 # ----------------------------------------------------------------------------- runs
@@ -353,7 +384,7 @@ def finetune(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 def run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """One recipe, every seed, in `workdir`. Everything a user can get wrong (config, checkpoint,
   task files) is checked before the workdir is touched."""
-  workdir = str(files.as_path(workdir, "workdir"))  # one line for an unservable scheme
+  workdir = str(files.as_dir(workdir, "--workdir"))  # an unservable scheme or a file: one line
   if files.is_remote(workdir):
     raise ValueError(
       f"--workdir={workdir}: fine-tuning writes its best/ params dir and predictions with "
@@ -395,6 +426,7 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
   mesh = sh.make_mesh(config.mesh.shape)
   rules = sh.rules_from_config(config.mesh.rules)
   validate(config, mesh)
+  check_task_files(config.task)
   cfg, tokenizer = model_config(config)
   init_params = None
   if config.init:
@@ -455,6 +487,7 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
   check_config(os.path.join(workdir, "config.json"), config_json, config.resume_allow_changes)
   # The config is this workdir's: from here the previous run's record no longer describes it.
   preemption_lib.clear_status(workdir)
+  states = {s: split_state(data[s]) for s in SPLITS}
   seeds = []
   for k in range(config.seeds):
     res = run_seed(
@@ -467,6 +500,7 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
     seeds.append(res)
   from bert_jax.tasks import metrics
 
+  tested = [s["test"] for s in seeds if s["test"]]  # none: no test split, or unlabelled
   results = {
     "task": task.name,
     "kind": task.kind,
@@ -481,9 +515,12 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
       "seeds": config.seeds,
     },
     "data": {**counts, "truncated": truncated, **({"offsets": extra_info} if extra_info else {})},
+    # Each split absent, unlabelled (predictions in seed_<k>/predictions_<split>.jsonl, no
+    # metrics) or labelled.
+    "splits": states,
     "seeds": seeds,
     "dev": metrics.summarize_seeds([s["dev"] for s in seeds]),
-    "test": metrics.summarize_seeds([s["test"] for s in seeds if s["test"]]),
+    "test": metrics.summarize_seeds(tested) if tested else {},
     # What a model that learned nothing scores (majority class, chance, ...), and the seeds
     # (by index) whose main metric is at or below it.
     "baseline": _baseline(task, data, seeds),
@@ -492,6 +529,13 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
   if jax.process_index() == 0:
     files.write_atomic(os.path.join(workdir, RESULTS), json.dumps(results, indent=2) + "\n")
   preemption_lib.write_status(workdir, config.seeds, config.seeds, False)
+  if states["test"] == "absent":
+    loop.console(f"{task.name} test: no test split (config.task.test is empty): dev only")
+  elif states["test"] == "unlabelled":
+    loop.console(
+      f"{task.name} test: unlabelled, so no metrics: each seed's predictions at its best dev "
+      f"point are in {workdir}/seed_<k>/predictions_test.jsonl"
+    )
   for split in ("dev", "test"):
     s = results[split].get(task.main_metric)
     if s:
@@ -574,22 +618,33 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
   run_start = time.perf_counter()
 
   def evaluate_split(split, params):
-    return evaluate(p_eval, params, task, data[split], config, mesh, tokenizer.pad_id)
+    return evaluate(
+      p_eval, params, task, data[split], config, mesh, tokenizer.pad_id, preempt.interrupts
+    )
 
   def evaluate_and_select(step: int, state: Any) -> None:
-    """Dev at this step; a new best dev point is kept (params dir) and scored on test."""
+    """Dev at this step; a new best dev point is kept (params dir) and scored on test (an
+    unlabelled test split: its predictions are written). A signal during either eval
+    abandons both before anything is written (the resumed run evaluates this step again)."""
     nonlocal best
-    dev = evaluate_split("dev", state["params"])
+    dev, _ = evaluate_split("dev", state["params"])
+    new_best = best["dev"] is None or dev[main] > best["dev"][main]
+    test, test_preds = {}, None
+    if new_best and data["test"] is not None:
+      if data["test"] is data["dev"]:  # the same rows: the dev scores are the test's
+        test = dev
+      else:
+        test, test_preds = evaluate_split("test", state["params"])
     logger.write(step, "dev", dev)
     msg = f"dev @ {step}: {loop.format_metrics(dev)}"
-    if best["dev"] is None or dev[main] > best["dev"][main]:
-      best = {"step": step, "dev": dev, "test": {}}
-      if data["test"] is not None:
-        same = data["test"] is data["dev"]  # the same rows: the dev scores are the test's
-        best["test"] = dev if same else evaluate_split("test", state["params"])
-        logger.write(step, "test", best["test"])
+    if new_best:
+      best = {"step": step, "dev": dev, "test": test}
+      if test:
+        logger.write(step, "test", test)
       save_best(os.path.join(seed_dir, BEST), cfg, state["params"], tokenizer, task, config)
       write_predictions(seed_dir, data)
+      if test_preds is not None and split_state(data["test"]) == "unlabelled":
+        write_split_predictions(seed_dir, task, "test", data["test"], test_preds)
       msg += "  (best so far)"
     loop.console(msg)
 
@@ -621,11 +676,8 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
     describe=lambda step, _: f"epoch {(step - 1) // per_epoch + 1}/{config.opt.epochs}",
     label=f"seed {k + 1}/{config.seeds}",
   )
-  try:
+  with loop.closing(ckpt, logger):
     result = loop.run(job, state, start_step, window)
-  finally:
-    ckpt.close()
-    logger.close()
   if result.preempted:
     return {"preempted": True}
   out = {
@@ -639,6 +691,25 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
   if jax.process_index() == 0:
     files.write_atomic(done, json.dumps(out, indent=2) + "\n")
   return out
+
+
+def write_split_predictions(
+  seed_dir: str, task: tasks_lib.Task, split: str, split_data: Any, preds: dict[str, list]
+) -> None:
+  """An unlabelled split's predictions at the best dev point, one JSON line per example in
+  file order: `seed_<k>/predictions_<split>.jsonl` with {"source": "path:line",
+  "prediction": ...} (a class name, a number, an ending's index or a tag per word)."""
+  fn = task.spec.prediction
+  if fn is None or jax.process_index() != 0:
+    return
+  examples, enc, _ = split_data
+  lines = [
+    json.dumps(
+      {"source": examples[int(row["example_index"])].source, "prediction": fn(task, p, row)}
+    )
+    for row, p in zip(enc.rows, preds["pred"], strict=True)
+  ]
+  files.write_atomic(os.path.join(seed_dir, f"predictions_{split}.jsonl"), "\n".join(lines) + "\n")
 
 
 def write_predictions(seed_dir: str, data: dict) -> None:

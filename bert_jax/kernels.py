@@ -294,7 +294,8 @@ def hash_seed(key: Array) -> Array:
 
 
 def hash_keep(idx: Array, seed0: Array, seed1: Array, rate: float) -> Array:
-  """`keep_mask`'s bits at the uint32 flat indices `idx`."""
+  """`keep_mask`'s bits at the uint32 flat indices `idx` (also inside the Pallas kernels of
+  flash_attention.py, which hash each tile's indices)."""
   return _fmix32(_fmix32(idx ^ seed0) + seed1) >= _threshold(rate)
 
 
@@ -327,9 +328,6 @@ class HashMask:
   @classmethod
   def from_key(cls, key: Array) -> HashMask:
     return cls(hash_seed(key))
-
-  def draw(self, shape: tuple[int, ...], rate: float) -> Array:
-    return _seeded_mask(self.seed, shape, rate)
 
 
 def dropout(x: Array, keep: Array | HashMask, rate: float) -> Array:

@@ -123,9 +123,21 @@ def _orbax_tokenizer(meta: dict, directory: str) -> tokenizer_lib.Tokenizer | No
   return None
 
 
+def _newest(path: PathLike, step: int | None, fmt: str, load):
+  """`load(step)`; for a workdir without `step`, that of its newest step that loads, each one
+  that does not (empty, truncated, corrupt) named in one warning (`checkpoints.load_newest`,
+  what the trainer's resume does read-only): every reader of a workdir falls back alike."""
+  if fmt == "workdir" and step is None:
+    return ckpt_lib.load_newest(path, load)
+  return load(step)
+
+
 def read_config(path: PathLike, step: int | None = None) -> tuple[str, BertConfig]:
-  """(format, BertConfig) of a checkpoint without reading its weights."""
+  """(format, BertConfig) of a checkpoint without reading its weights (a workdir's newest step
+  that has them, or `step`)."""
   fmt = detect_format(path)
+  if fmt == "workdir" and step is None:
+    return _newest(path, step, fmt, lambda s: read_config(path, s))
   p = pathlib.Path(path)
   if step is not None and fmt not in ("workdir", "orbax"):
     raise ValueError(f"{p}: step={step} given, but a {fmt} checkpoint has no steps")
@@ -169,12 +181,24 @@ def load_checkpoint(
   before any weights are read). Without a target, params are host numpy arrays.
 
   A fine-tuned checkpoint (params dir with task.json, HF BertFor{SequenceClassification,...})
-  returns its encoder as the BertModel tree in `params`, and `head` and `task` besides.
+  returns its encoder as the BertModel tree in `params`, and `head` and `task` besides. A
+  workdir's newest step that does not load is named in one warning and the one before is
+  tried, as the trainer's resume does.
   """
   p = pathlib.Path(os.path.abspath(os.fspath(path)))
+  if step is None and detect_format(p) == "workdir":
+    return _newest(
+      p,
+      step,
+      "workdir",
+      lambda s: load_checkpoint(p, s, scan_layers=scan_layers, target=target, like=like),
+    )
   fmt, cfg = read_config(p, step)
   if like is not None:
-    check_architecture(cfg, like, str(path))
+    try:
+      check_architecture(cfg, like, str(path))
+    except ValueError as e:  # every step of a workdir is the same architecture: no fallback
+      raise (ckpt_lib.WorkdirError if fmt in ("workdir", "orbax") else ValueError)(e) from None
   if target is not None:
     scan_layers = params_tree.is_scanned(target)
   meta: dict = {}
@@ -237,6 +261,32 @@ def load_checkpoint(
   return Checkpoint(cfg, params, tok, fmt, str(p), step, meta, head, task)
 
 
+def check_destination(src: PathLike, dst: PathLike) -> None:
+  """One line, even with --overwrite, for a --dst that would replace (or sit among) a run's
+  live files: a training workdir, a checkpoint step, anything inside a `checkpoints/`
+  directory (the trainer would take it for its newest step), the source itself or a directory
+  holding it, or one holding a workdir lock."""
+  d = pathlib.Path(os.path.abspath(os.fspath(dst)))
+  s = pathlib.Path(os.path.abspath(os.fspath(src)))
+  if d == s or d in s.parents:
+    raise ValueError(f"--dst={dst} holds --src={src}: write the export elsewhere")
+  for parent in (d, *d.parents):
+    if parent.name == "checkpoints" and parent.is_dir():
+      raise ValueError(
+        f"--dst={dst} is inside {parent}, a training run's checkpoints: write the export "
+        "elsewhere (the trainer would take it for a step)"
+      )
+  if not d.is_dir():
+    return
+  try:
+    fmt = detect_format(d)
+  except (FileNotFoundError, ValueError):
+    fmt = None
+  if fmt in ("workdir", "orbax") or (d / "bert_jax.lock").exists():
+    what = "a checkpoint step" if fmt == "orbax" else "a training workdir"
+    raise ValueError(f"--dst={dst} is {what}: refusing to replace it; write the export elsewhere")
+
+
 def convert(
   src: PathLike,
   dst: PathLike,
@@ -251,6 +301,7 @@ def convert(
   BertFor{SequenceClassification,TokenClassification,QuestionAnswering,MultipleChoice} <->
   a params dir with task.json). Returns the format written."""
   src_format = detect_format(src)
+  check_destination(src, dst)
   if dst_format == "auto":
     dst_format = "hf" if src_format in ("workdir", "orbax", "bert_jax") else "bert_jax"
   if dst_format not in ("hf", "bert_jax"):

@@ -18,6 +18,8 @@ eval does, what a checkpoint holds). The loop owns what must be the same everywh
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import json
 import math
@@ -56,6 +58,28 @@ def format_duration(s: float) -> str:
 
 def format_metrics(values: dict[str, float]) -> str:
   return " | ".join(f"{k} {v:.4f}" for k, v in values.items())
+
+
+class Eta:
+  """Time left at the steady step rate. The first step of a run (and of a resumed run) holds
+  the compile, minutes on an accelerator, so the rate is measured from the end of that step,
+  over the last `window` progress lines (an eval's pause drops out again)."""
+
+  def __init__(self, total_steps: int, window: int = 10):
+    self.total_steps = total_steps
+    self.points: collections.deque[tuple[int, float]] = collections.deque(maxlen=window + 1)
+
+  def mark(self, step: int, now: float) -> None:
+    """Step `step` had finished at time `now` (the first mark: the step that compiled)."""
+    if not self.points or step > self.points[-1][0]:
+      self.points.append((step, now))
+
+  def text(self) -> str:
+    """'ETA 2m28s', or 'ETA measuring' until a step after the first has been timed."""
+    if len(self.points) < 2:
+      return "ETA measuring"
+    (s0, t0), (s1, t1) = self.points[0], self.points[-1]
+    return f"ETA {format_duration((self.total_steps - s1) * (t1 - t0) / (s1 - s0))}"
 
 
 # ----------------------------------------------------------------------------- metric log
@@ -172,6 +196,24 @@ class MetricLogger:
         shutil.rmtree(self.tb.logdir, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def closing(*closables: Any) -> Iterator[None]:
+  """Closes each of `closables` (a checkpointer, a logger) after the block. When the block
+  failed, that error is the one raised: a close failing for the same reason (an unwritable
+  workdir) is only logged, instead of replacing the error that names the cause."""
+  try:
+    yield
+  except BaseException:
+    for c in closables:
+      try:
+        c.close()
+      except Exception as e:  # noqa: BLE001 -- the block's own error is reported
+        logging.warning("while stopping: %s", " ".join(str(e).split())[:400])
+    raise
+  for c in closables:
+    c.close()
+
+
 # ----------------------------------------------------------------------------- the loop
 
 # Keys of a step's metrics that the loop reads itself; every other key is a sum that the log
@@ -214,6 +256,12 @@ class Job:
   label: str = ""  # names the run in messages (a fine-tuning seed)
   flops_per_step: float = 0.0  # model FLOPs of one step, for MFU
   peak_flops: float = 0.0  # peak FLOP/s of all devices together; 0 = unknown
+  clock: Callable[[], float] = time.perf_counter  # seconds, for the rates and the ETA
+
+
+class EvalInterrupted(Exception):
+  """Raised by a job's `evaluate` between eval batches when `Preemption.interrupts()`: the
+  loop saves the step with its eval marked pending, and the resumed run evaluates it first."""
 
 
 @dataclasses.dataclass
@@ -249,7 +297,8 @@ def run(job: Job, state: Any, start_step: int, window: dict[str, float] | None =
   steps_k, skipped_k, streak_k = "_steps", "_skipped", "_skip_streak"
   loss_k, gnorm_k, tokens_k = "_loss_sum", "_grad_norm_sum", "_tokens"
   last_train: dict[str, float] = {}
-  window_start = run_start = time.perf_counter()
+  window_start = job.clock()
+  eta = Eta(job.total_steps)
   who = f"{job.label}: " if job.label else ""
 
   def consume(step: int, metrics: Any, tokens: int) -> None:
@@ -282,6 +331,8 @@ def run(job: Job, state: Any, start_step: int, window: dict[str, float] | None =
           w.add(k, v)
     w.add(steps_k, 1)
     w.add(tokens_k, tokens)
+    if not eta.points:
+      eta.mark(step, job.clock())  # the step that compiled has finished
     if step % job.log_every and step != job.total_steps:
       return
     applied = w.get(steps_k) - w.get(skipped_k)
@@ -294,7 +345,8 @@ def run(job: Job, state: Any, start_step: int, window: dict[str, float] | None =
       "skipped_steps": w.get(skipped_k),
     }
     job.logger.write(step, "train", summary)
-    now = time.perf_counter()
+    now = job.clock()
+    eta.mark(step, now)
     sps = w.get(steps_k) / max(now - window_start, 1e-9)
     perf = {
       "steps_per_sec": sps,
@@ -304,7 +356,6 @@ def run(job: Job, state: Any, start_step: int, window: dict[str, float] | None =
     if job.peak_flops and job.flops_per_step:
       perf["mfu"] = sps * job.flops_per_step / job.peak_flops
     job.logger.write(step, "perf", perf)
-    eta = (job.total_steps - step) * (now - run_start) / max(step - start_step, 1)
     parts = [
       f"{progress_bar(step / job.total_steps)}{' ' + job.label if job.label else ''}",
       f"step {step}/{job.total_steps}",
@@ -314,7 +365,7 @@ def run(job: Job, state: Any, start_step: int, window: dict[str, float] | None =
       f"{perf['tokens_per_sec']:.0f} tok/s",
       f"MFU {100 * perf['mfu']:.1f}%" if "mfu" in perf else "",
       f"skipped {int(summary['skipped_steps'])}" if summary["skipped_steps"] else "",
-      f"ETA {format_duration(eta)}",
+      eta.text(),
     ]
     console(" | ".join(p for p in parts if p))
     last_train = summary
@@ -327,6 +378,14 @@ def run(job: Job, state: Any, start_step: int, window: dict[str, float] | None =
   prev = None  # (step, metrics, tokens) dispatched last: read after dispatching the next
   preempt = job.preemption
   preempt.training()
+  # An eval a signal cut short is the saved step's: done first, as it would have been.
+  pending_k = "_eval_pending"
+  if w.sums.pop(pending_k, 0.0):
+    try:
+      job.evaluate(step, state)
+    except EvalInterrupted:  # the checkpoint of this step is saved (with the eval pending)
+      return Result(state, step, True, last_train)
+  eval_cut = False
   while step < job.total_steps and not stop:
     host_batch = next(job.batches)
     tokens = host_batch["input_ids"].size * jax.process_count()
@@ -343,8 +402,12 @@ def run(job: Job, state: Any, start_step: int, window: dict[str, float] | None =
     if eval_now or save_now:
       consume(*prev)  # the eval and the checkpoint follow this step's host side
       prev = None
-    if eval_now:
-      job.evaluate(step, state)
+    if eval_now and not stop:
+      try:
+        job.evaluate(step, state)
+      except EvalInterrupted:
+        stop = save_now = True
+    eval_cut = eval_now and stop
     if save_now:
-      job.save(step, state, w.state())
-  return Result(state, step, stop and step < job.total_steps, last_train)
+      job.save(step, state, {**w.state(), **({pending_k: 1.0} if eval_cut else {})})
+  return Result(state, step, stop and (step < job.total_steps or eval_cut), last_train)

@@ -46,8 +46,9 @@ def main(argv: list[str]) -> None:
 
   from bert_jax import files
 
-  # A workdir this code cannot serve (s4://, gs:// without gcsfs) fails before the pod joins up.
-  files.as_path(_WORKDIR.value, "--workdir")
+  # A workdir this code cannot serve (s4://, gs:// without gcsfs, a file) fails before the pod
+  # joins up.
+  files.as_dir(_WORKDIR.value, "--workdir")
   if _CPU_DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
   from bert_jax import multihost, preemption, train

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax import backends, kernels
+from bert_jax import flash_attention as flash_lib
 from bert_jax import sharding as sh
 
 # The config, its sizes (model_config.py) and the per-backend choices (backends.py) have rooms
@@ -125,15 +126,20 @@ def layer_norm(cfg: BertConfig, name: str) -> nn.Module:
 
 class Dropout(nn.Module):
   """Inverted dropout with the 'dropout' rng collection, as flax's nn.Dropout (with 'threefry'
-  the same masks and values), keep-masks drawn by `backends.KEEP_MASKS[rng]`."""
+  the same masks and values), keep-masks drawn by `backends.DROPOUT_MASKS[rng]`."""
 
   rate: float
   rng_impl: str = "threefry"  # a resolved BertConfig.dropout_rng
 
   def keep_mask(self, shape: tuple[int, ...]) -> Array | kernels.HashMask:
-    """The keep-mask for an input of `shape`, or for 'hash' its seed (drawn where it is used:
-    `backends.DROPOUT_MASKS`)."""
+    """The keep-mask for an input of `shape`, or for 'hash_redraw' its seed (drawn where it is
+    used: `backends.DROPOUT_MASKS`)."""
     return backends.DROPOUT_MASKS[self.rng_impl](self.make_rng("dropout"), shape, self.rate)
+
+  def hash_seed(self) -> Array:
+    """The seed words of the 'hash' mask `keep_mask` would draw (whatever rng_impl): for
+    kernels that hash their own tiles (attention_impl='flash')."""
+    return kernels.hash_seed(self.make_rng("dropout"))
 
   def __call__(self, x: Array, deterministic: bool) -> Array:
     if deterministic or self.rate == 0.0:
@@ -312,6 +318,36 @@ def library_attention(
   )
 
 
+def flash_attention(
+  cfg: BertConfig,
+  q_BQHK: Array,
+  k_BSHK: Array,
+  v_BSHK: Array,
+  input_mask_BS: Array,
+  positions_BQ: Array | None,
+  drop: Dropout | None,
+) -> Array:
+  """attention_impl='flash': flash_attention.py's Pallas kernels (Triton on a GPU, Pallas'
+  interpreter on the CPU), equal to 'explicit' with the 'hash' dropout mask whatever
+  `dropout_rng` (the seeds are those `drop.keep_mask` would hash with), run per shard of the
+  batch and head axes the logical rules place."""
+  interpret = backends.flash_interpret(cfg)
+  batch_axes, head_axes = nn.logical_to_mesh_axes((sh.ACT_BATCH, sh.ACT_HEADS))
+  return flash_lib.flash_attention(
+    q_BQHK,
+    k_BSHK,
+    v_BSHK,
+    input_mask_BS,
+    causal=cfg.causal,
+    query_positions_BQ=positions_BQ,
+    dropout_rate=0.0 if drop is None else drop.rate,
+    dropout_seed=None if drop is None else drop.hash_seed(),
+    interpret=interpret,
+    batch_axes=batch_axes,
+    head_axes=head_axes,
+  )
+
+
 def self_attention(
   cfg: BertConfig,
   xq_BQD: Array,
@@ -319,10 +355,13 @@ def self_attention(
   mask_B1QS: Array,
   deterministic: bool,
   output_attentions: bool,
+  input_mask_BS: Array | None = None,
+  positions_BQ: Array | None = None,
 ) -> tuple[Array, Array | None]:
   """Multi-head self-attention with queries from `xq_BQD`, keys and values from `x_BSD`,
   then the output projection: ([B, Q, D], the probabilities when asked for, else None).
-  The implementation is `attention_choice`'s.
+  The implementation is `attention_choice`'s; 'flash' reads the compact mask (`input_mask_BS`,
+  the queries' `positions_BQ`, cfg.causal), the others `mask_B1QS`.
 
   Called inside `Layer`, whose params (`query`, `key`, `value`, `attention_output`) these are.
   """
@@ -338,11 +377,15 @@ def self_attention(
   if impl == "cudnn" and q_BQHK.dtype == jnp.float32:
     impl = "xla"  # cuDNN's fused attention has no float32 kernels
   probs_BHQS = None
+  drop = dropout(cfg, cfg.attention_dropout_prob) if dropping else None
   if impl in ("explicit", "explicit_lowp"):
-    drop = dropout(cfg, cfg.attention_dropout_prob) if dropping else None
     ctx_BQHK, probs_BHQS = explicit_attention(
       q_BQHK, k_BSHK, v_BSHK, mask_B1QS, backends.ops_for(cfg), drop, lowp=impl == "explicit_lowp"
     )
+  elif impl == "flash":
+    if input_mask_BS is None:
+      raise ValueError("attention_impl='flash' needs the input mask (input_mask_BS)")
+    ctx_BQHK = flash_attention(cfg, q_BQHK, k_BSHK, v_BSHK, input_mask_BS, positions_BQ, drop)
   elif dropping:
     raise ValueError(f"attention_impl={impl!r} has no attention dropout")
   else:
@@ -366,15 +409,26 @@ class Layer(nn.Module):
 
   @nn.compact
   def __call__(
-    self, x_BLD: Array, mask_B1QS: Array, positions_BQ: Array | None = None
+    self,
+    x_BLD: Array,
+    mask_B1QS: Array,
+    positions_BQ: Array | None = None,
+    input_mask_BL: Array | None = None,
   ) -> tuple[Array, Array | None]:
     """[B, L, D] -> [B, Q, D]: with `positions_BQ` only those positions' outputs (the queries,
     attention output and FFN run at the Q gathered positions, keys and values at all L),
-    else Q = L."""
+    else Q = L. `input_mask_BL`: the mask `mask_B1QS` was made from (attention_impl='flash')."""
     cfg = self.cfg
     xq_BQD = x_BLD if positions_BQ is None else gather_positions(x_BLD, positions_BQ)
     attn_BQD, probs_BHQS = self_attention(
-      cfg, xq_BQD, x_BLD, mask_B1QS, self.deterministic, self.output_attentions
+      cfg,
+      xq_BQD,
+      x_BLD,
+      mask_B1QS,
+      self.deterministic,
+      self.output_attentions,
+      input_mask_BL,
+      positions_BQ,
     )
     attn_BQD = dropout(cfg, cfg.hidden_dropout_prob)(attn_BQD, deterministic=self.deterministic)
     x_BQD = layer_norm(cfg, "attention_LayerNorm")(attn_BQD + xq_BQD)
@@ -401,11 +455,11 @@ class _ScanLayer(nn.Module):
   output_attentions: bool = False
 
   @nn.compact
-  def __call__(self, x_BLD: Array, mask_B1LS: Array):
+  def __call__(self, x_BLD: Array, mask_B1LS: Array, input_mask_BL: Array):
     layer_cls = _maybe_remat(Layer, self.cfg, prevent_cse=False)
     x_BLD, probs_BHLS = layer_cls(
       self.cfg, self.deterministic, self.output_attentions, name="layer"
-    )(x_BLD, mask_B1LS)
+    )(x_BLD, mask_B1LS, None, input_mask_BL)
     return x_BLD, (x_BLD if self.output_hidden_states else None, probs_BHLS)
 
 
@@ -421,7 +475,7 @@ def _scan(length: int):
     _ScanLayer,
     variable_axes={"params": 0},
     split_rngs={"params": True, "dropout": True},
-    in_axes=(nn.broadcast,),
+    in_axes=(nn.broadcast, nn.broadcast),
     length=length,
     metadata_params={nn.PARTITION_NAME: sh.LAYERS},
   )
@@ -435,11 +489,15 @@ class _ScanThenLast(nn.Module):
   deterministic: bool
 
   @nn.compact
-  def __call__(self, x_BLD, mask_B1LS, mask_B1QS, positions_BQ):
+  def __call__(self, x_BLD, mask_B1LS, mask_B1QS, positions_BQ, input_mask_BL):
     cfg = self.cfg
-    x_BLD, _ = _scan(cfg.num_layers - 1)(cfg, self.deterministic, name="scan")(x_BLD, mask_B1LS)
+    x_BLD, _ = _scan(cfg.num_layers - 1)(cfg, self.deterministic, name="scan")(
+      x_BLD, mask_B1LS, input_mask_BL
+    )
     layer_cls = _maybe_remat(Layer, cfg, prevent_cse=True)
-    x_BQD, _ = layer_cls(cfg, self.deterministic, name="last")(x_BLD, mask_B1QS, positions_BQ)
+    x_BQD, _ = layer_cls(cfg, self.deterministic, name="last")(
+      x_BLD, mask_B1QS, positions_BQ, input_mask_BL
+    )
     return x_BQD
 
 
@@ -521,12 +579,12 @@ class Encoder(nn.Module):
     if cfg.scan_layers and last_positions_BQ is not None:
       mask_B1QS = attention_mask(input_mask_BL, cfg.causal, last_positions_BQ)
       x_BLD = _scan_then_last(self.is_initializing())(cfg, deterministic, name="layers")(
-        x_BLD, mask_B1LS, mask_B1QS, last_positions_BQ
+        x_BLD, mask_B1LS, mask_B1QS, last_positions_BQ, input_mask_BL
       )
     elif cfg.scan_layers:
       x_BLD, (h_NBLD, p_NBHLS) = _scan(cfg.num_layers)(
         cfg, deterministic, output_hidden_states, output_attentions, name="layers"
-      )(x_BLD, mask_B1LS)
+      )(x_BLD, mask_B1LS, input_mask_BL)
       if output_hidden_states:
         hidden += list(h_NBLD)
       if output_attentions:
@@ -539,7 +597,7 @@ class Encoder(nn.Module):
           positions_BQ = last_positions_BQ
           mask_B1QS = attention_mask(input_mask_BL, cfg.causal, positions_BQ)
         x_BLD, probs_BHQS = layer_cls(cfg, deterministic, output_attentions, name=f"layer_{i}")(
-          x_BLD, mask_B1QS, positions_BQ
+          x_BLD, mask_B1QS, positions_BQ, input_mask_BL
         )
         hidden.append(x_BLD)
         attentions.append(probs_BHQS)

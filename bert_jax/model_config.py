@@ -16,7 +16,7 @@ import jax.numpy as jnp
 # The values of BertConfig's backend fields (what each means: backends.py).
 KERNELS = ("auto", "xla", "lowp", "cpu")
 DROPOUT_RNGS = ("auto", "threefry", "rbg", "hash", "hash_redraw")
-ATTENTION_IMPLS = ("auto", "explicit", "explicit_lowp", "xla", "cudnn")
+ATTENTION_IMPLS = ("auto", "explicit", "explicit_lowp", "xla", "cudnn", "flash")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +68,11 @@ class BertConfig:
   # (kernels.attention_probs; equal to 'explicit' in float32); 'xla' / 'cudnn'
   # jax.nn.dot_product_attention with that implementation (no attention dropout; cudnn: on a
   # GPU, bf16 or fp16, float32 falls back to 'xla'); 'auto' per backend and length,
-  # `backends.AUTO_ATTENTION`. Attention probabilities asked for (output_attentions) come
-  # from 'explicit'.
+  # `backends.AUTO_ATTENTION`; 'flash' the Pallas kernels of flash_attention.py (GPU; on CPU
+  # interpreted, slowly; never an 'auto' choice), whose attention dropout is always the
+  # dropout_rng='hash' mask: equal to 'explicit' with dropout_rng='hash' (another dropout_rng
+  # still draws every other dropout mask). Attention probabilities asked for
+  # (output_attentions) come from 'explicit'.
   attention_impl: str = "auto"
   # The JAX platform `backends.resolve_kernels` resolved the 'auto' fields for ('' = not
   # resolved: the process's default backend when traced). Set by resolve_kernels, not by

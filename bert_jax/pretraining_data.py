@@ -27,24 +27,32 @@ most a tenth of its documents, and at least one).
 Output (the record format is bert_jax.records): DIR/{train,eval}-NNNNN-of-NNNNN
 .array_record, DIR/tokenizer/, DIR/metadata.json (the options, the tokenizer's fingerprint, the
 counts, and `source.input_sha256`: what the input text is, whatever its path). Everything is
-written under a temporary directory and renamed at the end, metadata.json last.
+written under a temporary directory (`DIR/.create_data-<pid>-*`) and renamed at the end,
+metadata.json last. A build that fails (a full disk: one line) or is stopped by a signal leaves
+nothing (an --output_dir it made goes too); what a SIGKILLed one left, the next success removes.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import itertools
 import json
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
-from bert_jax import corpus, data_writer, records, sequences
+from bert_jax import corpus, data_writer, files, records, sequences
+
+# The temporary directory a build writes into, beside its output: `.create_data-<pid>-*`.
+TMP_PREFIX = ".create_data-"
 
 
 def _check_output_dir(output_dir: str, overwrite: bool) -> list[str]:
@@ -137,8 +145,9 @@ def build(
     num_workers = os.cpu_count() or 1
   masker = data_writer.Masker(tok, opts) if write_masks else None
 
+  created = not os.path.isdir(output_dir)  # removed again if this build fails
   os.makedirs(output_dir, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".create_data-", dir=output_dir)
+  tmp = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-", dir=output_dir)
   writers = {s: data_writer.ShardWriter(tmp, s, records_per_shard) for s in data_writer.SPLITS}
   stats = collections.Counter()
   mask_kinds = collections.Counter()
@@ -150,7 +159,8 @@ def build(
       pool = data_writer.InProcess(opts)
     else:
       ctx = multiprocessing.get_context("spawn")
-      pool = ctx.Pool(num_workers, initializer=data_writer.init_worker, initargs=(opts,))
+      with _workers_ignore_sigint():
+        pool = ctx.Pool(num_workers, initializer=data_writer.init_worker, initargs=(opts,))
     pending: collections.deque = collections.deque()
     max_in_flight = max(2, num_workers + 1)  # bounds memory: a few chunks at a time
 
@@ -223,27 +233,62 @@ def build(
         "vocab": opts.vocab,
       },
     }
-    tok.save(os.path.join(tmp, "tokenizer"))
-    with open(os.path.join(tmp, "metadata.json"), "w") as f:
-      json.dump(metadata, f, indent=1)
-    # Commit: replace the old dataset (only its own files), metadata.json last.
-    for path in old_paths:
-      shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-    for path, name in moves:
-      os.replace(path, os.path.join(output_dir, name))
-    os.replace(os.path.join(tmp, "tokenizer"), os.path.join(output_dir, "tokenizer"))
-    os.replace(os.path.join(tmp, "metadata.json"), os.path.join(output_dir, "metadata.json"))
+    try:
+      tok.save(os.path.join(tmp, "tokenizer"))
+      with open(os.path.join(tmp, "metadata.json"), "w") as f:
+        json.dump(metadata, f, indent=1)
+    except OSError as e:
+      raise data_writer.WriteError(e.errno, e.strerror or str(e)) from None
+    # Commit: replace the old dataset (only its own files), metadata.json last. A signal waits
+    # for the end (files.uninterrupted): never half of the old dataset and half of the new.
+    with files.uninterrupted():
+      for path in old_paths:
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+      for path, name in moves:
+        os.replace(path, os.path.join(output_dir, name))
+      os.replace(os.path.join(tmp, "tokenizer"), os.path.join(output_dir, "tokenizer"))
+      os.replace(os.path.join(tmp, "metadata.json"), os.path.join(output_dir, "metadata.json"))
+  except data_writer.WriteError as e:  # a full disk, a quota, a file-size limit
+    _abandon(pool, bar)
+    raise OSError(
+      f"cannot write the dataset in {output_dir}: {e.strerror}; nothing of this build is left "
+      "there" + (" (the old dataset is as it was)" if old_paths else "")
+    ) from None
   except BaseException:
-    if pool is not None:
-      pool.terminate()
-    bar.close()
+    _abandon(pool, bar)
     raise
   finally:
     for w in writers.values():
-      w.close()
+      w.abandon()  # already closed after a success; after a failure its error is moot
     shutil.rmtree(tmp, ignore_errors=True)
+    if created and not os.path.exists(os.path.join(output_dir, "metadata.json")):
+      with contextlib.suppress(OSError):  # only if nothing else was put there meanwhile
+        os.rmdir(output_dir)
+  # What builds killed by SIGKILL left (their processes are gone): the next success clears it.
+  files.remove_leftovers(output_dir, TMP_PREFIX)
   summary["output_dir"] = output_dir
   return summary
+
+
+@contextlib.contextmanager
+def _workers_ignore_sigint():
+  """Workers started inside ignore SIGINT from their first instruction (an ignored signal
+  stays ignored across exec): a Ctrl-C reaches the whole process group, and the parent alone
+  stops the build, without a worker's KeyboardInterrupt traceback."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, old)
+
+
+def _abandon(pool, bar) -> None:
+  if pool is not None:
+    pool.terminate()
+  bar.close()
 
 
 def _summary(stats, mask_kinds, reader, opts, splits, seconds, num_workers) -> dict[str, Any]:
@@ -367,6 +412,29 @@ def build_options(config) -> dict[str, Any]:
   }
 
 
+def check_source(config) -> None:
+  """One line, before a run creates anything, when its data cannot be read: `config.data.dir`
+  without metadata.json or on an object store, `config.data.input` matching no file, or
+  neither set."""
+  from bert_jax import files
+
+  if config.data.dir and files.is_remote(config.data.dir):
+    raise ValueError(
+      f"config.data.dir={config.data.dir}: ArrayRecord reads local files only; copy the data to "
+      "local disk on every host (e.g. gcloud storage cp -r) and set config.data.dir to the copy"
+    )
+  if config.data.dir:
+    if not os.path.isfile(os.path.join(config.data.dir, "metadata.json")):
+      raise FileNotFoundError(
+        f"config.data.dir={config.data.dir} has no metadata.json: build it with "
+        "python -m bert_jax.create_data"
+      )
+    return
+  if not config.data.input:
+    raise ValueError("set config.data.dir (a create_data output) or config.data.input (text)")
+  corpus.expand_inputs(config.data.input, "--config.data.input")
+
+
 def ensure_built(config, workdir: str) -> str:
   """The dataset directory of a training run: `config.data.dir`, or `config.data.input` built
   into `<workdir>/data` on first use, with a WordPiece vocab of `config.data.train_vocab_size`
@@ -387,26 +455,15 @@ def ensure_built(config, workdir: str) -> str:
   from bert_jax import tokenizer as tokenizer_lib
   from bert_jax.input_pipeline import read_metadata
 
-  if config.data.dir and files.is_remote(config.data.dir):
-    raise ValueError(
-      f"config.data.dir={config.data.dir}: ArrayRecord reads local files only; copy the data to "
-      "local disk on every host (e.g. gcloud storage cp -r) and set config.data.dir to the copy"
-    )
   if not config.data.dir and files.is_remote(workdir):
     raise ValueError(
       f"workdir {workdir} is on an object store, where <workdir>/data cannot be built "
       "(ArrayRecord reads local files only): build config.data.input with python -m "
       "bert_jax.create_data into a local directory on every host and set config.data.dir to it"
     )
+  check_source(config)
   if config.data.dir:
-    if not os.path.isfile(os.path.join(config.data.dir, "metadata.json")):
-      raise FileNotFoundError(
-        f"config.data.dir={config.data.dir} has no metadata.json: build it with "
-        "python -m bert_jax.create_data"
-      )
     return config.data.dir
-  if not config.data.input:
-    raise ValueError("set config.data.dir (a create_data output) or config.data.input (text)")
   data_dir = os.path.join(workdir, "data")
   options = build_options(config)
   n_vocab = config.data.train_vocab_size

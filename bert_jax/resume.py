@@ -5,6 +5,11 @@ keep it so (logging, eval and checkpoint cadence, the mesh, kernels computing th
 total_steps) are reported in one line. Changes that break it (optimizer, schedule, batch,
 model, masking, seeds, another tokenizer or other data) are refused with one line naming each
 field and both values, unless `config.resume_allow_changes` lists them.
+
+Data is compared by what it is, not where it lies: its build options, split sizes and the
+content hash of the text it was built from (`dataset.input_sha256`), and the tokenizer's
+fingerprint. A path that names the same content (the bundled corpus after a reinstall, a data
+directory moved) is no change and is not reported.
 """
 
 from __future__ import annotations
@@ -63,13 +68,23 @@ DATA_FIELDS = (
 )
 
 
+# Config keys that name where the data and the vocab come from: when what they name compares
+# equal (the data's signature, content hash included; the tokenizer's fingerprint) a new path
+# is no change at all.
+DATA_PATHS = ("data.dir", "data.input")
+VOCAB_PATHS = ("data.vocab",)
+
+
 def data_signature(metadata: dict[str, Any]) -> dict[str, Any]:
-  """The data options and split sizes of a create_data output (not its paths, so moved data
-  compares equal)."""
+  """The data options, split sizes and the content hash of the input text of a create_data
+  output (not its paths, so moved data compares equal; an edited document does not)."""
   sig = {k: metadata.get(k) for k in DATA_FIELDS}
   for split, s in metadata.get("splits", {}).items():
     sig[f"splits.{split}.num_sequences"] = s.get("num_sequences")
     sig[f"splits.{split}.num_tokens"] = s.get("num_tokens")
+  sha = (metadata.get("source") or {}).get("input_sha256")
+  if sha:
+    sig["input_sha256"] = sha
   return sig
 
 
@@ -101,8 +116,18 @@ def compare(
   stored_fp = stored_meta.get("tokenizer", {}).get("fingerprint")
   if stored_fp and stored_fp != metadata["tokenizer"]["fingerprint"]:
     diffs["tokenizer"] = (stored_fp[:12], metadata["tokenizer"]["fingerprint"][:12])
-  if "data" in stored_meta:  # checkpoints from before this check lack it
-    diffs.update(_changes(stored_meta["data"], data_signature(metadata), "dataset."))
+  if stored_fp and "tokenizer" not in diffs:
+    diffs = {k: v for k, v in diffs.items() if k not in VOCAB_PATHS}
+  stored_data = stored_meta.get("data")
+  if stored_data is not None:  # checkpoints from before this check lack it
+    data = _changes(stored_data, data_signature(metadata), "dataset.")
+    if "dataset.input_sha256" in data:
+      a, b = data["dataset.input_sha256"]
+      data["dataset.input_sha256"] = (a[:12], (b or "none")[:12])
+    diffs.update(data)
+    # Checkpoints from before the content hash was stored cannot tell a move from a change.
+    if stored_data.get("input_sha256") and not data:
+      diffs = {k: v for k, v in diffs.items() if k not in DATA_PATHS}
   return diffs
 
 

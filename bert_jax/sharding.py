@@ -179,6 +179,22 @@ def logical_shardings(boxed_tree: Any, mesh: Mesh, rules: Rules) -> Any:
   )
 
 
+def abstract_sharded(init_fn: Callable[..., Any], mesh: Mesh, rules: Rules, *args: Any):
+  """(shardings, abstract unboxed tree carrying them) of `init_fn(*args)`: nothing runs."""
+  boxed = jax.eval_shape(init_fn, *args)
+  shardings = logical_shardings(boxed, mesh, rules)
+  abstract = jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.meta.unbox(boxed), shardings
+  )
+  return shardings, abstract
+
+
+def sharded_init(init_fn: Callable[..., Any], shardings: Any) -> Callable[..., Any]:
+  """`nn.meta.unbox(init_fn(*args))` jitted onto `shardings`, not yet run (call it, or lower
+  and compile it ahead of time, under `mesh_context`)."""
+  return jax.jit(lambda *a: nn.meta.unbox(init_fn(*a)), out_shardings=shardings)
+
+
 def init_sharded(
   init_fn: Callable[..., Any], mesh: Mesh, rules: Rules, *args: Any
 ) -> tuple[Any, Any, Any]:
@@ -188,11 +204,7 @@ def init_sharded(
   `tx.init` on the boxed params, the optimizer moments too). Returns (unboxed tree,
   shardings, abstract unboxed tree): nothing is ever materialised on one device first.
   """
-  boxed = jax.eval_shape(init_fn, *args)
-  shardings = logical_shardings(boxed, mesh, rules)
+  shardings, abstract = abstract_sharded(init_fn, mesh, rules, *args)
   with mesh_context(mesh, rules):
-    tree = jax.jit(lambda *a: nn.meta.unbox(init_fn(*a)), out_shardings=shardings)(*args)
-  abstract = jax.tree.map(
-    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.meta.unbox(boxed), shardings
-  )
+    tree = sharded_init(init_fn, shardings)(*args)
   return tree, shardings, abstract

@@ -6,8 +6,10 @@ and the trainer's `config.data.train_vocab_size`:
   tok, reader = tokenizer_training.train("corpus/*.txt.gz", "wordpiece", 30522, "vocab.txt")
 
 Input: .txt or .gz files, one sentence a line, blank lines between documents (blank lines are
-skipped). Lines that are not UTF-8 are counted and skipped with a warning naming the file; a
-binary file, an empty corpus or a glob that matches nothing is a one-line error. The output is
+skipped). Lines that are not UTF-8 and binary files (NUL bytes) are counted and skipped with a
+warning naming the file, as create_data skips them (the trainer's `data.train_vocab_size`
+trains on the same files it then builds its data from); an empty corpus or a glob that matches
+nothing is a one-line error. The output is
 written under a temporary name and renamed at the end, so a failed run leaves nothing behind.
 
 WordPiece: the text goes through BERT's basic tokenization (bert_jax.tokenizer.basic_tokenize,
@@ -50,6 +52,7 @@ class CorpusReader:
     self.files = corpus.expand_inputs(pattern)
     self.num_lines = 0
     self.num_bad_lines = 0
+    self.num_binary_files = 0
 
   def _open(self, path: str):
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
@@ -60,7 +63,9 @@ class CorpusReader:
       with self._open(path) as f:
         head = f.read(_SNIFF_BYTES)
         if b"\x00" in head:
-          raise ValueError(f"{path}: looks binary (NUL bytes), expected UTF-8 text")
+          logging.warning("%s looks binary (NUL bytes): skipped", path)
+          self.num_binary_files += 1
+          return
         # Only b"\n" ends a line: a stray "\r" or U+2028 is text, as in create_data.
         pending, chunk = b"", head
         while chunk:
@@ -100,9 +105,11 @@ class CorpusReader:
 
   def check_nonempty(self) -> None:
     if not self.num_lines:
+      skipped = [f"{self.num_bad_lines} non-UTF-8 lines"] if self.num_bad_lines else []
+      skipped += [f"{self.num_binary_files} binary files"] if self.num_binary_files else []
       raise ValueError(
         f"--input={self.pattern}: no text in {len(self.files)} file(s)"
-        + (f" ({self.num_bad_lines} non-UTF-8 lines skipped)" if self.num_bad_lines else "")
+        + (f" ({', '.join(skipped)} skipped)" if skipped else "")
       )
 
 

@@ -284,14 +284,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   `workdir` is a local path or gs://bucket/path (any other scheme, or gs:// without its
   packages, is one line before any compute). A signal before the first step (building data,
   training a vocab, restoring) raises `preemption.Preempted`, the lock released."""
-  workdir = str(files.as_path(workdir, "workdir"))
+  workdir = str(files.as_dir(workdir, "workdir"))
+  pretraining_data.check_source(config)  # unreadable data: one line, nothing created
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  with preemption_lib.Preemption() as preempt, preemption_lib.WorkdirLock(workdir) as lock:
-    unregister = multihost.on_cleanup(lambda: _peer_lost(workdir, config, lock))
-    try:
-      return _train_and_evaluate(config, workdir, preempt)
-    finally:
-      unregister()
+  try:
+    with preemption_lib.Preemption() as preempt, preemption_lib.WorkdirLock(workdir) as lock:
+      unregister = multihost.on_cleanup(lambda: _peer_lost(workdir, config, lock))
+      try:
+        return _train_and_evaluate(config, workdir, preempt)
+      finally:
+        unregister()
+  except preemption_lib.ReadOnlyWorkdir as e:  # only taking the lock raises it
+    status = preemption_lib.read_status(workdir) or {}
+    total = config.opt.total_steps
+    if status.get("state") != "finished" or status.get("total_steps") != total:
+      raise OSError(f"{e}: training needs a writable workdir") from None
+    loop.console(f"{workdir} holds this run, finished at step {total}, read-only: nothing to do")
+    return {"step": total, "train": {}, "eval": {}, "preempted": False}
 
 
 def _peer_lost(workdir: str, config, lock) -> None:
@@ -436,11 +445,8 @@ def _train_and_evaluate(config, workdir: str, preempt) -> dict[str, Any]:
     flops_per_step=flops_per_token * config.data.batch_size * seq_len,
     peak_flops=peak * jax.device_count(),
   )
-  try:
+  with loop.closing(ckpt, logger):
     result = loop.run(job, state, start_step, window)
-  finally:
-    ckpt.close()
-    logger.close()
   total = config.opt.total_steps
   preemption_lib.write_status(workdir, result.step, total, result.preempted)
   if result.preempted:

@@ -46,6 +46,8 @@ def main(argv: list[str]) -> None:
     _SP_MODEL_TYPE.value,
   )
   skipped = f", {reader.num_bad_lines} non-UTF-8 lines skipped" if reader.num_bad_lines else ""
+  if reader.num_binary_files:
+    skipped += f", {reader.num_binary_files} binary files skipped"
   print(
     f"wrote {_OUTPUT.value}: {tok.kind} vocab_size={tok.vocab_size} (asked {_VOCAB_SIZE.value}) "
     f"from {reader.num_lines} lines in {len(reader.files)} file(s){skipped}, "

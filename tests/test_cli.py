@@ -47,7 +47,15 @@ def _run(*args: str, cwd=None) -> subprocess.CompletedProcess:
      "--kind=bpe: value should be one of"),
     ("train_tokenizer", ["--input=x.txt"], 2, "--output must have a value"),
     ("aot", ["--config={tmp}/nope.py"], 2, "nope.py"),
-    ("aot", [f"--config={LOCAL}", "--topology=v9-1"], 1, "--topology=v9-1: unknown"),
+    ("aot", [f"--config={LOCAL}", "--topology=v9-1"], 2, "flag --topology=v9-1: unknown"),
+    ("aot", [f"--config={LOCAL}", "--topology=v5e-17"], 2, "flag --topology=v5e-17: unknown"),
+    ("aot", [f"--config={LOCAL}", "--mesh=1,2"], 2, "flag --mesh=1,2: expected three integers"),
+    ("benchmark", ["--sizes=tiny,tinny", "--json_out={tmp}/wd/b.jsonl"], 2,
+     "unknown size 'tinny'; choose from tiny, mini"),
+    ("benchmark", ["--seqs=12x", "--json_out={tmp}/wd/b.jsonl"], 2,
+     "'12x' is not a sequence length"),
+    ("main", [f"--config={LOCAL}", "--workdir={tmp}/wd", "--config.data.input=missing.txt"], 1,
+     "main: error: --config.data.input: no file matches 'missing.txt'"),
     ("report", ["--root={tmp}/wd", "extra"], 2, "unexpected arguments: extra"),
     ("finetune", [f"--config={FINETUNE}:nosuch", "--workdir={tmp}/wd"], 2,
      "unknown fine-tuning task 'nosuch'"),
@@ -62,6 +70,23 @@ def test_errors_are_one_line(tmp_path, prog, args, status, message):
   assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), r.stderr[-2000:]
   assert message in lines[0]
   assert not (tmp_path / "wd").exists()
+
+
+@pytest.mark.parametrize("prog", ["main", "finetune"])
+def test_a_workdir_that_is_a_file_is_named(tmp_path, prog):
+  """--workdir naming a file, or a path under one: one line saying so (not an errno), exit 1,
+  the file as it was."""
+  config = LOCAL if prog == "main" else f"{FINETUNE}:custom"
+  readme = tmp_path / "README.md"
+  readme.write_text("notes\n")
+  for workdir, message in [
+    (readme, f"--workdir {readme}: is a file, not a directory"),
+    (readme / "run", f"--workdir {readme / 'run'}: {readme} is a file, not a directory"),
+  ]:
+    r = _run("-m", f"bert_jax.{prog}", f"--config={config}", f"--workdir={workdir}")
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [f"{prog}: error: {message}"]
+  assert sorted(os.listdir(tmp_path)) == ["README.md"] and readme.read_text() == "notes\n"
 
 
 def test_library_modules_define_no_flags():
@@ -129,6 +154,8 @@ def test_help_lists_the_commands_flags(module, form):
       r = _run("-c", code, "--help")
   assert r.returncode == 0, r.stderr[-2000:]
   assert re.search(rf"^  --(\[no\])?{flag}:", r.stdout, re.M), r.stdout[-3000:]
+  if module in ("main", "finetune", "benchmark"):  # the README's --compilation_cache_dir
+    assert re.search(r"^  --compilation_cache_dir:", r.stdout, re.M), r.stdout[-3000:]
   source = ROOT / "bert_jax" / (path.replace(".", "/") + ".py")  # not imported: it defines flags
   doc = ast.get_docstring(ast.parse(source.read_text()), clean=False)
   assert r.stdout.startswith(doc.strip().splitlines()[0])

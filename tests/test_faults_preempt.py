@@ -5,6 +5,7 @@ run; a second trainer on a workdir is refused; a dead trainer's lock does not bl
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -54,9 +55,11 @@ def test_signal_saves_the_current_step_and_exits_preempted(tiny_data_dir, tmp_pa
       _main_cmd(wd, tiny_data_dir, 500), env=_env(), capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 1
+    lock = wd / preemption.LOCK_FILE
     assert r.stderr.strip().splitlines() == [
-      f"main: error: {wd} is in use by another trainer (pid {proc.pid} on this host, "
-      f"{wd / preemption.LOCK_FILE})"
+      f"main: error: {wd} is in use by another trainer (pid {proc.pid} on this host, {lock}): "
+      "stop it first (SIGTERM saves and exits; its lock goes with it; a dead trainer's lock is "
+      f"taken over by itself), or delete {lock} if you are sure no trainer of it runs"
     ]
     assert proc.poll() is None
   proc.send_signal(sig)
@@ -89,8 +92,9 @@ def test_stale_lock_of_a_dead_process_does_not_block(tiny_data_dir, tmp_path):
 def test_lock_refuses_a_live_holder_and_takes_over_a_dead_ones(tmp_path):
   lock = preemption.WorkdirLock(str(tmp_path))
   path = tmp_path / preemption.LOCK_FILE
+  # An older version's lock (pid only) of a running pid, refreshed just now: it may be live.
   path.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid()}))
-  with pytest.raises(OSError, match=f"in use by another trainer \\(pid {os.getppid()} on this"):
+  with pytest.raises(OSError, match=f"in use by a trainer on this host \\(pid {os.getppid()}, l"):
     lock.acquire()
   path.write_text(json.dumps({"host": "tpu-7", "pid": 12}))
   with pytest.raises(OSError, match=r"in use by a trainer on host tpu-7 \(pid 12, lock refreshed"):
@@ -180,21 +184,27 @@ def test_other_signal_or_no_preemption_service_on_two_processes(
   _preempt_process_1(tmp_path / "wd", tiny_data_dir, 16, sig, env)
 
 
-def test_signal_before_training_exits_preempted_and_releases_the_lock(tmp_path):
-  """SIGTERM while the bundled default trains its vocab and builds its data: exit 75 at once,
-  one line, the lock released, nothing half-built left; the rerun builds and trains."""
+def default_cmd(workdir, *extra):
+  """The bundled default (a vocab trained on the corpus, then its data), 2 steps."""
   from test_train import ROOT
 
-  wd = tmp_path / "wd"
-  cmd = [
+  return [
     sys.executable,
     "-m",
     "bert_jax.main",
     f"--config={ROOT / 'configs' / 'local.py'}:steps=2",
-    f"--workdir={wd}",
+    f"--workdir={workdir}",
     "--config.log.fill_mask=()",
     "--config.eval.max_batches=1",
+    *extra,
   ]
+
+
+def test_signal_before_training_exits_preempted_and_releases_the_lock(tmp_path):
+  """SIGTERM while the bundled default trains its vocab and builds its data: exit 75 at once,
+  one line, the lock released, nothing half-built left; the rerun builds and trains."""
+  wd = tmp_path / "wd"
+  cmd = default_cmd(wd)
   proc = subprocess.Popen(
     cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
   )
@@ -261,3 +271,116 @@ def test_a_signal_while_taking_the_lock_leaves_no_lock(tmp_path, monkeypatch):
     with lock:
       pytest.fail("the signal must stop the run before its body")
   assert not (tmp_path / preemption.LOCK_FILE).exists()
+
+
+def _new_pid_namespace():
+  """The command prefix that runs a command as pid 1 of a new pid namespace, killed with it (a
+  container's trainer, as `docker run` starts it), or None where that needs root we lack."""
+  cmd = ["unshare", "--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc"]
+  if os.geteuid() != 0 or not shutil.which("unshare"):
+    return None
+  return cmd if subprocess.run([*cmd, "true"], capture_output=True).returncode == 0 else None
+
+
+def _wait_until_gone(lock_path, timeout=60):
+  """Until the kernel has dropped the flock of a SIGKILLed holder (its exit takes a moment
+  after its parent's)."""
+  deadline = time.time() + timeout
+  while preemption._flock_held(str(lock_path)) and time.time() < deadline:
+    time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_killed_container_trainers_lock_is_taken_over(tiny_data_dir, tmp_path):
+  """37.2: a trainer that is pid 1 of its pid namespace (a container's) is SIGKILLed with its
+  namespace; its lock says pid 1 on this host, and pid 1 runs here too (this namespace's
+  init), which used to block every rerun. The lock's flock is gone with its holder: the rerun
+  takes it over, resumes and finishes."""
+  unshare = _new_pid_namespace()
+  if unshare is None:
+    pytest.skip("needs root and unshare (the in-process test below records a foreign holder)")
+  wd = tmp_path / "wd"
+  warmup = ["--config.opt.warmup_steps=1"]  # the same schedule when the rerun asks for 6 steps
+  proc = subprocess.Popen(
+    [*unshare, *_main_cmd(wd, tiny_data_dir, 500, warmup)],
+    env=_env(),
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
+  _wait_for_step(proc, wd, 5)  # a checkpoint at step 4
+  lock = json.loads((wd / preemption.LOCK_FILE).read_text())
+  assert lock["pid"] == 1 and lock["host"] == socket.gethostname() and lock["flock"]
+  proc.kill()  # unshare, and with it (--kill-child) the trainer: pid 1 of its namespace
+  proc.wait()
+  _wait_until_gone(wd / preemption.LOCK_FILE)
+  assert (wd / preemption.LOCK_FILE).exists()
+  r = subprocess.run(
+    _main_cmd(wd, tiny_data_dir, 6, warmup), env=_env(), capture_output=True, text=True, timeout=400
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert (
+    f"Taking over the lock {wd / preemption.LOCK_FILE} of a dead trainer: its holder (pid 1 of "
+    "another pid namespace) is gone"
+  ) in r.stderr
+  assert "Resumed from" in r.stdout
+  assert _status(wd) == {"state": "finished", "step": 6, "total_steps": 6}
+  assert not (wd / preemption.LOCK_FILE).exists()
+
+
+HOLD = (
+  "import sys; from bert_jax import preemption; lock = preemption.WorkdirLock(sys.argv[1]); "
+  "lock.acquire(); print('held', flush=True); sys.stdin.read()"
+)
+
+
+def test_lock_tells_live_holders_from_dead_ones(tmp_path):
+  """37.2: by more than a pid. A live trainer (another process; in another pid namespace too,
+  where root may make one) is refused with a line saying how to clear it, and taken over once
+  SIGKILLed; a lock naming pid 1 of a namespace that is gone, a pid now another process's
+  (another start time) and an older version's 2-hour-old lock of a running pid are dead."""
+  path = tmp_path / preemption.LOCK_FILE
+  lock = preemption.WorkdirLock(str(tmp_path))
+  for prefix in filter(None, ([], _new_pid_namespace())):
+    holder = subprocess.Popen(
+      [*prefix, sys.executable, "-c", HOLD, str(tmp_path)],
+      env=_env(),
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      text=True,
+    )
+    assert holder.stdout.readline() == "held\n"
+    pid = json.loads(path.read_text())["pid"]
+    where = f"pid {pid} on this host" + (
+      ", in another container or pid namespace;" if prefix else ","
+    )
+    with pytest.raises(OSError) as e:
+      lock.acquire()
+    assert str(e.value) == (
+      f"{tmp_path} is in use by another trainer ({where} {path}): stop it first (SIGTERM saves "
+      "and exits; its lock goes with it; a dead trainer's lock is taken over by itself), or "
+      f"delete {path} if you are sure no trainer of it runs"
+    )
+    holder.kill()  # (unshare's --kill-child passes it on to the holder)
+    holder.wait()
+    _wait_until_gone(path)
+    with lock:  # SIGKILLed: its lock is a dead trainer's
+      assert json.loads(path.read_text())["token"] == lock._owner["token"]
+    assert not path.exists()
+
+  me = preemption.WorkdirLock._identity()
+  dead = {
+    # pid 1 (of a container that is gone): its namespace's, not ours; nobody holds the flock
+    "container": {**me, "pid": 1, "pidns": "pid:[1]", "start": 1, "flock": True},
+    # our parent's pid, reused: its process started at another time
+    "reused pid": {**me, "pid": os.getppid(), "start": preemption.process_start(os.getppid()) + 1},
+    # an older version's record (pid only) of a running pid, not refreshed for 2 hours
+    "stale": {"host": me["host"], "pid": os.getppid()},
+  }
+  for name, record in dead.items():
+    path.write_text(json.dumps(record))
+    if name == "stale":
+      old = time.time() - 7200
+      os.utime(path, (old, old))
+    with lock:
+      assert json.loads(path.read_text())["pid"] == os.getpid(), name
+    assert not path.exists()

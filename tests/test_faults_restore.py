@@ -7,10 +7,13 @@ no partial metrics row, atomic config.json / tokenizer copy."""
 import glob
 import json
 import os
+import pathlib
 import resource
+import shutil
 import signal
 import struct
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -291,3 +294,47 @@ def test_atomic_writes_keep_the_old_file(tmp_path, file_size_limit):
   file_size_limit(resource.RLIM_INFINITY)
   files.copytree_atomic(str(src), str(tmp_path / "tokenizer"))
   assert (tmp_path / "tokenizer" / "vocab.txt").read_text() == "y" * 1000
+
+
+def _unprivileged():
+  """The command prefix that runs a command as `nobody` where we are root (root writes past
+  any permission), [] where we are not, None where it cannot be done."""
+  if os.geteuid() != 0:
+    return []
+  if not shutil.which("setpriv"):
+    return None
+  return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.mark.slow
+def test_a_workdir_made_unwritable_mid_run_names_the_write_that_failed(tiny_data_dir):
+  """37.5: the workdir loses its write permission mid-run. The run used to end on the lock it
+  could not remove; it ends on the write that failed, one line, and what it wrote is whole."""
+  prefix = _unprivileged()
+  if prefix is None:
+    pytest.skip("root without setpriv: nothing here can lose its write permission")
+  base = tempfile.mkdtemp(prefix="bert_jax_unwritable_")  # reachable by `nobody`
+  try:
+    os.chmod(base, 0o777)
+    data = shutil.copytree(tiny_data_dir, os.path.join(base, "data"))
+    subprocess.run(["chmod", "-R", "a+rX", data], check=True)
+    wd = pathlib.Path(base, "wd")
+    env = _env(HOME=base, JAX_COMPILATION_CACHE_DIR=os.path.join(base, "cache"))
+    cmd = [*prefix, *_main_cmd(wd, data, 500, ["--config.ckpt.every_steps=1000"])]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+      if (wd / "metrics.jsonl").exists() and len(_rows(wd)) >= 3:
+        break
+      time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before its workdir could be made unwritable"
+    subprocess.run(["chmod", "-R", "a-w", str(wd)], check=True)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err[-3000:]
+    assert _error_lines(err.decode()) == [
+      f"main: error: cannot write {wd}/metrics.jsonl: Permission denied"
+    ]
+    assert len(_rows(wd)) >= 3  # every row it wrote is whole
+  finally:
+    subprocess.run(["chmod", "-R", "u+w", base], check=False)
+    shutil.rmtree(base, ignore_errors=True)

@@ -1,11 +1,13 @@
 """Fault suite, resume mismatches and non-finite gradients: each case a real
 `python -m bert_jax.main` run against real files."""
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -110,11 +112,67 @@ def test_other_data_options_refused_moved_data_accepted(trained4, tiny_data_dir,
   wd = _copy(trained4, tmp_path)
   line = _error(_run(wd, other, 8))
   assert "dataset.dupe_factor 1 -> 2" in line and "dataset.splits.train.num_sequences" in line
-  # The same data under another path is the same data: resumes, reporting the path change.
+  # The same data under another path is the same data: resumes, and a path that names the
+  # same content is no change (nothing reported, nothing recorded).
   moved = shutil.copytree(tiny_data_dir, tmp_path / "moved")
   r = _run(wd, moved, 5)
   assert r.returncode == 0, r.stderr[-2000:]
-  assert f"keep it exact: data.dir {tiny_data_dir!r} -> {str(moved)!r}" in r.stdout
+  assert "Resumed from" in r.stdout and "data.dir" not in r.stdout
+  assert "keep it exact: opt.total_steps 4 -> 5" in r.stdout
+  changes = [json.loads(ln) for ln in (wd / "config_changes.jsonl").read_text().splitlines()]
+  assert changes == [{"step": 4, "changes": {"opt.total_steps": [4, 5]}}]
+
+
+def test_resume_onto_data_rebuilt_from_an_edited_text_is_refused(trained4, tiny_data_dir, tmp_path):
+  """37.3: create_data --overwrite into the run's data directory from the corpus with one word
+  of one document edited (same options, same split sizes: only the text's content hash
+  differs). The rerun used to resume without a word and diverge; it stops in one line naming
+  the hashes, and nothing in the workdir changes."""
+  data = shutil.copytree(tiny_data_dir, tmp_path / "data")
+  wd = _copy(trained4, tmp_path)
+  corpus = os.path.join(os.path.dirname(config_lib.__file__), "data", "sample_public_domain.txt")
+  edited = tmp_path / "edited.txt"
+  edited.write_text(open(corpus).read().replace("Alice", "Carol", 1))
+  build = [sys.executable, "-m", "bert_jax.create_data", f"--input={edited}"]
+  build += [f"--output_dir={data}", "--overwrite", "--noprogress", "--num_workers=1"]
+  build += ["--max_seq_length=64", "--max_predictions_per_seq=10", "--eval_fraction=0.05"]
+  r = subprocess.run(build, env=_env(), capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr[-2000:]
+  new_meta = json.loads((data / "metadata.json").read_text())
+  old_meta = json.loads(open(os.path.join(tiny_data_dir, "metadata.json")).read())
+  assert new_meta["splits"] == old_meta["splits"]  # the same sizes: only the content tells
+  before = {p: p.read_bytes() for p in wd.rglob("*") if p.is_file()}
+  line = _error(_run(wd, data, 8))
+  old_sha, new_sha = (m["source"]["input_sha256"][:12] for m in (old_meta, new_meta))
+  assert line == (
+    f"main: error: resuming {wd}/checkpoints/4 would not be exact: dataset.input_sha256 "
+    f"{old_sha!r} -> {new_sha!r} (checkpoint -> now); restore the old values, use a new workdir, "
+    "or allow it with --config.resume_allow_changes=dataset.input_sha256"
+  )
+  assert {p: p.read_bytes() for p in before} == before
+  assert sorted(p for p in wd.rglob("*") if p.is_file()) == sorted(before)
+
+
+def test_the_bundled_text_under_another_path_is_no_change(tmp_path):
+  """38.5: the default builds its data from the bundled corpus, keyed by content; rerun after
+  `pip install -e .` it reads the same text from the checkout instead of site-packages. That
+  path change is no change: resumed, nothing reported or recorded about data.input."""
+  corpus = os.path.join(os.path.dirname(config_lib.__file__), "data", "sample_public_domain.txt")
+  paths = []
+  for where in ("site-packages", "checkout"):
+    (tmp_path / where).mkdir()
+    paths.append(shutil.copy(corpus, tmp_path / where / "sample_public_domain.txt"))
+  wd = tmp_path / "wd"
+  extra = ["--config.data.train_vocab_size=0", "--config.data.dupe_factor=1"]
+  for path, steps in zip(paths, (2, 3), strict=True):
+    cmd = _main_cmd(wd, "", steps, [f"--config.data.input={path}", *extra])
+    cmd.remove("--config.data.dir=")
+    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+  assert "Resumed from" in r.stdout and "data.input" not in r.stdout
+  assert "Resume changes that keep it exact: opt.total_steps 2 -> 3" in r.stdout
+  changes = [json.loads(ln) for ln in (wd / "config_changes.jsonl").read_text().splitlines()]
+  assert changes == [{"step": 2, "changes": {"opt.total_steps": [2, 3]}}]
 
 
 def test_auto_built_data_not_reused_with_other_options(tmp_path):
@@ -259,3 +317,104 @@ def test_process_count_1x8_to_2x4_resumes(trained4, tiny_data_dir, tmp_path):
   np.testing.assert_allclose([r["mlm_loss"] for r in b], [r["mlm_loss"] for r in a], rtol=2e-5)
   np.testing.assert_allclose([r["nsp_loss"] for r in b], [r["nsp_loss"] for r in a], rtol=2e-5)
   assert _params(two)[0] == 8
+
+
+@contextlib.contextmanager
+def _read_only(path):
+  """`path` read-only for this test's processes: a read-only bind mount where we are root
+  (root ignores permissions), else the write permissions taken away."""
+  if os.geteuid() == 0:
+    subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
+    try:
+      subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], check=True)
+      yield "Read-only file system"
+    finally:
+      subprocess.run(["umount", str(path)], check=True)
+  else:
+    subprocess.run(["chmod", "-R", "a-w", str(path)], check=True)
+    try:
+      yield "Permission denied"
+    finally:
+      subprocess.run(["chmod", "-R", "u+w", str(path)], check=True)
+
+
+def _files(root):
+  return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_read_only_finished_run(trained4, tiny_data_dir, tmp_path):
+  """37.5: rerunning a finished run whose workdir is read-only (an archive, a read-only mount)
+  has nothing to write: it says so and ends with the final checkpoint's fill-mask lines, instead
+  of `[Errno 30] Read-only file system: .../bert_jax.lock`. Asked to train on, it is one line."""
+  wd = _copy(trained4, tmp_path)
+  before = _files(wd)
+  with _read_only(wd) as reason:
+    r = _run(wd, tiny_data_dir, 4)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"{wd} holds this run, finished at step 4, read-only: nothing to do" in r.stdout
+    assert "fill_mask: " in r.stdout
+    line = _error(_run(wd, tiny_data_dir, 8))
+    assert line == (
+      f"main: error: cannot create the lock {wd}/bert_jax.lock: {reason}: training needs a "
+      "writable workdir"
+    )
+  assert _files(wd) == before
+
+
+def _convert(src, dst, *extra):
+  cmd = [sys.executable, "-m", "bert_jax.convert", f"--src={src}", f"--dst={dst}", *extra]
+  return subprocess.run(cmd, env=_env(), capture_output=True, text=True)
+
+
+def test_convert_refuses_to_replace_a_runs_live_files(trained4, tmp_path):
+  """37.5: `convert --dst=<workdir>/checkpoints/4 --overwrite` replaced a live checkpoint with
+  an export. A checkpoint step, a new step name under checkpoints/ (the trainer would take it
+  for its newest step), the source's workdir and another training workdir are refused in one
+  line, --overwrite or not; nothing of either run changes."""
+  wd = _copy(trained4, tmp_path)
+  other = _copy(trained4, tmp_path, "other")
+  before = {**_files(wd), **_files(other)}
+  refused = {
+    wd / "checkpoints" / "4": f"is inside {wd}/checkpoints, a training run's checkpoints: write "
+    "the export elsewhere (the trainer would take it for a step)",
+    wd / "checkpoints" / "200": f"is inside {wd}/checkpoints, a training run's checkpoints: "
+    "write the export elsewhere (the trainer would take it for a step)",
+    wd: f"holds --src={wd}: write the export elsewhere",
+    other: "is a training workdir: refusing to replace it; write the export elsewhere",
+  }
+  for dst, why in refused.items():
+    r = _convert(wd, dst, "--overwrite")
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == f"convert: error: --dst={dst} {why}"
+  assert {**_files(wd), **_files(other)} == before
+  assert sorted(os.listdir(wd / "checkpoints")) == ["4"]
+
+
+def test_convert_and_finetune_init_fall_back_past_an_empty_newest_step(trained4, tmp_path):
+  """37.5: an empty newest step (a copy cut short) is passed over with one warning by convert
+  and fine-tuning's config.init, as by the trainer and bert_jax.load: one mechanism
+  (checkpoints.load_newest, inside loader.load_checkpoint)."""
+  from test_finetune import _splits, finetune_config, sentiment
+
+  from bert_jax import finetune, loader
+
+  wd = _copy(trained4, tmp_path)
+  (wd / "checkpoints" / "12").mkdir()
+  r = _convert(wd, tmp_path / "hf")
+  assert r.returncode == 0, r.stderr[-2000:]
+  warned = [ln for ln in r.stderr.splitlines() if "does not restore" in ln]
+  assert len(warned) == 1 and f"{wd}/checkpoints/12 does not restore" in warned[0]
+  assert "trying step 4" in warned[0]
+  step4 = loader.load_checkpoint(wd, 4, scan_layers=False).params
+  exported = loader.load_checkpoint(tmp_path / "hf", scan_layers=False).params
+  for a, b in zip(jax.tree.leaves(exported), jax.tree.leaves(step4), strict=True):
+    np.testing.assert_array_equal(a, b)
+
+  c = finetune_config.get_config("custom,seeds=1,size=tiny")
+  c.task.train, c.task.dev, c.task.test = _splits(tmp_path, sentiment, (32, 16, 16))
+  c.init = str(wd)
+  c.data.max_seq_length = 16
+  prep = finetune.prepare(c)
+  assert prep.cfg.hidden_size == 32 and prep.tokenizer.vocab_size == 30522
+  for a, b in zip(jax.tree.leaves(prep.init_params), jax.tree.leaves(step4["bert"]), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), b)

@@ -188,6 +188,36 @@ def test_load_hf_dir_matches_transformers():
     _check_hidden(m, live_hidden, atol=1e-5)
 
 
+def test_load_dtype_float32_matches_a_float32_checkpoint(tmp_path):
+  """`bert_jax.load` computes in the checkpoint's dtype (a bfloat16 run's: bfloat16) unless
+  `dtype` says otherwise; with dtype="float32" the bfloat16 run's float32 weights predict
+  exactly what the same weights in a float32 checkpoint predict (transformers' numbers)."""
+  ref, _ = _reference()
+  ck = loader.load_checkpoint(FIXTURE)
+  bf16_run = tmp_path / "bf16"  # the fixture's float32 weights, from a run computing in bf16
+  cfg = dataclasses.replace(ck.config, dtype="bfloat16")
+  hf_io.save_params_dir(bf16_run, cfg, ck.params, tokenizer=ck.tokenizer)
+  f32, default = bert_jax.load(FIXTURE), bert_jax.load(bf16_run)
+  asked = bert_jax.load(bf16_run, dtype="float32")
+  assert (f32.config.dtype, default.config.dtype, asked.config.dtype) == (
+    "float32",
+    "bfloat16",
+    "float32",
+  )
+  assert {x.dtype for x in jax.tree.leaves(asked.params)} == {np.dtype("float32")}
+  texts = list(mk.FILL_MASK_TEXTS)
+  assert asked.fill_mask(texts) == f32.fill_mask(texts)  # tokens and probabilities, bit for bit
+  _check_fill_mask(_fill_mask_ids(asked), ref["fill_mask"], atol=1e-5)
+  # The default is the run's own bfloat16: what dtype="bfloat16" gives, not float32's numbers.
+  got = default.fill_mask(texts)
+  assert got == bert_jax.load(bf16_run, dtype="bfloat16").fill_mask(texts)
+  probs = lambda out: np.array([p for text in out for per_mask in text for _, p in per_mask])
+  diff = np.abs(probs(got) - probs(f32.fill_mask(texts))).max()
+  assert 1e-6 < diff < 0.05, diff
+  with pytest.raises(TypeError):
+    bert_jax.load(bf16_run, dtype="float33")
+
+
 # --- Continued pretraining from HuggingFace weights --------------------------------------------
 
 

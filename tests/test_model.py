@@ -561,7 +561,7 @@ def test_model_dropout_by_rng_impl(rng_impl):
 
 def test_attention_impl_config():
   with pytest.raises(ValueError, match="^attention_impl must be one of auto, explicit"):
-    BertConfig(attention_impl="flash")
+    BertConfig(attention_impl="sdpa")
   for impl in ("xla", "cudnn"):
     with pytest.raises(ValueError, match=f"^attention_impl='{impl}' has no attention dropout"):
       BertConfig(attention_impl=impl, dtype="bfloat16")

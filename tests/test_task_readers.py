@@ -478,6 +478,12 @@ BAD_INPUTS = {
     {},
     "{path}:2: malformed JSON",
   ),
+  "control_character": (  # json's own message ends in "at": not "at at column" (37.5)
+    "cc.jsonl",
+    '{"sentence": "a\tb", "label": 1}\n',
+    {},
+    "{path}:1: malformed JSON (Invalid control character at column 16)",
+  ),
   "not_an_object": ("o.jsonl", '["a", 1]\n', {}, "{path}:1: a JSON line must be an object"),
   "column_count": (
     "c.tsv",
@@ -638,7 +644,11 @@ def test_encode_tagging_first_sub_token(tok):
 
   unlabelled = [TaggedExample(("John", "lives"), None, "u:1")]
   enc = encode_lib.encode(unlabelled, "tagging", tok, 16, labels)
-  assert _ids(enc.rows, "label_ids") == [[-1, -1, -1, -1]] and int(enc.rows[0]["n_words"]) == 2
+  # An unlabelled sentence: each word's first sub-token is marked (its tag is unknown, no loss
+  # or metric reads it; the predictions file does).
+  unknown = encode_lib.UNKNOWN_TAG
+  assert _ids(enc.rows, "label_ids") == [[-1, unknown, unknown, -1]]
+  assert int(enc.rows[0]["n_words"]) == 2
 
 
 def test_encode_multiple_choice_shapes(tok):

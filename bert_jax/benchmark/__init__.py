@@ -16,6 +16,10 @@
   sizes.py        model.SIZES plus 'minilm' (6 x 384, 12 heads), fine-tuning step FLOPs
   memory.py       BERT-Large's compile time and XLA's memory accounting
   data.py         create_data and input-pipeline throughput
+  gpu.py          `--gpu`: ours against PyTorch on one GPU, in one planned command (docs/gpu.md)
+  gpu_plan.py     its plans, estimates and admission against the deadline (`--dry_run`)
+  gpu_ours.py     its worker for our steps: abstract lowering, compile threads, timing
+  profile.py      one traced step as device time per kernel family and the top kernels
 
 Every measurement runs in a fresh interpreter (so compile time and peak RSS are its own) and
 the measurements of one pass are interleaved (ours, then each peer, size by size), so the

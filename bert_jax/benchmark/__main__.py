@@ -56,6 +56,8 @@ _SIZES = flags.DEFINE_list(
   "Model sizes (bert_jax.model.SIZES, and 'minilm': 6 layers, hidden 384, 12 heads).",
 )
 _SEQS = flags.DEFINE_list("seqs", ["128"], "Sequence lengths.")
+cli.check_flag(_SIZES, lambda names: [sizes.size_fields(s) for s in names])
+cli.check_flag(_SEQS, lambda seqs: [_seq(s) for s in seqs])
 _BATCH = flags.DEFINE_integer("batch", 32, "Global batch (sequences).")
 _DTYPES = flags.DEFINE_list(
   "dtypes",
@@ -70,7 +72,9 @@ _VARIANTS = flags.DEFINE_string(
   "variants",
   "",
   "Extra model-field variants of ours, ';'-separated k=v,k=v lists (e.g. kernels=xla for the "
-  "stock XLA ops); the first measurement is always the trainer's default.",
+  "stock XLA ops); the first measurement is always the trainer's default. With --gpu they "
+  "replace the default variants (`--variants=`: none); there `xla_*` keys are XLA options of "
+  "that executable, and `side=torch,attention_dropout_prob=0` is a PyTorch variant.",
 )
 _PEERS = flags.DEFINE_bool("peers", False, "Also time HF Flax / PyTorch BertForPreTraining steps.")
 _PEER_PYTHON = flags.DEFINE_string(
@@ -114,18 +118,39 @@ _GPU = flags.DEFINE_bool(
   "gpu",
   False,
   "The GPU comparison (docs/gpu.md): ours (pretraining at Base/Large 128 x 256 and Large "
-  "512 x 64, fine-tuning at Base 128 x 32, and --variants) against transformers' PyTorch BERT "
-  "eager and torch.compile on the same GPU, within --deadline. --sizes, --seqs, --batch, "
-  "--dtypes, --task and --peers do not apply.",
+  "512 x 64 by default, --shapes, and --variants) against transformers' PyTorch BERT eager and "
+  "torch.compile on the same GPU, with a profile of our first shape, within --deadline. "
+  "--sizes, --seqs, --batch, --dtypes, --task and --peers do not apply.",
 )
 _GPU_SMOKE = flags.DEFINE_bool(
   "gpu_smoke", False, "--gpu's plumbing at tiny shapes; runs on a CPU (both sides on it)."
 )
 _DEADLINE = flags.DEFINE_float(
   "deadline",
-  450.0,
+  475.0,
   "--gpu: seconds for the whole comparison; what does not fit (by the planned estimates) is "
-  "skipped and reported.",
+  "skipped and reported, variants first.",
+)
+_SHAPES = flags.DEFINE_list(
+  "shapes",
+  None,
+  "--gpu: the shapes, in priority order (default base128,large128,large512; also ft_base128; "
+  "--gpu_smoke: tiny128,tiny64,ft_tiny128). Variants go to the first unless they move.",
+)
+_PROFILE = flags.DEFINE_list(
+  "profile",
+  None,
+  "--gpu: shapes whose step (ours) is traced for one step and tabled by kernel family (default: "
+  "the first shape; empty for none).",
+)
+_PROFILE_DIR = flags.DEFINE_string(
+  "profile_dir", None, "--gpu: keep each profile's trace (jax.profiler's files) under this."
+)
+_DRY_RUN = flags.DEFINE_bool(
+  "dry_run",
+  False,
+  "--gpu: print the plan (what is admitted in which order, the planned build schedule and "
+  "timing phases against --deadline) and exit; starts no worker.",
 )
 _REPS = flags.DEFINE_integer(
   "reps", 3, "--gpu: timed runs of --steps back-to-back steps per step (the fastest counts)."
@@ -134,9 +159,17 @@ _COMPILE_THREADS = flags.DEFINE_integer(
   "compile_threads", 3, "--gpu: our steps compiled at once (XLA compiles in threads)."
 )
 _TORCH_MODES = flags.DEFINE_list(
-  "torch_modes", ["eager", "compile"], "--gpu: the PyTorch peers' modes (eager, compile)."
+  "torch_modes",
+  ["eager", "compile"],
+  "--gpu: the PyTorch peers' modes (eager, compile); empty for ours alone.",
 )
 _GPU_WORKER = flags.DEFINE_string("gpu_worker", None, "Internal: our side of --gpu (JSON spec).")
+
+
+def _seq(text: str) -> int:
+  if not text.strip().isdigit() or int(text) < 1:
+    raise ValueError(f"--seqs: {text!r} is not a sequence length (a positive integer)")
+  return int(text)
 
 
 def _peer_list(peer_python: str) -> list[tuple[str, str]]:
@@ -185,7 +218,8 @@ def _gpu() -> None:
   records = gpu.run_gpu(
     smoke=smoke,
     deadline_s=_DEADLINE.value,
-    variants=suite.parse_variants(_VARIANTS.value) if _VARIANTS.value else None,
+    # --variants= (given, empty) means none; not given, the default list.
+    variants=suite.parse_variants(_VARIANTS.value) if present("variants") else None,
     torch_modes=_TORCH_MODES.value,
     steps=_STEPS.value if present("steps") else (2 if smoke else 10),
     reps=_REPS.value,
@@ -193,8 +227,13 @@ def _gpu() -> None:
     compile_threads=_COMPILE_THREADS.value,
     peer_python=_PEER_PYTHON.value or sys.executable,
     json_out=_JSON_OUT.value,
+    shapes=_SHAPES.value,
+    profile=_PROFILE.value,
+    profile_dir=_PROFILE_DIR.value,
+    dry_run=_DRY_RUN.value,
   )
-  print("\n" + gpu.format_gpu_table(records))
+  if not _DRY_RUN.value:
+    print("\n" + gpu.format_gpu_table(records))
 
 
 def main(argv: list[str]) -> None:
@@ -208,9 +247,7 @@ def main(argv: list[str]) -> None:
   if _GPU.value or _GPU_SMOKE.value:
     _gpu()
     return
-  for s in _SIZES.value:
-    sizes.size_fields(s)  # an unknown size: one line naming the known ones
-  seqs = [int(s) for s in _SEQS.value]
+  seqs = [_seq(s) for s in _SEQS.value]
   variants = [{}] + (suite.parse_variants(_VARIANTS.value) if _VARIANTS.value else [])
   peer_python = _PEER_PYTHON.value or sys.executable
   peer_list = _peer_list(peer_python) if _PEERS.value else []

@@ -48,7 +48,7 @@ def _hf_config(spec: dict[str, Any], **extra: Any) -> Any:
     max_position_embeddings=spec["max_pos"],
     type_vocab_size=2,
     hidden_dropout_prob=spec["dropout"],
-    attention_probs_dropout_prob=spec["dropout"],
+    attention_probs_dropout_prob=spec.get("attention_dropout", spec["dropout"]),
   )
 
 
@@ -298,10 +298,11 @@ def gpu_session(spec: dict[str, Any]) -> None:
   """The PyTorch side of `benchmark --gpu` (`gpu.py`), on CUDA (or the CPU in a smoke run).
 
   Build phase: per plan (eager and torch.compile'd steps of one model share it), `warmup`
-  steps, so torch.compile compiles here; a plan whose estimated build does not fit before
-  `build_until` is skipped. Then READY, and on `time`: this process's bf16 matmul peak and
-  each built step, model by model (smallest first, each model freed after its steps), as
-  `reps` runs of `steps` back-to-back steps with one sync at the end of each.
+  steps, so torch.compile compiles here; a variant whose estimated build no longer fits before
+  `build_until` is skipped (a shape always builds). Then READY, and on `time`: this process's
+  bf16 matmul peak and each built step, model by model (the shapes smallest first, then the
+  variants; each model freed after its steps), as `reps` runs of `steps` back-to-back steps
+  with one sync at the end of each.
   """
   import torch
   import transformers
@@ -327,10 +328,13 @@ def gpu_session(spec: dict[str, Any]) -> None:
   built = []
   for plan in spec["plans"]:
     rec = {k: plan[k] for k in keys}
-    if time.time() + plan["est_compile_s"] > spec["build_until"]:
+    # A shape always builds (the plan admitted it); a variant only while it still fits.
+    late = time.time() + plan["est_compile_s"] > spec["build_until"]
+    if late and plan.get("role", "shape") != "shape":
       protocol.print_record({**rec, "kind": "skipped", "why": "build deadline"})
       continue
-    model_key = (plan["task"], plan["size"], plan["seq"], plan["batch"])
+    model_key = (plan["task"], plan["size"], plan["seq"], plan["batch"], plan["dropout"],
+                 plan.get("attention_dropout", plan["dropout"]))  # fmt: skip
     try:
       if model_key not in models:
         models[model_key] = torch_parts(plan, info, device)
@@ -359,10 +363,11 @@ def gpu_session(spec: dict[str, Any]) -> None:
       {"side": "torch", "kind": "peak", "dtype": "bfloat16", "matmul_n": n, "tflops": peak}
     )
     steps, reps = spec["steps"], spec["reps"]
-    order = sorted(built, key=lambda b: b[0]["est_mem"])
+    order = sorted(built, key=lambda b: (b[0].get("role", "shape") != "shape", b[0]["est_mem"]))
     for i, (plan, model_key, first) in enumerate(order):
       rec = {k: plan[k] for k in keys}
-      if time.time() + plan["est_step_s"] * steps * reps > spec["end_by"]:
+      late = time.time() + plan["est_step_s"] * steps * reps > spec["end_by"]
+      if late and plan.get("role", "shape") != "shape":
         protocol.print_record({**rec, "kind": "skipped", "why": "timing deadline"})
       else:
         try:

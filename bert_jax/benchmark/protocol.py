@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -30,9 +31,14 @@ def print_result(rec: dict[str, Any]) -> None:
   print(RESULT_MARK + json.dumps(rec), flush=True)
 
 
+_PRINT_LOCK = threading.Lock()
+
+
 def print_record(rec: dict[str, Any]) -> None:
-  """One record of a GPU-session worker, as it happens."""
-  print(RECORD_MARK + json.dumps(rec), flush=True)
+  """One record of a GPU-session worker, as it happens (whole lines, from any thread)."""
+  with _PRINT_LOCK:
+    sys.stdout.write(RECORD_MARK + json.dumps(rec) + "\n")
+    sys.stdout.flush()
 
 
 def error_text(error: BaseException) -> str:

@@ -1,11 +1,13 @@
 """Our pretraining step as the benchmark times it: the trainer's own jitted train step on a
 synthetic batch.
 
-The step is `train.jit_train_step` on state from `train.create_state`, built from the
-trainer's config (`config_lib.base_config(size)`) exactly as `train.train_and_evaluate` builds
-it, on one device: state donated, on-device masking included, on a full-length batch reused
-every step. `prepare` lowers it, `compile_step` compiles it (the GPU suite compiles several in
-threads); `build_step` does both. What is measured of it is `measure.py`'s.
+The step is `train.jit_train_step` on the state `train.create_state` makes (the same sharded
+init of `train.state_init_fn`), built from the trainer's config (`config_lib.base_config(size)`)
+exactly as `train.train_and_evaluate` builds it, on one device: state donated, on-device
+masking included, on a full-length batch reused every step. `prepare` lowers it against the
+abstract state, `compile_step` compiles it and the init (the GPU suite compiles several in
+threads, then makes each state only to time it); `build_step` does both and makes the state.
+What is measured of it is `measure.py`'s.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def _default_tables() -> masking.MaskingTables:
 
 @dataclasses.dataclass
 class Step:
-  """A compiled train step with its state, ready to be called."""
+  """A compiled train step with its state (None until `fresh_state`), ready to be called."""
 
   compiled: Any
   state: Any
@@ -93,23 +95,34 @@ class Step:
   compile_s: float
   # Whether JAX's persistent compilation cache answered the compile (None: cache off).
   cache_hit: bool | None = None
+  init: Any = None  # the compiled state initialiser: init(init_rng) -> a fresh train state
+  init_rng: Any = None
+  init_compile_s: float = 0.0
+
+  def fresh_state(self) -> Any:
+    """A freshly initialised train state on the device (the compiled init, run now)."""
+    return self.init(self.init_rng)
 
 
 @dataclasses.dataclass
 class Prepared:
-  """A lowered train step with its state: `compile_step` makes it a Step."""
+  """A train step and its state initialiser, lowered against the abstract state (nothing has
+  run on the device but the batch's transfer): `compile_step` makes it a Step."""
 
   lowered: Any
-  state: Any
+  init_lowered: Any
   batch: Any
   rng: Any
+  init_rng: Any
   cfg: model_lib.BertConfig
   lower_s: float
 
 
 def prepare(config: ml_collections.ConfigDict, tables: Any = None) -> Prepared:
-  """`train.jit_train_step` on `train.create_state`'s state, lowered for a synthetic batch on
-  one device."""
+  """`train.jit_train_step` lowered against `train.abstract_state` (shapes and shardings, no
+  arrays), and the state's sharded initialiser (`train.create_state`'s) lowered too, for a
+  synthetic batch on one device. The init runs only when a state is asked for, so a GPU
+  session can compile every step before any of them holds device memory."""
   tables = tables or _default_tables()
   mesh = sh.make_mesh(tuple(config.mesh.shape), devices=jax.devices()[:1])
   rules = sh.rules_from_config(config.mesh.rules)
@@ -117,29 +130,41 @@ def prepare(config: ml_collections.ConfigDict, tables: Any = None) -> Prepared:
   _, model, tx, obj = train.model_and_optimizer(config, mesh.devices.flat[0].platform)
   cfg = model.cfg
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
-  state, state_sh, _ = train.create_state(config, model, tx, mesh, rules, init_rng)
+  state_sh, abstract = train.abstract_state(config, model, tx, mesh, rules, init_rng)
   host_batch = synthetic_batch(config.data.batch_size, config.data.max_seq_length, cfg.vocab_size)
   batch = pipeline.to_global(host_batch, mesh)
   with sh.mesh_context(mesh, rules):
     fn = train.jit_train_step(model, tx, obj, tables, config.opt.grad_accum_steps, mesh, state_sh)
     t0 = time.perf_counter()
-    lowered = fn.lower(state, batch, step_rng)
-  return Prepared(lowered, state, batch, step_rng, cfg, time.perf_counter() - t0)
+    lowered = fn.lower(abstract, batch, step_rng)
+    lower_s = time.perf_counter() - t0
+    init = sh.sharded_init(train.state_init_fn(config, model, tx), state_sh).lower(init_rng)
+  return Prepared(lowered, init, batch, step_rng, init_rng, cfg, lower_s)
 
 
-def compile_step(p: Prepared) -> Step:
-  """Compiles a prepared step (XLA's compile releases the GIL: threads can run several)."""
+def compile_step(
+  p: Prepared, compiler_options: dict[str, Any] | None = None, materialize: bool = True
+) -> Step:
+  """Compiles a prepared step (with XLA `compiler_options`, e.g. {"xla_gpu_autotune_level": 0},
+  for this executable only) and its initialiser; with `materialize`, runs the init too. XLA's
+  compile releases the GIL: threads can run several."""
   hits = compile_cache.thread_hits()
   t0 = time.perf_counter()
-  compiled = p.lowered.compile()
+  compiled = p.lowered.compile(compiler_options=compiler_options or None)
   compile_s = time.perf_counter() - t0
   hit = compile_cache.thread_hits() > hits if compile_cache.active_dir() else None
-  return Step(compiled, p.state, p.batch, p.rng, p.cfg, p.lower_s, compile_s, hit)
+  t0 = time.perf_counter()
+  init = p.init_lowered.compile()
+  st = Step(compiled, None, p.batch, p.rng, p.cfg, p.lower_s, compile_s, hit, init, p.init_rng)
+  st.init_compile_s = time.perf_counter() - t0
+  if materialize:
+    st.state = st.fresh_state()
+  return st
 
 
 def build_step(config: ml_collections.ConfigDict, tables: Any = None) -> Step:
-  """`train.jit_train_step` on `train.create_state`'s state, lowered and compiled for a
-  synthetic batch on one device."""
+  """`train.jit_train_step` on `train.create_state`'s state (made by the same sharded init),
+  lowered and compiled for a synthetic batch on one device."""
   return compile_step(prepare(config, tables))
 
 

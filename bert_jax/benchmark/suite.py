@@ -35,9 +35,11 @@ def parse_value(text: str) -> Any:
 
 
 def parse_variants(text: str) -> list[dict[str, Any]]:
-  """'scan_layers=True,remat_policy=full;kernels=xla' -> list of dicts."""
+  """'scan_layers=True,remat_policy=full;kernels=xla' -> list of dicts ('' -> none)."""
   out = []
   for part in text.split(";"):
+    if not part.strip():
+      continue
     v: dict[str, Any] = {}
     for item in filter(None, part.split(",")):
       if "=" not in item:

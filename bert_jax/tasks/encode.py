@@ -4,7 +4,8 @@ Rows (one dict per model input sequence; the engine pads them per length bucket)
   input_ids     int32 [L]   [CLS] text_a [SEP] (text_b [SEP])
   segment_ids   int32 [L]   0 over [CLS] a [SEP], 1 over b [SEP]
   label         int32 []    class index (-1 when unlabelled); float32 for regression (nan)
-  label_ids     int32 [L]   tagging: the word's tag index on its first sub-token, -1 elsewhere
+  label_ids     int32 [L]   tagging: the word's tag index on its first sub-token (UNKNOWN_TAG
+                            in an unlabelled split), -1 elsewhere; losses and metrics read >= 0
   n_words       int32 []    tagging: words whose first sub-token fits (the rest are dropped from
                             the gold too, as transformers' run_ner does)
   example_index int32 []    position of the example in the split
@@ -22,6 +23,10 @@ import numpy as np
 from bert_jax.tasks import kinds
 from bert_jax.tasks.readers import TaggedExample, TextExample
 from bert_jax.tokenizer import Tokenizer
+
+# label_ids of a word's first sub-token whose tag is unknown (an unlabelled test split): no loss
+# or metric reads it (they take ids >= 0); an unlabelled split's predictions file does.
+UNKNOWN_TAG = -2
 
 
 @dataclasses.dataclass
@@ -172,10 +177,10 @@ def _encode_tagged(
         break
       n_words += 1
       if ex.tags is None:
-        tag = -1
+        tag = UNKNOWN_TAG  # a word start all the same: its predicted tag is written out
       else:
-        tag = index.get(ex.tags[w], -2)
-        if tag == -2:
+        tag = index.get(ex.tags[w])
+        if tag is None:
           raise ValueError(
             f"{ex.source}: tag {ex.tags[w]!r} (word {w + 1}, {ex.words[w]!r}) is not one of the "
             f"{len(index)} labels"

@@ -124,6 +124,26 @@ def _score_spans(task: Any, preds: dict, rows: list, extra: Any) -> dict[str, fl
   return extra.score(preds["start_logits"], preds["end_logits"])  # a tasks.QAInfo
 
 
+# What an unlabelled split's predictions file holds per example (finetune.write_predictions).
+
+
+def _class_name(task: Any, pred: Any, row: dict) -> Any:
+  return task.labels[int(pred)]
+
+
+def _number(task: Any, pred: Any, row: dict) -> Any:
+  return float(pred)
+
+
+def _choice(task: Any, pred: Any, row: dict) -> Any:
+  return int(pred)
+
+
+def _word_tags(task: Any, pred: Any, row: dict) -> Any:
+  # Each word's first sub-token carries a tag index, or UNKNOWN_TAG where the split has none.
+  return [task.labels[int(p)] for p in pred[np.asarray(row["label_ids"]) != -1]]
+
+
 # ----------------------------------------------------------------------- the registry
 
 
@@ -153,6 +173,10 @@ class Kind:
   hf_num_labels: int | None = None  # the num_labels HF's class needs of an unlabelled kind
   # What a model that learned nothing scores (tasks.metrics' *_baseline functions).
   baseline: Callable[..., dict[str, Any]] = metrics_lib.majority_class_baseline
+  # (task, a row's prediction, the row) -> the JSON value an unlabelled split's predictions
+  # file holds (a class name, a number, an ending's index, a tag per word); None: the kind
+  # writes its own (span QA: the official predictions JSON).
+  prediction: Callable[[Any, Any, dict], Any] | None = _class_name
 
   @property
   def labelled(self) -> bool:
@@ -182,6 +206,7 @@ KINDS: dict[str, Kind] = {
       loss=_squared_error,
       predict=_value,
       score=_score_values,
+      prediction=_number,
       hf_class="BertForSequenceClassification",
       hf_problem_type="regression",
       hf_id2label=("LABEL_0",),  # HF's name for output 0
@@ -196,6 +221,7 @@ KINDS: dict[str, Kind] = {
       loss=_tag_loss,
       count=_tagged_tokens,
       score=_score_tags,
+      prediction=_word_tags,
       hf_class="BertForTokenClassification",
       hf_pooler=False,
       baseline=metrics_lib.majority_tag_baseline,
@@ -211,6 +237,7 @@ KINDS: dict[str, Kind] = {
       loss=_span_loss,
       predict=_span_logits,
       score=_score_spans,
+      prediction=None,
       hf_class="BertForQuestionAnswering",
       hf_pooler=False,
       hf_num_labels=2,  # its qa_outputs size (HF's default id2label)
@@ -223,6 +250,7 @@ KINDS: dict[str, Kind] = {
       metrics=("accuracy",),
       loss=_class_loss,
       score=_score_classes,
+      prediction=_choice,
       hf_class="BertForMultipleChoice",
       baseline=metrics_lib.chance_baseline,
     ),

@@ -6,7 +6,9 @@ bad row in a 400k-line file is found without a debugger.
 
 The GLUE presets (`GLUE`) read the standard GLUE directory layout (`<glue_dir>/SST-2/train.tsv`,
 `MNLI/dev_matched.tsv`, ...) by the column names of each file's header; CoLA's train and dev
-files have no header and get GLUE's column names here. Test splits carry no labels (label None).
+files have no header and get GLUE's column names here. Test splits may carry no labels (label
+None: the run writes predictions and no metrics), but not in some rows only (one line naming
+the first row that differs).
 With `format="tfds"` the same presets read a TFDS `glue/<config>` dataset that was prepared
 beforehand in array_record format; nothing is ever downloaded.
 """
@@ -354,7 +356,9 @@ def _jsonl_rows(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
     try:
       obj = json.loads(line)
     except json.JSONDecodeError as e:
-      raise ValueError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+      # json's own message may end in "at" ("Invalid control character ... at").
+      msg = e.msg.removesuffix(" at")
+      raise ValueError(f"{path}:{lineno}: malformed JSON ({msg} at column {e.colno})") from None
     if not isinstance(obj, dict):
       raise ValueError(f"{path}:{lineno}: a JSON line must be an object, not {type(obj).__name__}")
     yield f"{path}:{lineno}", obj
@@ -429,6 +433,31 @@ def _label(value: Any, spec: kinds.Kind, name: str, source: str) -> str | float:
   )
 
 
+class _Labelled:
+  """Whether each row of a split has its label: train and dev rows must (a missing one is the
+  `_field` error naming the row); a test split has labels in every row or in none (an absent
+  or null field), and a row that differs from the first is one line naming both."""
+
+  def __init__(self, split: str, field: str):
+    self.split, self.field = split, field
+    self.first: tuple[str, bool] | None = None
+
+  def __call__(self, obj: dict[str, Any], source: str) -> bool:
+    if self.split != "test":
+      return True
+    has = obj.get(self.field) is not None
+    if self.first is None:
+      self.first = (source, has)
+    elif has != self.first[1]:
+      first, had = self.first
+      raise ValueError(
+        f"{source}: this test row {'has' if has else 'has no'} {self.field!r} but {first} "
+        f"{'has one' if had else 'has none'}: a test split is labelled in every row (scored) or "
+        "in none (predictions only)"
+      )
+    return has
+
+
 def _text_examples(
   rows: Iterator[tuple[str, dict[str, Any]]],
   fields: tuple[str, ...],
@@ -437,20 +466,19 @@ def _text_examples(
   split: str,
   limit: int,
 ) -> list[TextExample]:
-  """TextExamples from dict rows. Train and dev need labels; a test split whose first row has
-  no label field is read as unlabelled (as GLUE's test files)."""
+  """TextExamples from dict rows. Train and dev need labels; a test split may have none (as
+  GLUE's test files: it gets predictions, no metrics), but not some (`_labelled`)."""
   if spec.choices:
     if not fields:
       raise ValueError("task.text_fields must name the context field and the ending field(s)")
   elif len(fields) not in (1, 2):
     raise ValueError(f"task.text_fields must name one or two fields, not {fields!r}")
   out: list[TextExample] = []
-  labelled = None
+  labelled = _Labelled(split, label_field)
   for source, obj in rows:
     if len(out) >= limit:
       break
-    if labelled is None:
-      labelled = split != "test" or label_field in obj
+    has_label = labelled(obj, source)
     if spec.choices and len(fields) == 2 and isinstance(obj.get(fields[1]), list):
       endings = _field(obj, fields[1], source)
       if not all(isinstance(e, str) for e in endings):
@@ -459,7 +487,7 @@ def _text_examples(
     else:
       texts = tuple(_text(obj, f, source) for f in fields)
     label = (
-      _label(_field(obj, label_field, source), spec, label_field, source) if labelled else None
+      _label(_field(obj, label_field, source), spec, label_field, source) if has_label else None
     )
     out.append(TextExample(texts, label, source))
   return out
@@ -469,14 +497,13 @@ def _read_tagged_jsonl(task: Any, path: str, split: str, limit: int) -> list[Tag
   tokens_field = _get(task, "tokens_field", "tokens")
   tags_field = _get(task, "tags_field", "tags")
   out: list[TaggedExample] = []
-  labelled = None
+  labelled = _Labelled(split, tags_field)
   for source, obj in _jsonl_rows(path):
     if len(out) >= limit:
       break
-    if labelled is None:
-      labelled = split != "test" or tags_field in obj
+    has_tags = labelled(obj, source)
     words = _string_list(obj, tokens_field, source)
-    tags = _string_list(obj, tags_field, source) if labelled else None
+    tags = _string_list(obj, tags_field, source) if has_tags else None
     if tags is not None and len(tags) != len(words):
       raise ValueError(
         f"{source}: {len(words)} {tokens_field} but {len(tags)} {tags_field} (one tag per word)"

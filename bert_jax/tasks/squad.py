@@ -83,7 +83,9 @@ def _load_json(path: str):
     with opener(path, "rt", encoding="utf-8") as f:
       return json.load(f)
   except json.JSONDecodeError as e:
-    raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    raise ValueError(
+      f"{path}:{e.lineno}: not valid JSON ({e.msg.removesuffix(' at')} at column {e.colno})"
+    ) from None
   except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as e:
     raise ValueError(f"{path}: cannot be read as (gzipped) UTF-8 JSON ({e})") from None
 

