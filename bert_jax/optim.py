@@ -105,10 +105,9 @@ def apply_update(state: dict, grads: Any, tx) -> tuple[dict, dict[str, Any]]:
   its finiteness (a reduction XLA fuses with the update's arithmetic, keeping nothing) and
   once more behind an optimization barrier that waits for the flag, writing each leaf's new
   params and moments with the select folded in (in place: the state is donated). Selecting
-  after the update instead kept a second params-sized state: BERT-Base's update (AdamW, clip)
-  compiled for one v4 chip needed 561 MiB of temporaries, this form 104 MiB; on XLA:CPU 1,365
-  MiB and 718 MiB (`tools/probes` measurement in docs/gpu.md). The gradient's norm is the one
-  clip_by_global_norm computes (XLA computes it once)."""
+  after the update instead kept a second params-sized state beside the old (XLA's temporaries:
+  tests/test_optim.py; `tools/probes/step_program.py --part=update` compiles BERT's). The
+  gradient's norm is the one clip_by_global_norm computes (XLA computes it once)."""
   grad_norm = optax.tree.norm(grads)
   updates, _ = tx.update(grads, state["opt_state"], state["params"])
   finite = jnp.isfinite(grad_norm) & all_finite(updates)
