@@ -27,6 +27,7 @@ for attention B batch, Q queries, S keys, H heads, K head dim.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -287,18 +288,6 @@ def _fmix32(h: Array) -> Array:
   return h ^ (h >> 16)
 
 
-def keep_mask(key: Array, shape: tuple[int, ...], rate: float) -> Array:
-  """Boolean dropout keep-mask, True with probability 1 - rate (exact to 2**-32).
-
-  Two 32-bit words drawn from `key` seed a double murmur3 finaliser of each element's index
-  (counter-based, as Philox in cuDNN's dropout): a few integer ops per element that XLA fuses,
-  where threefry's rounds cost far more per element on a CPU. The index is an iota, which
-  XLA's SPMD partitioner splits by shard, so each device hashes only its own elements."""
-  seed = hash_seed(key)
-  idx = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
-  return hash_keep(idx, seed[0], seed[1], rate)
-
-
 def hash_seed(key: Array) -> Array:
   """The two uint32 seed words `keep_mask` draws from its key."""
   return jax.random.bits(key, (2,), jnp.uint32)
@@ -308,6 +297,63 @@ def hash_keep(idx: Array, seed0: Array, seed1: Array, rate: float) -> Array:
   """`keep_mask`'s bits at the uint32 flat indices `idx` (also inside the Pallas kernels of
   flash_attention.py, which hash each tile's indices)."""
   return _fmix32(_fmix32(idx ^ seed0) + seed1) >= _threshold(rate)
+
+
+def _seeded_mask(seed: Array, shape: tuple[int, ...], rate: float) -> Array:
+  """`keep_mask` of `shape` from its seed words (`hash_seed`)."""
+  idx = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
+  return hash_keep(idx, seed[0], seed[1], rate)
+
+
+def keep_mask(key: Array, shape: tuple[int, ...], rate: float) -> Array:
+  """Boolean dropout keep-mask, True with probability 1 - rate (exact to 2**-32).
+
+  Two 32-bit words drawn from `key` seed a double murmur3 finaliser of each element's index
+  (counter-based, as Philox in cuDNN's dropout): a few integer ops per element that XLA fuses,
+  where threefry's rounds cost far more per element on a CPU. The index is an iota, which
+  XLA's SPMD partitioner splits by shard, so each device hashes only its own elements."""
+  return _seeded_mask(hash_seed(key), shape, rate)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class HashMask:
+  """A hash keep-mask not drawn yet: `keep_mask`'s seed words. `dropout` and
+  `attention_probs` draw it where they use it, in the forward pass and again in the backward,
+  so no mask is kept between them (an autodiff select keeps one per dropout, and a scanned
+  layer stacks them over the layers)."""
+
+  seed: Array  # uint32[2], `hash_seed`
+
+  @classmethod
+  def from_key(cls, key: Array) -> HashMask:
+    return cls(hash_seed(key))
+
+
+def dropout(x: Array, keep: Array | HashMask, rate: float) -> Array:
+  """x with the elements where `keep` is False zeroed and the rest scaled by 1 / (1 - rate):
+  flax's nn.Dropout given its mask. A `HashMask` gives the same values and gradients as its
+  drawn mask, from a backward that draws the mask again."""
+  if isinstance(keep, HashMask):
+    return _hash_dropout(x, keep.seed, rate)
+  return jax.lax.select(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _hash_dropout(x: Array, seed: Array, rate: float) -> Array:
+  return jax.lax.select(_seeded_mask(seed, x.shape, rate), x / (1.0 - rate), jnp.zeros_like(x))
+
+
+def _hash_dropout_fwd(x, seed, rate):
+  return _hash_dropout(x, seed, rate), seed
+
+
+def _hash_dropout_bwd(rate, seed, g):
+  keep = _seeded_mask(seed, g.shape, rate)
+  return jax.lax.select(keep, g / (1.0 - rate), jnp.zeros_like(g)), None
+
+
+_hash_dropout.defvjp(_hash_dropout_fwd, _hash_dropout_bwd)
 
 
 def rbg_keep_mask(key: Array, shape: tuple[int, ...], rate: float) -> Array:
@@ -326,19 +372,21 @@ def rbg_keep_mask(key: Array, shape: tuple[int, ...], rate: float) -> Array:
 
 
 def attention_probs(
-  logits: Array, dtype: Any, keep: Array | None = None, rate: float = 0.0
+  logits: Array, dtype: Any, keep: Array | HashMask | None = None, rate: float = 0.0
 ) -> Array:
   """softmax(logits) over the last axis, dropped out where `keep` is False (the kept ones
   scaled by 1 / (1 - rate)), in `dtype`.
 
   The forward is jax.nn.softmax in float32 and the dropout in float32, then one cast: the
   values equal `dropout(softmax(logits)).astype(dtype)`. The custom VJP keeps only the
-  probabilities in `dtype` (and the mask) for the backward, where autodiff keeps them in
-  float32, and computes dlogits = p * (g - sum(g * p)) in float32 from them: equal to
-  autodiff's up to `dtype`'s rounding of p."""
+  probabilities in `dtype` and the mask (a `HashMask`: its seed, the mask drawn again) for the
+  backward, where autodiff keeps them in float32, and computes dlogits = p * (g - sum(g * p))
+  in float32 from them: equal to autodiff's up to `dtype`'s rounding of p."""
   dtype = jnp.dtype(dtype)
   if keep is None:
     return _probs(logits, dtype)
+  if isinstance(keep, HashMask):
+    return _hash_dropped_probs(logits, keep.seed, dtype, rate)
   return _dropped_probs(logits, keep, dtype, 1.0 - rate)
 
 
@@ -364,22 +412,43 @@ def _probs_bwd(dtype, p, g):
 _probs.defvjp(_probs_fwd, _probs_bwd)
 
 
+def _drop_probs(p: Array, keep: Array, keep_prob: float) -> Array:
+  return jnp.where(keep, p / keep_prob, jnp.zeros((), p.dtype))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _dropped_probs(logits: Array, keep: Array, dtype, keep_prob: float) -> Array:
-  p = jax.nn.softmax(logits, axis=-1)
-  return jnp.where(keep, p / keep_prob, jnp.zeros((), p.dtype)).astype(dtype)
+  return _drop_probs(jax.nn.softmax(logits, axis=-1), keep, keep_prob).astype(dtype)
 
 
 def _dropped_fwd(logits, keep, dtype, keep_prob):
   p = jax.nn.softmax(logits, axis=-1)
-  out = jnp.where(keep, p / keep_prob, jnp.zeros((), p.dtype)).astype(dtype)
-  return out, (p.astype(dtype), keep)
+  return _drop_probs(p, keep, keep_prob).astype(dtype), (p.astype(dtype), keep)
 
 
 def _dropped_bwd(dtype, keep_prob, res, g):
   p, keep = res
-  g_p = jnp.where(keep, g.astype(jnp.float32) / keep_prob, jnp.zeros((), jnp.float32))
-  return _softmax_bwd(p, g_p), None
+  return _softmax_bwd(p, _drop_probs(g.astype(jnp.float32), keep, keep_prob)), None
 
 
 _dropped_probs.defvjp(_dropped_fwd, _dropped_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _hash_dropped_probs(logits: Array, seed: Array, dtype, rate: float) -> Array:
+  return _dropped_probs(logits, _seeded_mask(seed, logits.shape, rate), dtype, 1.0 - rate)
+
+
+def _hash_dropped_fwd(logits, seed, dtype, rate):
+  p = jax.nn.softmax(logits, axis=-1)
+  keep = _seeded_mask(seed, logits.shape, rate)
+  return _drop_probs(p, keep, 1.0 - rate).astype(dtype), (p.astype(dtype), seed)
+
+
+def _hash_dropped_bwd(dtype, rate, res, g):
+  p, seed = res
+  keep = _seeded_mask(seed, g.shape, rate)
+  return _softmax_bwd(p, _drop_probs(g.astype(jnp.float32), keep, 1.0 - rate)), None
+
+
+_hash_dropped_probs.defvjp(_hash_dropped_fwd, _hash_dropped_bwd)

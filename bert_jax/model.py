@@ -44,6 +44,7 @@ from bert_jax.backends import (  # noqa: F401
   DEFAULT_ATTENTION,
   DROPOUT_RNG_AUTO,
   KEEP_MASKS,
+  LOWP_OPS,
   XLA_OPS,
   Ops,
   attention_choice,
@@ -125,13 +126,15 @@ def layer_norm(cfg: BertConfig, name: str) -> nn.Module:
 
 class Dropout(nn.Module):
   """Inverted dropout with the 'dropout' rng collection, as flax's nn.Dropout (with 'threefry'
-  the same masks and values), keep-masks drawn by `backends.KEEP_MASKS[rng]`."""
+  the same masks and values), keep-masks drawn by `backends.DROPOUT_MASKS[rng]`."""
 
   rate: float
   rng_impl: str = "threefry"  # a resolved BertConfig.dropout_rng
 
-  def keep_mask(self, shape: tuple[int, ...]) -> Array:
-    return backends.KEEP_MASKS[self.rng_impl](self.make_rng("dropout"), shape, self.rate)
+  def keep_mask(self, shape: tuple[int, ...]) -> Array | kernels.HashMask:
+    """The keep-mask for an input of `shape`, or for 'hash_redraw' its seed (drawn where it is
+    used: `backends.DROPOUT_MASKS`)."""
+    return backends.DROPOUT_MASKS[self.rng_impl](self.make_rng("dropout"), shape, self.rate)
 
   def hash_seed(self) -> Array:
     """The seed words of the 'hash' mask `keep_mask` would draw (whatever rng_impl): for
@@ -143,8 +146,7 @@ class Dropout(nn.Module):
       return x
     if self.rate >= 1.0:
       return jnp.zeros_like(x)
-    keep = self.keep_mask(x.shape)
-    return jax.lax.select(keep, x / (1.0 - self.rate), jnp.zeros_like(x))
+    return kernels.dropout(x, self.keep_mask(x.shape), self.rate)
 
 
 def dropout(cfg: BertConfig, rate: float) -> Dropout:
@@ -467,6 +469,87 @@ def _maybe_remat(cls, cfg: BertConfig, prevent_cse: bool):
   return nn.remat(cls, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=prevent_cse)
 
 
+def _scan(length: int):
+  """nn.scan of `length` _ScanLayers: params `layer/...` with a leading layer axis."""
+  return nn.scan(
+    _ScanLayer,
+    variable_axes={"params": 0},
+    split_rngs={"params": True, "dropout": True},
+    in_axes=(nn.broadcast, nn.broadcast),
+    length=length,
+    metadata_params={nn.PARTITION_NAME: sh.LAYERS},
+  )
+
+
+class _ScanThenLast(nn.Module):
+  """The first N - 1 layers scanned (`scan`), then the last on its own (`last`) at the
+  positions asked for: `_scan_then_last` gives it the scanned layers' parameters."""
+
+  cfg: BertConfig
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x_BLD, mask_B1LS, mask_B1QS, positions_BQ, input_mask_BL):
+    cfg = self.cfg
+    x_BLD, _ = _scan(cfg.num_layers - 1)(cfg, self.deterministic, name="scan")(
+      x_BLD, mask_B1LS, input_mask_BL
+    )
+    layer_cls = _maybe_remat(Layer, cfg, prevent_cse=True)
+    x_BQD, _ = layer_cls(cfg, self.deterministic, name="last")(
+      x_BLD, mask_B1QS, positions_BQ, input_mask_BL
+    )
+    return x_BQD
+
+
+def _is_box(x) -> bool:
+  return isinstance(x, nn.meta.AxisMetadata)
+
+
+def _split_last(variables):
+  """{"layer": [N, ...] leaves} -> {"scan": {"layer": the first N - 1}, "last": the N-th}
+  (boxed leaves keep their logical names, the last without the layer axis)."""
+  tree = variables.get("params")
+  if not tree or "layer" not in tree:
+    return variables
+  first = lambda x: x.replace_boxed(x.unbox()[:-1]) if _is_box(x) else x[:-1]
+  last = lambda x: x.replace(value=x.value[-1], names=x.names[1:]) if _is_box(x) else x[-1]
+  return {
+    **variables,
+    "params": {
+      "scan": {"layer": jax.tree.map(first, tree["layer"], is_leaf=_is_box)},
+      "last": jax.tree.map(last, tree["layer"], is_leaf=_is_box),
+    },
+  }
+
+
+def _join_last(variables):
+  """`_split_last`'s inverse: the scanned layers' layout, `layer/...` [N, ...]."""
+  tree = variables.get("params")
+  if not tree or "scan" not in tree:
+    return variables
+
+  def stack(a, b):
+    if _is_box(a):
+      return a.replace_boxed(jnp.concatenate([a.unbox(), b.unbox()[None]]))
+    return jnp.concatenate([a, b[None]])
+
+  layer = jax.tree.map(stack, tree["scan"]["layer"], tree["last"], is_leaf=_is_box)
+  return {**variables, "params": {"layer": layer}}
+
+
+def _scan_then_last(initializing: bool):
+  """_ScanThenLast on the parameters of an N-layer `_scan`: the same tree, so a checkpoint
+  of scanned layers runs either way."""
+  return nn.map_variables(
+    _ScanThenLast,
+    "params",
+    trans_in_fn=_split_last,
+    trans_out_fn=_join_last,
+    init=initializing,
+    mutable=initializing,
+  )
+
+
 class Encoder(nn.Module):
   """N layers, unrolled (`layer_{i}`) or scanned (`layers/layer`, leading layer axis)."""
 
@@ -482,26 +565,24 @@ class Encoder(nn.Module):
     output_attentions: bool = False,
     last_positions_BQ: Array | None = None,
   ):
-    """(last hidden state, hidden states, attentions). `last_positions_BQ` (unrolled layers
-    only): the last layer's outputs only at those positions ([B, Q, D]; see
-    `BertConfig.prune_last_layer`)."""
+    """(last hidden state, hidden states, attentions). `last_positions_BQ` (unrolled layers,
+    or scanned with `unroll_last_layer`): the last layer's outputs only at those positions
+    ([B, Q, D]; see `BertConfig.prune_last_layer`)."""
     cfg = self.cfg
-    if last_positions_BQ is not None and cfg.scan_layers:
+    if last_positions_BQ is not None and cfg.scan_layers and not cfg.unroll_last_layer:
       raise ValueError(
-        "output positions (a pruned last layer) need unrolled layers: scan_layers=False"
+        "output positions (a pruned last layer) need unrolled layers: scan_layers=False, or "
+        "unroll_last_layer=True"
       )
     mask_B1LS = attention_mask(input_mask_BL, cfg.causal)
     hidden, attentions = [x_BLD], []
-    if cfg.scan_layers:
-      scanned = nn.scan(
-        _ScanLayer,
-        variable_axes={"params": 0},
-        split_rngs={"params": True, "dropout": True},
-        in_axes=(nn.broadcast, nn.broadcast),
-        length=cfg.num_layers,
-        metadata_params={nn.PARTITION_NAME: sh.LAYERS},
+    if cfg.scan_layers and last_positions_BQ is not None:
+      mask_B1QS = attention_mask(input_mask_BL, cfg.causal, last_positions_BQ)
+      x_BLD = _scan_then_last(self.is_initializing())(cfg, deterministic, name="layers")(
+        x_BLD, mask_B1LS, mask_B1QS, last_positions_BQ, input_mask_BL
       )
-      x_BLD, (h_NBLD, p_NBHLS) = scanned(
+    elif cfg.scan_layers:
+      x_BLD, (h_NBLD, p_NBHLS) = _scan(cfg.num_layers)(
         cfg, deterministic, output_hidden_states, output_attentions, name="layers"
       )(x_BLD, mask_B1LS, input_mask_BL)
       if output_hidden_states:
@@ -548,9 +629,9 @@ class BertModel(nn.Module):
     output_attentions: bool = False,
     output_positions_BQ: Array | None = None,
   ) -> dict[str, Any]:
-    """`output_positions_BQ` (position 0 first, unrolled layers): compute the last layer only
-    at those positions; `sequence_output` is then [B, Q, D] at them and the pooler reads
-    its first row (see `BertConfig.prune_last_layer`)."""
+    """`output_positions_BQ` (position 0 first; `BertConfig.last_layer_prunable`): compute
+    the last layer only at those positions; `sequence_output` is then [B, Q, D] at them and
+    the pooler reads its first row (see `BertConfig.prune_last_layer`)."""
     if segment_ids_BL is None:
       segment_ids_BL = jnp.zeros_like(input_ids_BL)
     if input_mask_BL is None:
@@ -603,9 +684,9 @@ def nsp_head(cfg: BertConfig) -> Dense:
 class BertForPreTraining(nn.Module):
   """BertModel + MLM head (at `masked_positions`, or every position if None) + NSP head.
 
-  With masked positions and `cfg.prune_last_layer` (unrolled layers, no hidden states or
-  attentions asked for), the last layer runs only where the heads read, and the outputs
-  have no `sequence_output`.
+  With masked positions and `cfg.last_layer_prunable` (no hidden states or attentions asked
+  for), the last layer runs only where the heads read, and the outputs have no
+  `sequence_output`.
 
   For the left-to-right objective pass every position (or None); the same tied head then
   predicts the next token.
@@ -690,9 +771,8 @@ def train_flops_per_token(cfg: BertConfig, seq_len: int, predictions_per_seq: in
   Encoder matmuls, attention scores and values (the full L x L is computed even when causal),
   the MLM head at the positions actually computed (`predictions_per_seq`; = seq_len for LTR or
   an all-position head) and the pooler + NSP head (once per sequence). With a pruned last
-  layer (`BertConfig.prune_last_layer`, masked positions, unrolled layers) that layer counts
-  at the 1 + predictions_per_seq positions it computes, its key and value projections at
-  every position.
+  layer (`BertConfig.last_layer_prunable`, masked positions) that layer counts at the 1 +
+  predictions_per_seq positions it computes, its key and value projections at every position.
   """
   n, d, f, v = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
   per_layer = 6 * (4 * d * d + 2 * d * f) + 12 * d * seq_len

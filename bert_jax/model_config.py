@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 
 # The values of BertConfig's backend fields (what each means: backends.py).
-KERNELS = ("auto", "xla", "cpu")
-DROPOUT_RNGS = ("auto", "threefry", "rbg", "hash")
+KERNELS = ("auto", "xla", "lowp", "cpu")
+DROPOUT_RNGS = ("auto", "threefry", "rbg", "hash", "hash_redraw")
 ATTENTION_IMPLS = ("auto", "explicit", "explicit_lowp", "xla", "cudnn", "flash")
 
 
@@ -41,21 +41,27 @@ class BertConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   scan_layers: bool = False  # nn.scan over layers: compile time independent of depth
+  # With scan_layers: a pretraining step (masked positions) scans the first N - 1 layers and
+  # runs the last on its own, so prune_last_layer applies; the parameters keep the scanned
+  # layout (`layers/layer`, [N, ...]). Other calls scan all N (the same values, deterministic).
+  unroll_last_layer: bool = False
   remat_policy: str = "none"  # none | full | dots | dots_no_batch | minimal
-  # Pretraining with masked positions (unrolled layers): the last layer computes its queries,
-  # attention output and FFN only at [CLS] and the masked positions, the only outputs the
-  # MLM and NSP heads read (keys and values still cover every position). Same losses and
-  # gradients, ~(1 - (P+1)/L) of one layer's FLOPs fewer.
+  # Pretraining with masked positions (unrolled layers, or unroll_last_layer): the last layer
+  # computes its queries, attention output and FFN only at [CLS] and the masked positions, the
+  # only outputs the MLM and NSP heads read (keys and values still cover every position). Same
+  # losses and gradients, ~(1 - (P+1)/L) of one layer's FLOPs fewer.
   prune_last_layer: bool = True
-  # Which ops the layers run: 'xla' stock Flax/XLA ops, 'cpu' the XLA:CPU kernels of
-  # kernels.py (same values and parameters), 'auto' = 'cpu' on the CPU backend, else 'xla'
-  # (see `backends.resolve_kernels`).
+  # Which ops the layers run: 'xla' stock Flax/XLA ops, 'lowp' the same whose float32-output
+  # products (tied MLM logits, attention scores and context) differentiate in the compute
+  # dtype, 'cpu' the XLA:CPU kernels of kernels.py (same values and parameters), 'auto' =
+  # 'cpu' on the CPU backend, else 'xla' (see `backends.resolve_kernels`).
   kernels: str = "auto"
   # How dropout keep-masks are drawn from the 'dropout' rng (same keep probability, other
   # masks): 'threefry' jax.random's default generator (flax's nn.Dropout), 'rbg' XLA's
   # RngBitGenerator seeded from the threefry key, 'hash' a counter hash of each element's
-  # index (kernels.py); 'auto' per backend, `backends.DROPOUT_RNG_AUTO`. MLM masking never
-  # uses it.
+  # index (kernels.py), 'hash_redraw' the same masks drawn again in the backward pass instead
+  # of kept for it (kernels.HashMask; not yet run on a GPU, never an 'auto' choice); 'auto' per
+  # backend, `backends.DROPOUT_RNG_AUTO`. MLM masking never uses it.
   dropout_rng: str = "auto"
   # Self-attention: 'explicit' softmax with float32 probabilities materialised; 'explicit_lowp'
   # the same with the probabilities kept in the compute dtype from float32 statistics
@@ -107,8 +113,9 @@ class BertConfig:
   @property
   def last_layer_prunable(self) -> bool:
     """Whether pretraining with masked positions runs the last layer only where the heads
-    read (`prune_last_layer`; scanned layers share one layer body, so they never prune)."""
-    return self.prune_last_layer and not self.scan_layers
+    read (`prune_last_layer`; scanned layers share one layer body, so they prune only with
+    `unroll_last_layer`)."""
+    return self.prune_last_layer and (not self.scan_layers or self.unroll_last_layer)
 
   @property
   def head_dim(self) -> int:

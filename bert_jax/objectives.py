@@ -106,8 +106,14 @@ def _token_ce(logits_BPV: Array, targets_BP: Array, weights_BP: Array):
   # element-wise work (take_along_axis would scatter into a zero [B, P, V] buffer).
   onehot_BPV = jnp.arange(logits_BPV.shape[-1]) == targets_BP[..., None].astype(jnp.int32)
   target_logit_BP = jnp.sum(jnp.where(onehot_BPV, logits_BPV, 0.0), axis=-1)
-  nll_BP = jax.nn.logsumexp(logits_BPV, axis=-1) - target_logit_BP
-  correct_BP = (jnp.argmax(logits_BPV, -1) == targets_BP).astype(jnp.float32)
+  # logsumexp as jax.nn.logsumexp computes it, around the row max that the accuracy reuses:
+  # a target is right when its logit is the row's largest (argmax's answer but on an exact tie,
+  # which counts every tied logit as right). No argmax: it would be one more pass over the
+  # [B, P, V] logits (a variadic max + index reduction) in every train step.
+  max_BP = jax.lax.stop_gradient(jnp.max(logits_BPV, axis=-1))
+  lse_BP = max_BP + jnp.log(jnp.sum(jnp.exp(logits_BPV - max_BP[..., None]), axis=-1))
+  nll_BP = lse_BP - target_logit_BP
+  correct_BP = (target_logit_BP >= max_BP).astype(jnp.float32)
   return jnp.sum(nll_BP * weights_BP), jnp.sum(correct_BP * weights_BP), jnp.sum(weights_BP)
 
 

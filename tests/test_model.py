@@ -240,6 +240,49 @@ def test_pruned_last_layer_same_outputs_and_grads(causal):
   assert np.abs(np.asarray(g_on["bert"]["encoder"]["layer_1"]["key"]["kernel"])).max() > 0
 
 
+@pytest.mark.parametrize("remat_policy", ["none", "minimal"])
+def test_scanned_layers_with_the_last_unrolled(remat_policy):
+  """scan_layers + unroll_last_layer: the scanned layers' parameter tree (init and
+  checkpoints); a pretraining step scans N - 1 layers and prunes the last, with the unrolled
+  model's logits, loss and gradients; calls without masked positions scan all N."""
+  scan = dataclasses.replace(TINY, num_layers=3, scan_layers=True, remat_policy=remat_policy)
+  hybrid = dataclasses.replace(scan, unroll_last_layer=True)
+  unrolled = dataclasses.replace(scan, scan_layers=False)
+  assert hybrid.last_layer_prunable and not scan.last_layer_prunable
+  shapes = lambda cfg: jax.tree.map(lambda x: (x.shape, x.dtype), model_lib.abstract_params(cfg))
+  assert shapes(hybrid) == shapes(scan)
+  model = BertForPreTraining(hybrid)
+  ids, seg, mask = _batch([8, 5], 8)
+  pos = np.array([[3, 7, 1], [4, 0, 2]], np.int32)
+  boxed = model.init(jax.random.key(0), ids, seg, mask, pos)["params"]
+  assert jax.tree.map(lambda x: (x.shape, x.dtype), nn.meta.unbox(boxed)) == shapes(scan)
+  names = nn.get_partition_spec(boxed)["bert"]["encoder"]["layers"]["layer"]["query"]["kernel"]
+  assert names[0] == "layers"
+
+  params = _params(unrolled)
+  stacked = params_tree.stack_layers(params)
+
+  def run(cfg, p):
+    def loss(p):
+      out = BertForPreTraining(cfg).apply({"params": p}, ids, seg, mask, pos)
+      return jnp.sum(out["mlm_logits"] ** 2) + jnp.sum(out["nsp_logits"] ** 2), out
+
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))(p)
+
+  (loss_h, out_h), g_h = run(hybrid, stacked)
+  (loss_u, out_u), g_u = run(unrolled, params)
+  assert "sequence_output" not in out_h  # pruned
+  for key in ("mlm_logits", "nsp_logits"):
+    np.testing.assert_allclose(out_h[key], out_u[key], atol=2e-6, rtol=0)
+  np.testing.assert_allclose(loss_h, loss_u, rtol=1e-6)
+  g_u = params_tree.stack_layers(g_u)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5), g_h, g_u)
+  # No masked positions: all N layers scanned, the scanned model's outputs.
+  full = _apply(hybrid)(stacked, ids, seg, mask)
+  want = _apply(scan)(stacked, ids, seg, mask)
+  np.testing.assert_array_equal(full["sequence_output"], want["sequence_output"])
+
+
 def test_pruned_last_layer_flops():
   base = model_lib.config_for_size("base")
   off = dataclasses.replace(base, prune_last_layer=False)
@@ -248,12 +291,15 @@ def test_pruned_last_layer_flops():
   d, f, L = 768, 3072, 128
   saved = (1 - 21 / L) * (6 * (2 * d * d + 2 * d * f) + 12 * d * L)
   np.testing.assert_allclose(full - pruned, saved, rtol=1e-12)
-  # Computing all L positions is the unpruned count; scanned layers never prune.
+  # Computing all L positions is the unpruned count; scanned layers prune only with the last
+  # unrolled.
   assert model_lib.train_flops_per_token(base, 128, 127) == model_lib.train_flops_per_token(
     off, 128, 127
   )
   scan = dataclasses.replace(base, scan_layers=True)
   assert model_lib.train_flops_per_token(scan, 128, 20) == full
+  hybrid = dataclasses.replace(scan, unroll_last_layer=True)
+  assert model_lib.train_flops_per_token(hybrid, 128, 20) == pruned
 
 
 # --- dropout, causal mask, bf16 ----------------------------------------------------------------

@@ -135,3 +135,53 @@ def test_apply_update_applies_a_finite_update():
   new, metrics = optim.apply_update(state, {"w": jnp.asarray([1.0, 0.0, -2.0])}, tx)
   assert float(metrics["nonfinite"]) == 0.0
   np.testing.assert_allclose(new["params"]["w"], [1 - 1e-3, 1.0, 1 + 1e-3], rtol=1e-6)
+
+
+def test_apply_update_skips_a_gradient_whose_square_overflows():
+  """Every gradient value finite, but its squared norm overflows float32: skipped."""
+  tx = optim.make_optimizer(_opt())
+  params = {"w": jnp.ones(3), "b": jnp.zeros(2)}
+  state = {"step": jnp.int32(0), "params": params, "opt_state": tx.init(params)}
+  g = {"w": jnp.asarray([3e19, 1.0, 2.0]), "b": jnp.ones(2)}
+  new, metrics = jax.jit(lambda s, g: optim.apply_update(s, g, tx))(state, g)
+  assert float(metrics["nonfinite"]) == 1.0 and not np.isfinite(float(metrics["grad_norm"]))
+  for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(state), strict=True):
+    if a.ndim:
+      np.testing.assert_array_equal(a, b)
+
+
+def test_apply_update_is_the_optimizers_update():
+  """A finite step: the guarded update's params and optimizer state are BERT's AdamW (with
+  clipping, decay mask, schedule) applied directly, and the gradient norm is the gradient's."""
+  tx = optim.make_optimizer(_opt(warmup_steps=0, lr=1e-2))
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda p: p + 0.1 * rng.standard_normal(p.shape), _params(False))
+  grads = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), params)
+  state = {"step": jnp.int32(0), "params": params, "opt_state": tx.init(params)}
+
+  def direct(s, g):
+    updates, opt_state = tx.update(g, s["opt_state"], s["params"])
+    return optax.apply_updates(s["params"], updates), opt_state
+
+  new, metrics = jax.jit(lambda s, g: optim.apply_update(s, g, tx))(state, grads)
+  want_params, want_opt = jax.jit(direct)(state, grads)
+  jax.tree.map(np.testing.assert_array_equal, new["params"], want_params)
+  jax.tree.map(np.testing.assert_array_equal, new["opt_state"], want_opt)
+  assert float(metrics["nonfinite"]) == 0.0 and int(new["step"]) == 1
+  np.testing.assert_allclose(metrics["grad_norm"], optax.tree.norm(grads), rtol=1e-6)
+  pooler = lambda p: p["bert"]["pooler"]["kernel"]
+  assert np.abs(pooler(new["params"]) - pooler(params)).max() > 1e-4
+
+
+def test_apply_update_keeps_no_second_state():
+  """The guard decides before it writes: XLA's temporaries for the update of a 4 MiB leaf
+  (AdamW, clipping) stay near two leaves (the clipped gradient, and on XLA:CPU a copy of the
+  moments its per-output fusions need), where selecting after the update held a whole new
+  params-and-moments state beside the old (3.25 leaves)."""
+  tx = optim.make_optimizer(_opt())
+  params = {"w": jnp.zeros((1024, 1024)), "b": jnp.zeros(1024)}
+  state = {"step": jnp.int32(0), "params": params, "opt_state": tx.init(params)}
+  grads = jax.tree.map(jnp.ones_like, params)
+  step = jax.jit(lambda s, g: optim.apply_update(s, g, tx), donate_argnums=0)
+  temp = step.lower(state, grads).compile().memory_analysis().temp_size_in_bytes
+  assert temp < 2.5 * 4 * 1024 * 1024, temp

@@ -11,7 +11,13 @@ or an environment A/B (malloc tunables, XLA flags):
       --b='GLIBC_TUNABLES=glibc.malloc.hugetlb=1;XLA_FLAGS=--xla_cpu_scheduler_type=...'
 
 A side is ';'-separated KEY=VALUE items: environment variables, or `V_field=value` for a
-model field (e.g. `V_kernels=xla`). Prints B's step time over A's, round by round.
+model field (e.g. `V_kernels=xla`). Prints B's step time over A's, round by round. Two
+checkouts, side by side (run it from a directory holding neither, so each worker imports the
+bert_jax its PYTHONPATH names):
+
+  cd /tmp && python ~/bert_jax/tools/probes/lockstep_ab.py --size=tiny --layers=0 \
+      --dtype=bfloat16 --a='PYTHONPATH=/path/to/the/old/checkout' --b=''
+
 """
 
 import statistics
@@ -25,6 +31,7 @@ flags.DEFINE_string("size", "base", "Model size.")
 flags.DEFINE_integer("layers", 4, "num_layers of both sides (0: the size's own).")
 flags.DEFINE_integer("batch", 32, "Batch.")
 flags.DEFINE_integer("seq", 128, "Sequence length.")
+flags.DEFINE_string("dtype", "float32", "Compute dtype of both sides.")
 flags.DEFINE_integer("rounds", 6, "Rounds of one turn each.")
 flags.DEFINE_float("turn_s", 0.0, "A turn times whole steps this long (0: one step).")
 flags.DEFINE_string("a", "", "Side A: KEY=VALUE;... (environment, or V_field=value).")
@@ -53,7 +60,7 @@ def main(argv: list[str]) -> None:
       env, variant = side(text)
       if FLAGS.layers:
         variant = {"num_layers": FLAGS.layers, **variant}
-      spec = dict(size=FLAGS.size, seq=FLAGS.seq, batch=FLAGS.batch, dtype="float32", steps=0)
+      spec = dict(size=FLAGS.size, seq=FLAGS.seq, batch=FLAGS.batch, dtype=FLAGS.dtype, steps=0)
       spec.update(warmup=1, variant=variant, serve=True, peak=False)
       workers.append(lockstep.LockstepWorker(name, measure.ours_argv(spec), 3600, env=env))
     got = lockstep.lockstep_rounds(*workers, FLAGS.rounds, FLAGS.turn_s, settle_steps=1)
