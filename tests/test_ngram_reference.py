@@ -116,8 +116,9 @@ def test_back_off_order_by_hand():
   assert ng.score_mlm(c, inputs, positions, targets, np.ones((1, 2)), 1) == (1, 2, 1, 1)
 
 
-def test_trainer_prints_and_records_the_reference(tiny_data_dir, tmp_path):
-  """The final eval row of metrics.jsonl holds the reference that the CLI computes again."""
+def test_trainer_prints_and_records_the_reference(tiny_data_dir, tmp_path, capsys):
+  """The final eval line and metrics.jsonl's final eval row hold the reference that the CLI
+  computes again."""
   from test_train import tiny_config
 
   from bert_jax import train
@@ -129,6 +130,12 @@ def test_trainer_prints_and_records_the_reference(tiny_data_dir, tmp_path):
   assert ev["step"] == 2 and 0.05 < ev["mlm_reference_accuracy"] < 0.6
   assert 0.0 < ev["mlm_reference_accuracy_at_mask"] < ev["mlm_reference_accuracy"]
   assert out["eval"]["mlm_reference_accuracy"] == ev["mlm_reference_accuracy"]
+  printed = capsys.readouterr().out
+  assert (
+    f"eval @ 2: mlm_accuracy {ev['mlm_accuracy']:.4f} against the count-based reference's "
+    f"{ev['mlm_reference_accuracy']:.4f} on the same targets (at [MASK]: "
+    f"{ev['mlm_accuracy_at_mask']:.4f} against {ev['mlm_reference_accuracy_at_mask']:.4f})"
+  ) in printed
   r = subprocess.run(
     [sys.executable, "-m", "bert_jax.ngram_reference", str(tmp_path)],
     capture_output=True,
