@@ -32,6 +32,7 @@ from bert_jax import (
   loop,
   masking,
   multihost,
+  ngram_reference,
   objectives,
   optim,
   pretraining_data,
@@ -405,8 +406,14 @@ def _train_and_evaluate(config, workdir: str, preempt) -> dict[str, Any]:
   def evaluate_and_log(step: int, state: Any) -> None:
     nonlocal last_eval
     last_eval = evaluate(p_eval_step, state["params"], config, data_dir, mesh)
-    logger.write(step, "eval", last_eval)
+    ref = {}
+    if step == config.opt.total_steps:  # the final eval: the count-based reference beside it
+      ref = ngram_reference.reference(data_dir, obj, tables, eval_examples(config))
+    logger.write(step, "eval", {**last_eval, **ref})
     loop.console(f"eval @ {step}: {loop.format_metrics(last_eval)}")
+    if ref:
+      loop.console(f"eval @ {step}: {reference_line(last_eval, ref, lm)}")
+    last_eval.update(ref)
     if below_baseline(last_eval, lm):
       loop.console(
         f"eval @ {step}: {lm}_accuracy {last_eval[f'{lm}_accuracy']:.4f} is not above the "
@@ -462,6 +469,27 @@ def _train_and_evaluate(config, workdir: str, preempt) -> dict[str, Any]:
     "eval": last_eval,
     "preempted": result.preempted,
   }
+
+
+def eval_examples(config: ml_collections.ConfigDict) -> int | None:
+  """How many held-out sequences `evaluate` scores (None: all of them)."""
+  if not config.eval.max_batches:
+    return None
+  return config.eval.max_batches * (config.eval.batch_size or config.data.batch_size)
+
+
+def reference_line(ev: dict[str, float], ref: dict[str, float], lm: str) -> str:
+  """The model's held-out accuracy beside the count-based reference's on the same targets."""
+  line = (
+    f"{lm}_accuracy {ev[f'{lm}_accuracy']:.4f} against the count-based reference's "
+    f"{ref[f'{lm}_reference_accuracy']:.4f} on the same targets"
+  )
+  if lm == "mlm" and "mlm_accuracy_at_mask" in ev:
+    line += (
+      f" (at [MASK]: {ev['mlm_accuracy_at_mask']:.4f} against "
+      f"{ref['mlm_reference_accuracy_at_mask']:.4f})"
+    )
+  return line + " (bert_jax/ngram_reference.py)"
 
 
 def below_baseline(eval_metrics: dict[str, float], lm: str) -> bool:

@@ -8,9 +8,10 @@ float32 elsewhere (bf16 is emulated there, and slower). Time: 2 min 10 s from a 
 the last line, venv and pip install (from a warm pip cache) included, at about 71 steps/s
 (2-core AMD EPYC Zen 5 with AVX512-BF16, load 1.3, 2026-11-26). Metric: held-out MLM accuracy
 35.9% (32.3% at [MASK], perplexity 49.7) after 6k steps, the same every run; on the same
-held-out masks the count-based neighbour reference gets 31.0% (27.1% at [MASK];
-`python references/ngram_reference.py WORKDIR`) and always predicting the most frequent target
-9.5%. The held-out split is one document (451 masked targets, about +-2 points).
+held-out masks the count-based neighbour reference gets 31.7% (27.9% at [MASK]; the final eval
+prints it, `python -m bert_jax.ngram_reference WORKDIR` computes it again) and always
+predicting the most frequent target 9.5%. The held-out split is one document (451 masked
+targets, about +-2 points).
 
 On first use it trains a 4,096-token WordPiece vocab on bert_jax/data/sample_public_domain.txt
 (400 KB, 15 documents; NOTICE) and packs it into sequences of up to 64 tokens, then trains
