@@ -41,6 +41,7 @@ PACKAGE = pathlib.Path(step.__file__).parent
 # ----------------------------------------------------------------------------- step + suite
 
 
+@pytest.mark.slow
 def test_build_step_is_the_trainers_jitted_step(monkeypatch):
   calls = []
 
@@ -84,6 +85,7 @@ def test_kernel_variants_are_model_fields():
     assert model_lib.resolve_kernels(train.bert_config(config), "tpu").kernels == kernels
 
 
+@pytest.mark.slow
 def test_tiny_run_emits_sane_json(tmp_path):
   out = tmp_path / "bench.jsonl"
   records = suite.run_suite(
@@ -361,6 +363,7 @@ def test_lockstep_worker_that_hangs_is_killed_with_a_one_line_error():
     lockstep.LockstepWorker("sleeper", hang, timeout=2)
 
 
+@pytest.mark.slow
 def test_lockstep_runs_live_workers_turn_by_turn():
   """Ours against ours (an A/A run): each worker compiles once, then steps on request."""
   peer_specs = []
@@ -560,6 +563,7 @@ def test_finetune_lockstep_passes_the_task_to_both_sides(monkeypatch):
   assert peer["task"] == "finetune" and peer["examples_per_s"] == 32 / 1.5
 
 
+@pytest.mark.slow
 def test_finetune_mode_runs_with_the_peer_skipped_without_torch(tmp_path):
   """`--task=finetune` times the engine's step (tiny, in this process); a peer interpreter
   without torch is skipped with a note."""
@@ -596,6 +600,7 @@ def test_finetune_mode_runs_with_the_peer_skipped_without_torch(tmp_path):
   )
 
 
+@pytest.mark.slow
 def test_vmap_seeds_probe_steps_each_seed_as_its_own_step():
   """tools/probes/vmap_seeds_probe.py: seed k of the vmapped step gets seed k's single step."""
   spec = importlib.util.spec_from_file_location(

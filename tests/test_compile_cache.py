@@ -30,6 +30,7 @@ def _worker(cache_flag: str) -> dict:
   return json.loads(line[len(protocol.RESULT_MARK) :])
 
 
+@pytest.mark.slow
 def test_second_process_loads_the_train_step_from_the_cache(tmp_path):
   cache = tmp_path / "jax_cache"
   first = _worker(f"--compilation_cache_dir={cache}")

@@ -37,7 +37,13 @@ def _status(workdir):
 
 
 @pytest.mark.parametrize(
-  "sig", [signal.SIGINT, signal.SIGHUP, signal.SIGTERM], ids=lambda s: s.name
+  "sig",
+  [
+    pytest.param(signal.SIGINT, marks=pytest.mark.slow),
+    pytest.param(signal.SIGHUP, marks=pytest.mark.slow),
+    signal.SIGTERM,
+  ],
+  ids=lambda s: s.name,
 )
 def test_signal_saves_the_current_step_and_exits_preempted(tiny_data_dir, tmp_path, sig):
   wd = tmp_path / "wd"

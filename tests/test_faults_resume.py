@@ -58,6 +58,7 @@ def _build(tiny_data_dir, out, vocab=None, **over):
   return str(out)
 
 
+@pytest.mark.slow
 def test_changed_config_refused_then_allowed_and_recorded(trained4, tiny_data_dir, tmp_path):
   wd = _copy(trained4, tmp_path)
   original = (wd / "config.json").read_text()
@@ -107,6 +108,7 @@ def test_other_tokenizer_refused_on_resume_and_init_from(trained4, tiny_data_dir
   assert f"init_from {trained4}: its tokenizer (fingerprint" in line
 
 
+@pytest.mark.slow
 def test_other_data_options_refused_moved_data_accepted(trained4, tiny_data_dir, tmp_path):
   other = _build(tiny_data_dir, tmp_path / "dupe2", dupe_factor=2)
   wd = _copy(trained4, tmp_path)
@@ -153,6 +155,7 @@ def test_resume_onto_data_rebuilt_from_an_edited_text_is_refused(trained4, tiny_
   assert sorted(p for p in wd.rglob("*") if p.is_file()) == sorted(before)
 
 
+@pytest.mark.slow
 def test_the_bundled_text_under_another_path_is_no_change(tmp_path):
   """38.5: the default builds its data from the bundled corpus, keyed by content; rerun after
   `pip install -e .` it reads the same text from the checkout instead of site-packages. That
@@ -223,6 +226,7 @@ def _params_at(workdir, step):
 ABSURD = ("--config.opt.lr=1e8", "--config.opt.warmup_steps=0", "--config.ckpt.every_steps=2")
 
 
+@pytest.mark.slow
 def test_nonfinite_gradient_stop_saves_no_nan(tiny_data_dir, tmp_path):
   wd = tmp_path / "stop"
   line = _error(_run(wd, tiny_data_dir, 6, *ABSURD))
@@ -232,6 +236,7 @@ def test_nonfinite_gradient_stop_saves_no_nan(tiny_data_dir, tmp_path):
   assert _all_finite(wd) == []  # step 2 was never saved
 
 
+@pytest.mark.slow
 def test_nonfinite_gradient_skip_counts_and_saves_no_nan(tiny_data_dir, tmp_path):
   wd = tmp_path / "skip"
   r = _run(wd, tiny_data_dir, 6, *ABSURD, "--config.opt.nonfinite=skip")
@@ -254,6 +259,7 @@ def test_nonfinite_gradient_skip_counts_and_saves_no_nan(tiny_data_dir, tmp_path
 ZERO_EPS = ("--config.opt.eps=0.0", "--config.opt.warmup_steps=0", "--config.ckpt.every_steps=2")
 
 
+@pytest.mark.slow
 def test_nonfinite_update_with_a_finite_gradient_stops_unsaved(tiny_data_dir, tmp_path):
   wd = tmp_path / "stop"
   line = _error(_run(wd, tiny_data_dir, 6, *ZERO_EPS))
@@ -263,6 +269,7 @@ def test_nonfinite_update_with_a_finite_gradient_stops_unsaved(tiny_data_dir, tm
   assert not (wd / "run_status.json").exists()
 
 
+@pytest.mark.slow
 def test_nonfinite_update_skip_mode_is_bounded_and_saves_no_nan(tiny_data_dir, tmp_path):
   """Every update is non-finite: 'skip' skips them, saves only finite (= initial) params, and
   ends the run once opt.max_consecutive_skips steps in a row were skipped, not "finished"."""

@@ -114,6 +114,7 @@ def test_classification_seeds_results_and_rerun(tmp_path):
   assert not os.path.exists(os.path.join(wd, "config.json"))
 
 
+@pytest.mark.slow
 def test_tagging_labels_first_subtoken(tmp_path):
   def make(rng, n):
     rows = []
@@ -129,6 +130,7 @@ def test_tagging_labels_first_subtoken(tmp_path):
   assert dev["entity_f1"] > 0.8 and dev["token_accuracy"] > 0.9, dev
 
 
+@pytest.mark.slow
 def test_regression(tmp_path):
   def make(rng, n):
     rows = []
@@ -229,6 +231,7 @@ def test_preempted_run_resumes_to_the_same_results(tmp_path):
   assert full["dev"] == cut["dev"] and full["test"] == cut["test"]
 
 
+@pytest.mark.slow
 def test_multiple_choice(tmp_path):
   def make(rng, n):
     rows = []
@@ -246,6 +249,7 @@ def test_multiple_choice(tmp_path):
   assert res["seeds"][0]["dev"]["accuracy"] > 0.8, res["seeds"][0]  # chance 1/3
 
 
+@pytest.mark.slow
 def test_span_qa_predictions_and_official_metric(tmp_path):
   """The answer is the one city in the context; predictions.json is the official format."""
   cities = ["paris", "london", "berlin", "madrid"]

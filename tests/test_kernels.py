@@ -347,6 +347,7 @@ def _train_losses(kernels_mode: str, steps: int) -> tuple[list[float], str]:
   return losses, text
 
 
+@pytest.mark.slow
 def test_train_loop_losses_match_between_kernels():
   """15 optimizer steps of the real jitted train step (two batches in turn): the CPU kernels
   and the stock ops give the same loss curve (float32, dropout off) while it falls."""
@@ -373,6 +374,7 @@ def _train_params(c, step_rng: int, steps: int = 2, mesh_shape=(1, 1, 1)):
 
 
 @pytest.mark.parametrize("dropout_rng", ["threefry", "rbg", "hash"])
+@pytest.mark.slow
 def test_train_step_is_deterministic_per_dropout_rng(dropout_rng):
   """Same command and seed, same bytes: two runs of the jitted train step (dropout 0.1, on a
   (2, 2, 2) mesh) with the same rng give bit-identical params; another step rng others."""

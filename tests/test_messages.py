@@ -199,6 +199,7 @@ def finetuned(tmp_path_factory):
   return wd, cmd, _run(*cmd)
 
 
+@pytest.mark.slow
 def test_text_fields_comma_form_and_majority_baseline(finetuned):
   wd, _, r = finetuned
   assert r.returncode == 0, r.stderr[-3000:]
@@ -272,6 +273,7 @@ def workdir(tmp_path_factory, tiny_data_dir):
   return wd
 
 
+@pytest.mark.slow
 def test_convert_prints_its_line_only(workdir, tmp_path):
   r = _run("-m", "bert_jax.convert", f"--src={workdir}", f"--dst={tmp_path / 'hf'}")
   assert r.returncode == 0, r.stderr[-2000:]

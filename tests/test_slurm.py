@@ -130,6 +130,7 @@ def _status(workdir):
   return json.loads((workdir / "run_status.json").read_text())
 
 
+@pytest.mark.slow
 def test_two_tasks_train_to_the_end_as_one_process_does(jobs):
   record, wd, out = jobs["whole"]
   assert record["JobState"] == "COMPLETED", out[-3000:]
@@ -215,6 +216,7 @@ def finetune_suite(arg):
 '''
 
 
+@pytest.mark.slow
 def test_sweep_on_slurm_requeues_a_preempted_point_then_reports(
   slurm_cluster, tiny_data_dir, tmp_path
 ):

@@ -161,6 +161,7 @@ def test_pretraining_gradients_equal_on_meshes():
   assert max(jax.tree.leaves(diffs)) < 1e-5, diffs
 
 
+@pytest.mark.slow
 def test_grad_accumulation_is_exact(tiny_data_dir):
   """4 micro-batches give the big-batch update (losses normalised by the whole batch)."""
   c = tiny_config(tiny_data_dir)
@@ -188,6 +189,7 @@ def test_grad_accumulation_is_exact(tiny_data_dir):
   assert max(jax.tree.leaves(jax.tree.map(lambda a, b: np.abs(a - b).max(), p1, p4))) < 1e-6
 
 
+@pytest.mark.slow
 def test_train_restores_onto_another_mesh(tiny_data_dir, tmp_path):
   """Saved on (8,1,1), restored bit-exactly onto (2,2,2) (params and Adam moments, truly
   resharded), and training continues with the losses of an uninterrupted (8,1,1) run.
@@ -246,6 +248,7 @@ def test_config_errors_before_compute(tiny_data_dir, tmp_path, over, message):
   assert not os.path.exists(tmp_path / "wd" / "checkpoints")
 
 
+@pytest.mark.slow
 def test_init_from_other_architecture_fails(tiny_data_dir, tmp_path):
   src = str(tmp_path / "src")
   train.train_and_evaluate(
@@ -406,6 +409,7 @@ def test_cli_rejects_bad_config_keys(tmp_path, flag, message):
   assert not (tmp_path / "wd").exists()
 
 
+@pytest.mark.slow
 def test_bundled_default_trains_its_vocab_and_builds_data(tmp_path):
   """configs/local.py's first-use path: a WordPiece vocab trained on the bundled corpus,
   data built with it, then training; a vocab size the model does not have fails first."""
@@ -472,6 +476,7 @@ def test_eval_accuracy_at_mask_counts_only_mask_replaced_targets():
   assert summary["mlm_accuracy_at_mask"] == 1.0
 
 
+@pytest.mark.slow
 def test_a_run_that_never_leaves_its_majority_baseline_says_so(tiny_data_dir, tmp_path, capsys):
   """Two steps of a random model: held-out accuracy is at most the majority baseline, and both
   the eval line and the run's closing line say so (a run that 'finished' without learning)."""

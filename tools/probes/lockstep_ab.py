@@ -13,9 +13,9 @@ or an environment A/B (malloc tunables, XLA flags):
 A side is ';'-separated KEY=VALUE items: environment variables, or `V_field=value` for a
 model field (e.g. `V_kernels=xla`). Prints B's step time over A's, round by round. Two
 checkouts, side by side (run it from a directory holding neither, so each worker imports the
-bert_jax its PYTHONPATH names):
+bert_jax its PYTHONPATH names; REPO is this checkout):
 
-  cd /tmp && python ~/bert_jax/tools/probes/lockstep_ab.py --size=tiny --layers=0 \
+  cd /tmp && python "$REPO"/tools/probes/lockstep_ab.py --size=tiny --layers=0 \
       --dtype=bfloat16 --a='PYTHONPATH=/path/to/the/old/checkout' --b=''
 
 """
