@@ -52,16 +52,8 @@ def get_config(arg=None):
     raise ValueError(f"mode must be one of {', '.join(MODES)}, not {a.mode!r}")
   c = config_lib.scaled_base(a.scale)
   c.masking.mode = a.mode  # the ablated field
-  if a.scale == "cpu":
-    # Static and dynamic masks differ only when a sequence comes back: 300 steps read 6% of
-    # one epoch of the 62 MB corpus, so at this scale the experiment trains on the bundled
-    # corpus built once (dupe_factor 1): ~11 epochs, one mask 11 times vs 11 masks.
-    if a.data:
-      raise ValueError(
-        "data=: at scale=cpu this experiment reads the bundled corpus (a big corpus is never "
-        "repeated in 300 steps, so static and dynamic masks could not differ)"
-      )
-    c.data.dupe_factor = 1
+  # At the reduced scales the data is read several times by a point's budget (scaled_base:
+  # one copy, no dupe passes), so static masks come back and dynamic ones do not.
   return config_lib.use_data(c, a.data)
 
 
@@ -73,4 +65,8 @@ def sweep(add):
 def finetune_suite(arg=None):
   from experiments import _downstream
 
-  return _downstream.suite(_parse(arg).scale)
+  a = _parse(arg)
+  runs = _downstream.suite(a.scale)
+  if a.mode == "static":  # the baseline also lends its architecture to the control row
+    runs += _downstream.control(a.scale, get_config(arg))
+  return runs

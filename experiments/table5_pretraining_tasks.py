@@ -77,6 +77,8 @@ def finetune_suite(arg=None):
 
   a = _parse(arg)
   runs = _downstream.suite(a.scale)
+  if a.task == "mlm_nsp":  # the baseline also lends its architecture to the control row
+    runs += _downstream.control(a.scale, get_config(arg))
   if a.task == "ltr":
     # "LTR & No NSP + BiLSTM": the same checkpoint, no second pretraining.
     runs += [

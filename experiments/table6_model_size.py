@@ -57,7 +57,12 @@ CPU_ROWS = ("tiny", "L4_H128_A2", "L2_H256_A4", "mini")
 
 
 def _rows(scale: str) -> tuple[str, ...]:
-  return CPU_ROWS if scale == "cpu" else ROWS
+  return ROWS if scale == "full" else CPU_ROWS
+
+
+def _baseline(scale: str) -> str:
+  """BERT-Base, or at the reduced scales the size scaled_base trains."""
+  return "L12_H768_A12" if scale == "full" else "tiny"
 
 
 def _parse(arg):
@@ -67,8 +72,7 @@ def _parse(arg):
 def get_config(arg=None):
   a = _parse(arg)
   c = config_lib.scaled_base(a.scale)
-  # The baseline: BERT-Base, or at cpu scale the size scaled_base trains.
-  a.row = a.row or ("tiny" if a.scale == "cpu" else "L12_H768_A12")
+  a.row = a.row or _baseline(a.scale)
   if a.row not in _rows(a.scale):
     raise ValueError(f"row must be one of {', '.join(_rows(a.scale))}, not {a.row!r}")
   # The ablated fields.
@@ -84,4 +88,9 @@ def sweep(add, arg=None):
 def finetune_suite(arg=None):
   from experiments import _downstream
 
-  return _downstream.suite(_parse(arg).scale)
+  a = _parse(arg)
+  runs = _downstream.suite(a.scale)
+  if (a.row or _baseline(a.scale)) == _baseline(a.scale):
+    # The baseline size also lends its architecture to the no-pretraining control row.
+    runs += _downstream.control(a.scale, get_config(arg))
+  return runs

@@ -56,4 +56,8 @@ def sweep(add):
 def finetune_suite(arg=None):
   from experiments import _downstream
 
-  return _downstream.suite(_parse(arg).scale)
+  a = _parse(arg)
+  runs = _downstream.suite(a.scale)
+  if not a.whole_word:  # the baseline also lends its architecture to the control row
+    runs += _downstream.control(a.scale, get_config(arg))
+  return runs
