@@ -65,33 +65,57 @@ def cpu_has_bf16() -> bool:
   return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+SCALES = ("full", "cpu", "gpu")
+# The reduced scales' recipe (docs/replication/budget.md): BERT-tiny with a WordPiece vocab
+# trained on the pretraining corpus (BERT's 30,522-entry head is about half of a tiny model's
+# step), no dropout, a larger initializer range, batch 16 x 128.
+SCALED_VOCAB = 8192
+SCALED_BATCH = 16
+SCALED_LENGTH = 128
+# Pretraining steps per point: cpu, sized for a replication of about 3 hours on 2 cores (not
+# yet run end to end); gpu, at least 20M tokens (tools/replication/replicate_gpu.sh: one H100,
+# 9 minutes; not yet run on a GPU).
+SCALED_STEPS = {"cpu": 3_000, "gpu": 10_240}
+
+
 def scaled_base(scale: str) -> ml_collections.ConfigDict:
-  """The base of every experiment. full: BERT-Base as in the paper. cpu: the tiny model on the
-  bundled corpus, sized for a 2-core machine (each point a few minutes)."""
+  """The base of every experiment. full: BERT-Base as in the paper. cpu and gpu: the tiny
+  model at SCALED_STEPS[scale] steps of 16 x 128 tokens (cpu 6.1M tokens, gpu 21M), on the
+  bundled corpus unless the experiment's data= names a corpus built with a vocab of
+  SCALED_VOCAB (tools/replication/replicate_cpu.sh builds one)."""
   if scale == "full":
     return base_config("base")
-  if scale != "cpu":
-    raise ValueError(f"scale must be full or cpu, not {scale!r}")
+  if scale not in SCALES:
+    raise ValueError(f"scale must be one of {', '.join(SCALES)}, not {scale!r}")
   c = base_config("tiny")
+  c.model.vocab_size = c.data.train_vocab_size = SCALED_VOCAB
+  c.model.hidden_dropout_prob = c.model.attention_dropout_prob = 0.0
+  c.model.initializer_range = 0.05
+  c.model.dtype = "bfloat16" if scale == "gpu" or cpu_has_bf16() else "float32"
   c.data.input = BUNDLED_CORPUS
-  c.data.dupe_factor = 5
+  # One copy of the corpus, read several times by the budget: a static mask comes back with
+  # its sequence (the masking experiment's contrast), as in BERT's own 40 epochs.
+  c.data.dupe_factor = 1
   c.data.eval_fraction = 0.05
-  c.data.batch_size = 32
-  c.opt.lr = 1e-3
-  c.opt.total_steps = 300
-  c.opt.warmup_steps = 30
-  c.ckpt.every_steps = 300
-  c.eval.every_steps = 100
-  c.log.every_steps = 10
+  c.data.batch_size = SCALED_BATCH
+  c.data.max_seq_length = SCALED_LENGTH
+  c.opt.lr = 1.4e-3
+  c.opt.total_steps = SCALED_STEPS[scale]
+  c.opt.warmup_steps = c.opt.total_steps // 20
+  c.ckpt.every_steps = c.opt.total_steps // 2
+  c.eval.every_steps = c.opt.total_steps // 4
+  c.log.every_steps = c.opt.total_steps // 60
   return c
 
 
 def use_data(c: ml_collections.ConfigDict, data: str) -> ml_collections.ConfigDict:
   """An experiment's `data=DIR` argument: DIR holds two create_data outputs of one corpus,
-  DIR/nsp (sentence pairs) and DIR/packed (--nsp=False), built once and shared by every point;
-  a point reads the one its objective needs. Empty: the config's own data.dir / data.input."""
+  DIR/nsp (sentence pairs) and DIR/packed (--nsp=False), built once and shared by every point
+  (tools/replication/build_data.sh); a point reads the one its objective needs, with the
+  data's vocab. Empty: the config's own data.dir / data.input."""
   if data:
     c.data.dir = os.path.join(data, "nsp" if c.objective.nsp else "packed")
+    c.data.train_vocab_size = 0
   return c
 
 

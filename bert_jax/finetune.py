@@ -90,8 +90,9 @@ def model_config(config: ml_collections.ConfigDict) -> tuple[model_lib.BertConfi
   if not config.init:
     fields = {k: v for k, v in config.model.to_dict().items() if k != "causal"}
     cfg = model_lib.BertConfig(**fields)
+    # A vocab.txt, or a tokenizer directory (a pretraining run's <workdir>/tokenizer).
     vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
-    return cfg, tokenizer_lib.WordPieceTokenizer.from_file(vocab)
+    return cfg, tokenizer_lib.load_tokenizer(vocab)
   _, stored = loader.read_config(config.init)
   return dataclasses.replace(stored, **run), None
 

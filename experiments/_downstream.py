@@ -36,8 +36,9 @@ FULL_SQUAD_LENGTH = 384  # the paper's SQuAD length
 
 
 def recipe(scale: str) -> dict[str, Any]:
-  """The fine-tuning recipe shared by every task at `scale` (config keys of bert_jax.finetune)."""
-  if scale == "cpu":
+  """The fine-tuning recipe shared by every task at `scale` (config keys of bert_jax.finetune);
+  gpu, for now, the cpu one (the models it fine-tunes are the same sizes)."""
+  if scale in ("cpu", "gpu"):
     return {
       "opt.lr": 1e-3,
       "data.batch_size": 32,
@@ -48,7 +49,27 @@ def recipe(scale: str) -> dict[str, Any]:
     }
   if scale == "full":
     return {"opt.lr": 3e-5, "data.batch_size": 32, "opt.epochs": 3, "seeds": 5}
-  raise ValueError(f"scale must be full or cpu, not {scale!r}")
+  raise ValueError(f"scale must be one of full, cpu, gpu, not {scale!r}")
+
+
+# The no-pretraining control's row in the report (bert_jax/report/claims.py: CONTROL).
+CONTROL_ROW = {"pretraining": "none"}
+
+
+def control(scale: str, config: Any) -> list[dict[str, Any]]:
+  """The no-pretraining control (BERT's premise: what pretraining brings): the same suite
+  fine-tuned from a random initialisation of `config.model` (the baseline point's
+  architecture and init range), with the point's tokenizer (launch/sweep.py puts the point's
+  workdir in for {point}). Its row is CONTROL_ROW; the sweep runs it once per suite and vocab
+  (--reuse links it between experiments)."""
+  from bert_jax import checkpoints  # the fields that make an architecture (param shapes)
+
+  architecture = (*checkpoints.SHAPE_FIELDS, "initializer_range")
+  model = {f"model.{k}": config.model[k] for k in architecture}
+  fields = {"init": "", "data.vocab": "{point}/tokenizer", **model}
+  return [
+    {**r, "overrides": {**r["overrides"], **fields}, "row": CONTROL_ROW} for r in suite(scale)
+  ]
 
 
 def suite(scale: str, **extra: Any) -> list[dict[str, Any]]:

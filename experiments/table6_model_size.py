@@ -7,10 +7,10 @@ Rows (`row=`, the paper's #L/#H/#A; names from bert_jax.model.SIZES), each chang
 the model's depth, width and heads (intermediate = 4 x hidden) from the base recipe:
   L3_H768_A12, L6_H768_A3, L6_H768_A12, L12_H768_A12 (= BERT-Base), L12_H1024_A16,
   L24_H1024_A16 (= BERT-Large)
-At `scale=cpu` the rows are depth {2, 4} x width {128, 256} at the same token budget (300
-steps x 32 x 128): tiny (2 layers, hidden 128), L4_H128_A2, L2_H256_A4 and mini (4, 256),
-0.4M to 3.1M non-embedding parameters (8x; the paper's rows span 14x). Each wider row costs
-the replication on 2 CPU cores more than the rest of Table 6 (L4_H384_A6: about 40 min).
+At `scale=cpu` the rows are depth {2, 4} x width {128, 256} at the same token budget
+(config_lib.scaled_base's): tiny (2 layers, hidden 128), L4_H128_A2, L2_H256_A4 and mini
+(4, 256), 0.4M to 3.1M non-embedding parameters (8x; the paper's rows span 14x). Each wider row
+costs the replication on 2 CPU cores more than the rest of Table 6 (L4_H384_A6: about 40 min).
 
 Downstream suite (`finetune_suite`, experiments/_downstream.py, the same for every point):
 rotten_tomatoes, vitaminc, squadshifts, brown_pos; at cpu scale 1,500 training examples,
@@ -20,20 +20,22 @@ Command (full scale; the big rows may want --config.model.scan_layers=True, and
 `python -m bert_jax.aot` tells whether a row fits a slice):
   python launch/sweep.py --experiment=experiments/table6_model_size.py --root=$WD \
       --config.data.dir=$DATA/wiki_books_128
-CPU scale (bundled corpus, 300 steps):
-  python launch/sweep.py --experiment=experiments/table6_model_size.py:scale=cpu \
+CPU scale (config_lib.scaled_base; tools/replication/build_data.sh's data):
+  python launch/sweep.py --experiment=experiments/table6_model_size.py:scale=cpu,data=$DATA \
       --root=/tmp/table6   # pretrain, fine-tune, report (in /tmp/table6/report)
 
 Hardware and time: full scale, each point is a pretraining run of its size (BERT-Base: the
-paper's 4 Cloud TPUs for 4 days). CPU scale, 2 CPU cores (AMD EPYC, AVX512-BF16): 71 min for
-three pretrainings (tiny reused from Table 5 with --reuse) and 12 fine-tuning runs of 3 seeds.
+paper's 4 Cloud TPUs for 4 days). CPU scale (the old recipe), 2 CPU cores (AMD EPYC,
+AVX512-BF16): 71 min for three pretrainings (tiny reused from Table 5 with --reuse) and 12
+fine-tuning runs of 3 seeds.
 
 Result: not run at full scale here (no TPU). The paper's held-out LM perplexity:
 5.84, 5.24, 4.68, 3.99, 3.54, 3.23 for the six rows in order (MNLI-m 77.9 ... 86.6).
-CPU scale (2026-11-24; docs/replication.md): held-out MLM perplexity 938 / 954 / 885 / 961 for
-tiny / L4_H128_A2 / L2_H256_A4 / mini: not monotone (width helps at 2 layers, depth hurts at
-300 steps); test, 3 seeds: squadshifts F1 8.6 / 9.0 / 8.9 / 9.3, brown_pos 78.6 / 78.5 /
-79.6 / 79.4, rotten_tomatoes 65.5 / 65.8 / 54.1 / 50.8, vitaminc at the majority class.
+CPU scale, the old recipe (2026-11-24, 300 steps of 32 x 128; docs/replication.md): held-out
+MLM perplexity 938 / 954 / 885 / 961 for tiny / L4_H128_A2 / L2_H256_A4 / mini: not monotone (width
+helps at 2 layers, depth hurts at 300 steps); test, 3 seeds: squadshifts F1 8.6 / 9.0 / 8.9 / 9.3,
+brown_pos 78.6 / 78.5 / 79.6 / 79.4, rotten_tomatoes 65.5 / 65.8 / 54.1 / 50.8, vitaminc at the
+majority class.
 """
 
 from bert_jax import config_lib
@@ -57,7 +59,12 @@ CPU_ROWS = ("tiny", "L4_H128_A2", "L2_H256_A4", "mini")
 
 
 def _rows(scale: str) -> tuple[str, ...]:
-  return CPU_ROWS if scale == "cpu" else ROWS
+  return ROWS if scale == "full" else CPU_ROWS
+
+
+def _baseline(scale: str) -> str:
+  """BERT-Base, or at the reduced scales the size scaled_base trains."""
+  return "L12_H768_A12" if scale == "full" else "tiny"
 
 
 def _parse(arg):
@@ -67,8 +74,7 @@ def _parse(arg):
 def get_config(arg=None):
   a = _parse(arg)
   c = config_lib.scaled_base(a.scale)
-  # The baseline: BERT-Base, or at cpu scale the size scaled_base trains.
-  a.row = a.row or ("tiny" if a.scale == "cpu" else "L12_H768_A12")
+  a.row = a.row or _baseline(a.scale)
   if a.row not in _rows(a.scale):
     raise ValueError(f"row must be one of {', '.join(_rows(a.scale))}, not {a.row!r}")
   # The ablated fields.
@@ -84,4 +90,9 @@ def sweep(add, arg=None):
 def finetune_suite(arg=None):
   from experiments import _downstream
 
-  return _downstream.suite(_parse(arg).scale)
+  a = _parse(arg)
+  runs = _downstream.suite(a.scale)
+  if (a.row or _baseline(a.scale)) == _baseline(a.scale):
+    # The baseline size also lends its architecture to the no-pretraining control row.
+    runs += _downstream.control(a.scale, get_config(arg))
+  return runs

@@ -4,7 +4,7 @@ r"""Runs every point of an experiment: its pretraining, then its fine-tuning sui
       --root=/tmp/table5 [--dry_run] [--only=task=mlm] [--config.opt.total_steps=100 ...] \
       [--finetune.opt.epochs=1 ...] [--stages=pretrain,finetune,report] \
       [--backend=local|slurm|tpu_vm] [--distributed] [--reuse=ROOT[,ROOT]] \
-      [--sbatch='SBATCH OPTIONS'] [--sbatch_report='SBATCH OPTIONS']
+      [--deadline=UNIX_SECONDS|+SECONDS] [--sbatch='SBATCH OPTIONS'] [--sbatch_report='...']
 
 --only takes a point's name or just its values (`--only=mlm`), several separated by ';'.
 --config.KEY=VALUE goes to every pretraining run, --finetune.KEY=VALUE (as --config.KEY=VALUE)
@@ -24,7 +24,9 @@ point's fine-tuning runs (experiments/_downstream.py describes a run): each is
 `python -m bert_jax.finetune --config=configs/finetune.py:TASK --config.init=<root>/<point>
 --workdir=<root>/<row>/finetune/<TASK> --config.KEY=VALUE ...`, where the row is the point
 unless the run names its own (Table 5's `task=ltr_bilstm`: the ltr checkpoint, fine-tuned
-with a BiLSTM). After every point, `python -m bert_jax.report --root=<root>
+with a BiLSTM). A run that sets `init` itself (the no-pretraining control: `init=''`, a random
+init) gets no --config.init=<point>, needs a row of its own, and may name the point's files as
+`{point}/...` (its tokenizer). After every point, `python -m bert_jax.report --root=<root>
 [--paper=PAPER]`, where the experiment's `PAPER` names its published rows and claims.
 
 Locally (--backend=local) points run one after another. A pretraining run is finished only
@@ -42,6 +44,15 @@ roots is not run again: its workdir becomes a symbolic link to that point, fine-
 included (they are skipped where finished, and refuse to mix if the suites differ). The
 experiments' cpu-scale baselines are one config (tiny, MLM+NSP, static masks, no whole-word
 masking, the 62 MB corpus), so Table 6 and whole-word masking reuse Table 5's mlm_nsp point.
+
+A fine-tuning run of a row of its own that does not start from the point's checkpoint (the
+control) is keyed by its task, its flags and the content of the `{point}/...` files it names:
+--reuse links it to a finished run of the same key, so every experiment's control is run once.
+
+--deadline (local): at that time (unix seconds, or +SECONDS from now) the run in flight is sent
+SIGTERM (it saves and exits; killed 60 s later if it has not), nothing more starts,
+`<root>/deadline.json` lists the runs not done, the report covers the runs that are (and lists
+the others), and the exit status is 75: the same command, rerun, finishes the rest.
 
 The scheduler backends (launch/schedulers.py) run each point as this script with --only on
 the scheduler's machines, so a point is done there exactly when it would be here.
@@ -83,14 +94,30 @@ from bert_jax import preemption
 # The scheduler backends live beside this file (it runs as a script, or is loaded by path).
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import finetune_runs as finetune_runs_lib  # noqa: E402
 import schedulers  # noqa: E402
+from finetune_runs import (  # noqa: E402
+  DONE,
+  FINETUNE_CONFIG,
+  RESULTS,
+  FinetuneRun,
+  check_finetune_overrides,
+  check_keys,
+  finetune_command,
+  finetune_key,
+  link_if_same,
+  reuse_run,
+)
 
-DONE = "sweep_done.json"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Preempted(Exception):
   """A point's run was preempted (it saved a checkpoint): the sweep stops, to be rerun."""
+
+
+class PastDeadline(Exception):
+  """The sweep's --deadline came: the run in flight was stopped (it saved a checkpoint)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,37 +194,9 @@ def expand(path: str, arg: str = "") -> list[Point]:
   return points
 
 
-def _check_keys(config: Any, overrides: list[str], where: str) -> None:
-  for o in overrides:
-    key = o.split("=", 1)[0][len("--config.") :]
-    node = config
-    for part in key.split("."):
-      if not hasattr(node, "keys") or part not in node:
-        raise ValueError(f"{o.split('=', 1)[0]}: no such key in the config of {where}")
-      node = node[part]
-
-
 def check_overrides(path: str, arg: str, overrides: list[str]) -> None:
   """Every --config.a.b=v names an existing key (main.py would fail later, per point)."""
-  _check_keys(load_experiment(path).get_config(arg), overrides, path)
-
-
-FINETUNE_CONFIG = os.path.join(REPO, "configs", "finetune.py")
-
-
-def check_finetune_overrides(
-  runs: list[FinetuneRun], overrides: list[str], config_path: str = FINETUNE_CONFIG
-) -> None:
-  """Every fine-tuning run's --config.* names a key of its task's config, checked before any
-  pretraining starts (a typo would otherwise fail hours later)."""
-  spec = importlib.util.spec_from_file_location("sweep_finetune_config", config_path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  configs: dict[str, Any] = {}
-  for r in runs:
-    if r.task not in configs:
-      configs[r.task] = module.get_config(r.task)
-    _check_keys(configs[r.task], [*r.overrides, *overrides], f"{config_path}:{r.task}")
+  check_keys(load_experiment(path).get_config(arg), overrides, path)
 
 
 def command(
@@ -228,16 +227,8 @@ def _reuse(key: str, workdir: str, roots: list[str]) -> str | None:
     if not os.path.isdir(root):
       continue
     for name in sorted(os.listdir(root)):
-      found = os.path.join(root, name)
-      try:
-        with open(os.path.join(found, DONE)) as f:
-          same = json.load(f).get("key") == key
-      except (OSError, ValueError):
-        continue
-      if same and os.path.realpath(found) != os.path.realpath(workdir):
-        os.makedirs(os.path.dirname(os.path.abspath(workdir)), exist_ok=True)
-        os.symlink(os.path.realpath(found), workdir)
-        return found
+      if link_if_same(key, os.path.join(root, name), workdir):
+        return os.path.join(root, name)
   return None
 
 
@@ -260,62 +251,11 @@ def _values(name: str) -> str:
 
 STAGES = ("pretrain", "finetune", "report")
 BACKENDS = ("local", "slurm", "tpu_vm")
-RESULTS = "results.json"  # what bert_jax.finetune writes last, once every seed is done
-
-
-@dataclasses.dataclass(frozen=True)
-class FinetuneRun:
-  point: str  # the pretraining point whose checkpoint (<root>/<point>) it starts from
-  task: str  # a preset of configs/finetune.py
-  row: str  # its report row: the point's name, or the suite's own (e.g. task=ltr_bilstm)
-  overrides: tuple[str, ...]  # --config.KEY=VALUE for bert_jax.finetune
-
-  def workdir(self, root: str) -> str:
-    return os.path.join(root, self.row, "finetune", self.task)
 
 
 def finetune_runs(path: str, point: Point) -> list[FinetuneRun]:
   """The point's downstream suite: the experiment's `finetune_suite(point.arg)`, checked."""
-  module = load_experiment(path)
-  if not callable(getattr(module, "finetune_suite", None)):
-    return []
-  # Experiment files share their suite through the `experiments` package of their checkout.
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(path)))
-  if repo not in sys.path:
-    sys.path.insert(0, repo)
-  runs = []
-  for i, r in enumerate(module.finetune_suite(point.arg)):
-    where = f"{path}: finetune_suite({point.arg!r}) run {i}"
-    if not isinstance(r, dict) or not isinstance(r.get("task"), str):
-      raise ValueError(f"{where}: expected a dict with a task name, got {r!r}")
-    unknown = set(r) - {"task", "overrides", "row"}
-    if unknown:
-      raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
-    row = ",".join(f"{k}={_fmt(v)}" for k, v in r.get("row", {}).items()) or point.name
-    flags_ = tuple(f"--config.{k}={_fmt(v)}" for k, v in r.get("overrides", {}).items())
-    runs.append(FinetuneRun(point.name, r["task"], row, flags_))
-  seen = [(r.row, r.task) for r in runs]
-  if len(set(seen)) != len(seen):
-    raise ValueError(f"{path}: finetune_suite({point.arg!r}) lists a task twice for one row")
-  return runs
-
-
-def finetune_command(
-  run: FinetuneRun,
-  root: str,
-  overrides: list[str] = (),
-  finetune_module: str = "bert_jax.finetune",
-) -> list[str]:
-  return [
-    sys.executable,
-    "-m",
-    finetune_module,
-    f"--config={FINETUNE_CONFIG}:{run.task}",
-    f"--config.init={os.path.join(root, run.point)}",
-    f"--workdir={run.workdir(root)}",
-    *run.overrides,
-    *overrides,
-  ]
+  return finetune_runs_lib.finetune_runs(load_experiment(path), path, point)
 
 
 def report_command(
@@ -343,16 +283,23 @@ def _run_step(
   env: dict[str, str] | None,
   unfinished: Callable[[], str | None],
   extra: dict[str, Any] | None = None,
+  deadline: float | None = None,
 ) -> bool:
   """Runs one pretraining or fine-tuning command unless `done` exists, and marks it done when
   it exited 0 and `unfinished()` finds nothing missing. Returns whether it is done; raises
-  Preempted on exit 75 or a signal to this script (then nothing is marked)."""
+  Preempted on exit 75 or a signal to this script (then nothing is marked), PastDeadline when
+  `deadline` (unix time) has come, before the command or while it runs (it is then sent
+  SIGTERM: it saves and exits, resumable)."""
   if os.path.exists(done):
     print(f"skip {name}: finished ({done} exists; delete it to rerun)", flush=True)
     return True
+  if deadline is not None and time.time() >= deadline:
+    raise PastDeadline(name)
   print(f"run {name}: {_quote(cmd)}", flush=True)
   start = time.time()
-  rc, signalled = _call_passing_signals(cmd, env)
+  rc, signalled = _call_passing_signals(cmd, env, deadline)
+  if signalled == "deadline":
+    raise PastDeadline(name)
   if rc == preemption.EXIT_PREEMPTED or signalled:
     raise Preempted(f"{name} was preempted (exit {rc}): rerun the sweep to resume")
   why = f"exit {rc}" if rc else unfinished()
@@ -398,6 +345,7 @@ class Options:
   sbatch: list[str] = dataclasses.field(default_factory=list)  # slurm: the array job's options
   sbatch_report: list[str] = dataclasses.field(default_factory=list)  # and the report job's
   report_requires: tuple[str, ...] | None = None  # None: the other stages (all, report alone)
+  deadline: float | None = None  # unix time: stop the run in flight, start nothing more
 
 
 def run(
@@ -415,12 +363,15 @@ def run(
   distributed: bool = False,
   reuse: tuple[str, ...] = (),
   report_requires: tuple[str, ...] | None = None,
+  deadline: float | None = None,
 ) -> list[str]:
   """Runs (or prints) the sweep on this machine; returns the names of what failed.
 
   Per point: its pretraining, then its fine-tuning runs; after every point the report, once
   every run of the stages in `report_requires` is done (default: the stages run here, or all
-  of them when the report runs alone)."""
+  of them when the report runs alone). At `deadline` (unix time) the run in flight is stopped
+  (SIGTERM: it saves), nothing more starts, `<root>/deadline.json` lists what did not run,
+  the report covers what did, and PastDeadline is raised: rerun the sweep to finish."""
   path, arg = split_experiment(experiment)
   overrides = _checked_overrides(overrides, "--config.")
   finetune_overrides = _checked_overrides(finetune_overrides, "--finetune.")
@@ -431,47 +382,29 @@ def run(
     check_finetune_overrides(
       [r for p in points for r in finetune_runs(path, p)], finetune_overrides
     )
-  failed = []
-  for point in points:
-    workdir = os.path.join(root, point.name)
-    cmd = command(path, point, root, overrides, main_module) + extra
-    if "pretrain" in stages:
-      key = pretraining_key(path, point, overrides)
-      if dry_run:
-        print(_quote(cmd))
-      elif (found := _reuse(key, workdir, list(reuse))) is not None:
-        print(f"reuse {point.name}: {workdir} -> {found} (the same pretraining config)", flush=True)
-      elif not _run_step(
-        point.name,
-        cmd,
-        os.path.join(workdir, DONE),
-        env,
-        functools.partial(_pretraining_unfinished, workdir),
-        {"key": key},
-      ):
-        failed.append(point.name)
-        continue
-    if "finetune" not in stages:
-      continue
-    if not dry_run and not os.path.exists(os.path.join(workdir, DONE)):
-      print(f"FAILED {point.name}: not pretrained ({workdir}/{DONE} missing)", flush=True)
-      failed.append(point.name)
-      continue
-    for ft in finetune_runs(path, point):
-      name = f"{ft.row}/finetune/{ft.task}"
-      ft_cmd = finetune_command(ft, root, finetune_overrides, finetune_module) + extra
-      if dry_run:
-        print(_quote(ft_cmd))
-        continue
-      results = os.path.join(ft.workdir(root), RESULTS)
-      if not _run_step(
-        name,
-        ft_cmd,
-        os.path.join(ft.workdir(root), DONE),
-        env,
-        functools.partial(_results_missing, results),
-      ):
-        failed.append(name)
+  failed: list[str] = []
+  try:
+    _run_points(
+      path, points, root, overrides, dry_run, env, main_module, stages, finetune_overrides,
+      finetune_module, extra, reuse, deadline, failed,
+    )  # fmt: skip
+  except PastDeadline as e:
+    skipped = _not_done(path, points, root, tuple(s for s in stages if s != "report"))
+    _write_deadline(root, deadline, str(e), skipped)
+    print(
+      f"deadline: {e} was stopped or not started; {len(skipped)} run(s) not done: "
+      + ", ".join(skipped),
+      flush=True,
+    )
+    if "report" in stages and not failed:
+      cmd = report_command(root, report_module, experiment_paper(path))
+      print(f"report (what finished before the deadline): {_quote(cmd)}", flush=True)
+      subprocess.run(cmd, env=env)
+    raise PastDeadline(
+      f"{len(skipped)} run(s) not done by the deadline; rerun the sweep to finish"
+    ) from None
+  if not dry_run and not only:
+    _write_deadline(root, None, "", [])  # a finished rerun clears the last deadline's record
   if "report" in stages:
     if report_requires is None:
       report_requires = tuple(s for s in stages if s != "report") or STAGES[:2]
@@ -490,6 +423,75 @@ def run(
   return failed
 
 
+def _run_points(
+  path, points, root, overrides, dry_run, env, main_module, stages, finetune_overrides,
+  finetune_module, extra, reuse, deadline, failed,
+) -> None:  # fmt: skip
+  """run()'s loop over the points: pretraining, then fine-tuning; appends to `failed`."""
+  for point in points:
+    workdir = os.path.join(root, point.name)
+    cmd = command(path, point, root, overrides, main_module) + extra
+    if "pretrain" in stages:
+      key = pretraining_key(path, point, overrides)
+      if dry_run:
+        print(_quote(cmd))
+      elif (found := _reuse(key, workdir, list(reuse))) is not None:
+        print(f"reuse {point.name}: {workdir} -> {found} (the same pretraining config)", flush=True)
+      elif not _run_step(
+        point.name,
+        cmd,
+        os.path.join(workdir, DONE),
+        env,
+        functools.partial(_pretraining_unfinished, workdir),
+        {"key": key},
+        deadline,
+      ):
+        failed.append(point.name)
+        continue
+    if "finetune" not in stages:
+      continue
+    if not dry_run and not os.path.exists(os.path.join(workdir, DONE)):
+      print(f"FAILED {point.name}: not pretrained ({workdir}/{DONE} missing)", flush=True)
+      failed.append(point.name)
+      continue
+    for ft in finetune_runs(path, point):
+      name = f"{ft.row}/finetune/{ft.task}"
+      ft_cmd = finetune_command(ft, root, finetune_overrides, finetune_module) + extra
+      if dry_run:
+        print(_quote(ft_cmd))
+        continue
+      ft_key = finetune_key(ft, root, finetune_overrides)
+      if ft_key and (found := reuse_run(ft_key, ft, root, list(reuse))) is not None:
+        print(f"reuse {name}: -> {found} (the same fine-tuning)", flush=True)
+      results = os.path.join(ft.workdir(root), RESULTS)
+      if not _run_step(
+        name,
+        ft_cmd,
+        os.path.join(ft.workdir(root), DONE),
+        env,
+        functools.partial(_results_missing, results),
+        {"key": ft_key} if ft_key else None,
+        deadline,
+      ):
+        failed.append(name)
+
+
+DEADLINE = "deadline.json"
+
+
+def _write_deadline(root: str, deadline: float | None, stopped: str, skipped: list[str]) -> None:
+  """<root>/deadline.json: what the last --deadline left undone (removed once all is done)."""
+  path = os.path.join(root, DEADLINE)
+  if not skipped:
+    if os.path.exists(path):
+      os.remove(path)
+    return
+  os.makedirs(root, exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    json.dump({"deadline": deadline, "stopped": stopped, "not_done": skipped}, f, indent=2)
+  os.replace(path + ".tmp", path)
+
+
 def _not_done(path: str, points: list[Point], root: str, stages: tuple[str, ...]) -> list[str]:
   """The runs of `stages` (pretrain, finetune) of `points` without their sweep_done.json."""
   missing = []
@@ -503,9 +505,16 @@ def _not_done(path: str, points: list[Point], root: str, stages: tuple[str, ...]
   return missing
 
 
-def _call_passing_signals(cmd: list[str], env: dict[str, str] | None) -> tuple[int, bool]:
-  """Runs `cmd`; SIGTERM/SIGINT/SIGHUP to this script are passed on to it (it saves and
-  exits 75) instead of killing it. Returns (exit status, whether this script got a signal)."""
+# After SIGTERM at the deadline, how long a run may take to save and exit before it is killed.
+DEADLINE_GRACE_S = 60
+
+
+def _call_passing_signals(
+  cmd: list[str], env: dict[str, str] | None, deadline: float | None = None
+) -> tuple[int, bool | str]:
+  """Runs `cmd`; SIGTERM/SIGINT/SIGHUP to this script are passed on to it (it saves and exits
+  75) instead of killing it; at `deadline` (unix time) it gets SIGTERM too. Returns (exit
+  status, whether this script got a signal, or "deadline")."""
   procs: list[subprocess.Popen] = []
   got: list[int] = []
 
@@ -521,7 +530,17 @@ def _call_passing_signals(cmd: list[str], env: dict[str, str] | None) -> tuple[i
     procs.append(subprocess.Popen(cmd, env=env))
     for signum in got:
       procs[0].send_signal(signum)
-    rc = procs[0].wait()
+    try:
+      timeout = None if deadline is None else max(0.0, deadline - time.time())
+      rc = procs[0].wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      procs[0].send_signal(signal.SIGTERM)
+      try:
+        procs[0].wait(timeout=DEADLINE_GRACE_S)
+      except subprocess.TimeoutExpired:
+        procs[0].kill()
+        procs[0].wait()
+      return procs[0].returncode, "deadline"
   finally:
     for sig, handler in old.items():
       signal.signal(sig, handler)
@@ -650,6 +669,14 @@ flags.DEFINE_string(
 flags.DEFINE_string(
   "sbatch_report", "", "slurm: sbatch options of the report job.", flag_values=FLAGS
 )
+flags.DEFINE_string(
+  "deadline",
+  None,
+  "local: a time (unix seconds, or +SECONDS from now) when the run in flight is stopped "
+  "(SIGTERM: it saves) and nothing more starts; <root>/deadline.json lists what did not run, "
+  "the report covers what did, and the exit status is 75 (rerun to finish).",
+  flag_values=FLAGS,
+)
 flags.DEFINE_list(
   "report_requires",
   None,
@@ -696,7 +723,11 @@ def _parse(argv: list[str]) -> tuple[str, str, Options]:
         f"--report_requires={','.join(FLAGS.report_requires)}: choose from pretrain,finetune"
       )
   opts.reuse = tuple(FLAGS.reuse)
+  if FLAGS.deadline is not None:
+    opts.deadline = _parse_deadline(FLAGS.deadline)
   opts.backend = FLAGS.backend
+  if opts.deadline is not None and opts.backend != "local":
+    raise ValueError(f"--deadline stops runs on this machine: not with --backend={opts.backend}")
   if opts.reuse and opts.backend != "local":
     raise ValueError(f"--reuse links points on this machine: not with --backend={opts.backend}")
   if opts.backend not in BACKENDS:
@@ -706,6 +737,15 @@ def _parse(argv: list[str]) -> tuple[str, str, Options]:
   opts.sbatch = shlex.split(FLAGS.sbatch)
   opts.sbatch_report = shlex.split(FLAGS.sbatch_report)
   return FLAGS.experiment, FLAGS.root, opts
+
+
+def _parse_deadline(value: str) -> float:
+  """--deadline: unix seconds, or +SECONDS from now."""
+  try:
+    t = float(value[1:]) if value.startswith("+") else float(value)
+  except ValueError:
+    raise ValueError(f"--deadline={value}: not a number of seconds") from None
+  return time.time() + t if value.startswith("+") else t
 
 
 def _stop_between_runs(signum: int, frame: Any) -> None:
@@ -735,12 +775,16 @@ def main(argv: list[str]) -> int:
       distributed=opts.distributed,
       reuse=opts.reuse,
       report_requires=opts.report_requires,
+      deadline=opts.deadline,
     )
   except (ValueError, OSError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   except Preempted as e:
     print(f"preempted: {e}", file=sys.stderr)
+    return preemption.EXIT_PREEMPTED
+  except PastDeadline as e:
+    print(f"deadline: {e}", file=sys.stderr)
     return preemption.EXIT_PREEMPTED
   except subprocess.CalledProcessError as e:
     print(f"error: {_quote([str(c) for c in e.cmd])} exited {e.returncode}", file=sys.stderr)

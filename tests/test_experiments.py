@@ -111,7 +111,7 @@ def test_experiment_points_change_only_ablated_fields(path):
   name = os.path.basename(path)[:-3]
   for section in ("Hypothesis", "Command", "Result", "not run at full scale"):
     assert section.lower() in module.__doc__.lower(), f"{name}: docstring lacks {section}"
-  for scale in ("full", "cpu"):
+  for scale in ("full", "cpu", "gpu"):
     points = _points(module, scale)
     assert len(points) >= 2
     configs = [module.get_config(_arg(p, scale=scale)) for p in points]
@@ -127,7 +127,8 @@ def test_experiment_points_change_only_ablated_fields(path):
         assert {k for k in ref if repr(ref[k]) != repr(f[k])} <= ABLATED[name]
     else:
       assert all(c.data.input.endswith("sample_public_domain.txt") for c in configs)
-      assert all(c.opt.total_steps <= 500 and 8 <= c.data.batch_size <= 32 for c in configs)
+      assert {c.opt.total_steps for c in configs} == {config_lib.SCALED_STEPS[scale]}
+      assert {c.data.batch_size for c in configs} == {config_lib.SCALED_BATCH}
       assert all(train.bert_config(c).num_layers <= 8 for c in configs)
   # The default ARG is one of the points (the baseline).
   default = repr(_flat(module.get_config()))
@@ -152,14 +153,23 @@ def test_experiment_specifics():
     (2, 128, 2), (4, 128, 2), (2, 256, 4), (4, 256, 4),
   ]  # fmt: skip
   budgets = {c.opt.total_steps * c.data.batch_size * c.data.max_seq_length for c in cpu}
-  assert budgets == {300 * 32 * 128}
+  assert budgets == {config_lib.SCALED_STEPS["cpu"] * 16 * 128}
+  # gpu scale: the same rows and recipe, at least 20M tokens per point.
+  gpu = [t6.get_config(_arg(p, scale="gpu")) for p in _points(t6, "gpu")]
+  assert [c.model.hidden_size for c in gpu] == [c.model.hidden_size for c in cpu]
+  assert {c.opt.total_steps * c.data.batch_size * c.data.max_seq_length for c in gpu} == {
+    config_lib.SCALED_STEPS["gpu"] * 16 * 128
+  }
+  assert config_lib.SCALED_STEPS["gpu"] * 16 * 128 >= 20_000_000
+  # The reduced scales' vocab is trained on the corpus: data=DIR brings its own (DIR/nsp).
+  assert {c.model.vocab_size for c in cpu + gpu} == {config_lib.SCALED_VOCAB}
   assert t6.get_config("scale=cpu").model.hidden_size == 128  # the cpu baseline is tiny
   with pytest.raises(ValueError, match="row must be one of tiny, L4_H128_A2, L2_H256_A4, mini"):
     t6.get_config("row=L3_H768_A12,scale=cpu")
   with pytest.raises(ValueError, match="task must be one of"):
     t5.get_config("task=bilstm")
-  with pytest.raises(ValueError, match="scale must be full or cpu"):
-    t6.get_config("scale=gpu")
+  with pytest.raises(ValueError, match="scale must be one of full, cpu, gpu"):
+    t6.get_config("scale=tpu")
 
 
 # ----------------------------------------------------------------------------- downstream
@@ -178,7 +188,7 @@ def _suite(module, point, scale):
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=os.path.basename)
 def test_every_point_gets_the_same_downstream_suite(path):
   module = _load(path)
-  for scale in ("full", "cpu"):
+  for scale in ("full", "cpu", "gpu"):
     suites = [_suite(module, p, scale) for p in _points(module, scale)]
     # Rows of their own (Table 5's ltr_bilstm) aside, every point runs the same suite.
     own = [[r for r in s if "row" not in r] for s in suites]
@@ -187,7 +197,7 @@ def test_every_point_gets_the_same_downstream_suite(path):
     for r in own[0]:
       o = r["overrides"]
       assert o["seeds"] >= 3 and o["data.max_seq_length"] <= 512
-      if scale == "cpu":
+      if scale in ("cpu", "gpu"):  # gpu: the same models, the cpu suite for now
         # Affordable on 2 cores: a subset, few epochs, lengths the cpu pretraining saw.
         assert o["task.max_train_examples"] <= 2000 and o["opt.epochs"] <= 3
         assert o["data.max_seq_length"] <= 128
@@ -205,7 +215,17 @@ def test_table5_ltr_bilstm_reuses_the_ltr_checkpoint():
   for p, b in zip(plain, bilstm, strict=True):
     assert b["row"] == {"task": "ltr_bilstm"}
     assert b["overrides"] == {**p["overrides"], "head.bilstm": True}
-  assert all(len(_suite(t5, {"task": t}, "cpu")) == 4 for t in ("mlm_nsp", "mlm"))
+  assert len(_suite(t5, {"task": "mlm"}, "cpu")) == 4
+  # The baseline's suite adds the no-pretraining control: its own row, a random init of the
+  # baseline's architecture with the point's tokenizer.
+  base = _suite(t5, {"task": "mlm_nsp"}, "cpu")
+  plain, control = base[:4], base[4:]
+  assert [r["task"] for r in control] == TASKS
+  for p, c in zip(plain, control, strict=True):
+    assert c["row"] == {"pretraining": "none"}
+    extra = {k: v for k, v in c["overrides"].items() if k not in p["overrides"]}
+    assert extra["init"] == "" and extra["data.vocab"] == "{point}/tokenizer"
+    assert extra["model.num_layers"] == 2 and extra["model.vocab_size"] == 8192
   # No pretraining point of its own: the sweep has three.
   assert [p["task"] for p in _points(t5)] == ["mlm_nsp", "mlm", "ltr"]
 
@@ -222,6 +242,7 @@ TRAIN_OVERRIDES = {
   "eval.max_batches": 1,
   "log.every_steps": 1,
   "ckpt.async_save": False,
+  "model.vocab_size": 30522,  # the test data's (BERT's vocab), not the scale's trained one
 }
 
 

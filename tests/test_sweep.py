@@ -495,3 +495,102 @@ def test_reuse_links_points_with_the_same_pretraining_config(tmp_path, capsys):
     sweep.main([f"--experiment={TABLE5}", f"--root={t5}", f"--reuse={t5}", "--backend=slurm"]) == 1
   )
   assert "--reuse links points on this machine: not with --backend=slurm" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- control, deadline
+
+
+def test_control_runs_from_a_random_init_and_is_reused_between_experiments(tmp_path, capsys):
+  """The baseline's suite adds the no-pretraining control: no --config.init=<point>, the
+  point's tokenizer; run once, then linked into another experiment with --reuse."""
+  t5, wwm = tmp_path / "t5", tmp_path / "wwm"
+  data = "data=/corpus"
+  WWM = os.path.join(REPO, "experiments", "whole_word_masking.py")
+  assert sweep.run(f"{TABLE5}:scale=cpu,{data}", str(t5), only="mlm_nsp", dry_run=True) == []
+  lines = capsys.readouterr().out.strip().splitlines()
+  control = [ln for ln in lines if "pretraining=none" in ln]
+  assert len(lines) == 1 + 4 + 4 + 1 and len(control) == 4
+  for line in control:
+    argv = line.split()
+    assert f"--config.init={t5}/task=mlm_nsp" not in argv and "--config.init=" in argv
+    assert f"--config.data.vocab={t5}/task=mlm_nsp/tokenizer" in argv
+    assert "--config.model.vocab_size=8192" in argv and "--config.model.num_layers=2" in argv
+  tok = t5 / "task=mlm_nsp" / "tokenizer"
+  tok.mkdir(parents=True)
+  (tok / "vocab.txt").write_text("[PAD]\n")
+  assert (
+    sweep.run(f"{TABLE5}:scale=cpu,{data}", str(t5), only="mlm_nsp", **_fake_all(tmp_path)) == []
+  )
+  call = _calls(t5 / "pretraining=none" / "finetune" / "vitaminc")[0]
+  assert call["config.init"] == "" and call["config.data.vocab"] == str(tok)
+  done = json.load(open(t5 / "pretraining=none" / "finetune" / "vitaminc" / sweep.DONE))
+  assert len(done["key"]) == 64
+  capsys.readouterr()
+  kwargs = _fake_all(tmp_path)
+  assert (
+    sweep.run(f"{WWM}:scale=cpu,{data}", str(wwm), only="False", reuse=(str(t5),), **kwargs) == []
+  )
+  out = capsys.readouterr().out
+  assert (
+    f"reuse pretraining=none/finetune/vitaminc: -> {t5}/pretraining=none/finetune/vitaminc" in out
+  )
+  assert len(_calls(t5 / "pretraining=none" / "finetune" / "vitaminc")) == 1  # ran once
+  # Another vocabulary is another control.
+  (tok / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+  other = sweep.FinetuneRun(
+    "task=mlm_nsp",
+    "vitaminc",
+    "pretraining=none",
+    ("--config.init=", "--config.data.vocab={point}/tokenizer"),
+    False,
+  )
+  assert sweep.finetune_key(other, str(t5), []) != done["key"]
+
+
+def test_deadline_stops_the_run_in_flight_and_reports_what_finished(tmp_path, capsys):
+  root = tmp_path / "root"
+  experiment = f"{TABLE5}:scale=cpu"
+  assert sweep.run(experiment, str(root), only="mlm_nsp", **_fake_all(tmp_path)) == []
+  (root / "report.md").unlink()
+  kwargs = _fake_all(tmp_path)
+  kwargs["env"]["FAKE_MODES"] = json.dumps({"mlm": "wait_for_signal"})
+  t0 = time.time()
+  with pytest.raises(sweep.PastDeadline, match="not done by the deadline"):
+    sweep.run(experiment, str(root), deadline=time.time() + 5, **kwargs)
+  assert time.time() - t0 < 50  # the waiting point was stopped, not waited for (60 s)
+  out = capsys.readouterr().out
+  # mlm got SIGTERM at the deadline (it saves and exits); nothing after it started.
+  assert not (root / "task=mlm" / sweep.DONE).exists() and not (root / "task=ltr").exists()
+  record = json.load(open(root / sweep.DEADLINE))
+  assert record["stopped"] == "task=mlm"
+  assert record["not_done"][:2] == ["task=mlm", "task=mlm/finetune/rotten_tomatoes"]
+  assert record["not_done"][-1] == "task=ltr_bilstm/finetune/brown_pos"
+  assert "task=mlm_nsp" not in " ".join(record["not_done"])
+  assert f"deadline: task=mlm was stopped or not started; {len(record['not_done'])} run(s)" in out
+  assert len(record["not_done"]) == 1 + 4 + 1 + 4 + 4
+  assert (root / "report.md").read_text() == "report\n"  # the report of what finished
+  # A rerun without a deadline finishes the rest and clears the record.
+  assert sweep.run(experiment, str(root), **_fake_all(tmp_path)) == []
+  assert not (root / sweep.DEADLINE).exists()
+  assert len(_calls(root / "task=mlm_nsp")) == 1 and (root / "task=ltr" / sweep.DONE).exists()
+
+
+def test_past_deadline_starts_nothing_and_cli_exits_75(tmp_path, capsys):
+  root = tmp_path / "root"
+  assert (
+    sweep.main(
+      [f"--experiment={TABLE5}:scale=cpu", f"--root={root}", "--deadline=1", "--stages=pretrain"]
+    )
+    == 75
+  )
+  assert (
+    "deadline: 3 run(s) not done by the deadline; rerun the sweep to finish"
+    in capsys.readouterr().err
+  )
+  assert json.load(open(root / sweep.DEADLINE))["not_done"] == [
+    "task=mlm_nsp",
+    "task=mlm",
+    "task=ltr",
+  ]
+  assert sweep.main([f"--experiment={TABLE5}", f"--root={root}", "--deadline=soon"]) == 1
+  assert "--deadline=soon: not a number of seconds" in capsys.readouterr().err

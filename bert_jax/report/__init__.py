@@ -35,6 +35,7 @@ written and the command says the plots were skipped.
 
 from __future__ import annotations
 
+import json
 import os
 
 from bert_jax.report import claims, plots, published, tables
@@ -60,7 +61,8 @@ def finetune_markdown(
     if r.others
   ]
   md = f"{title})\n\n{md}" + ("\n" + "".join(notes) if notes else "")
-  lines = claims.claims(paper, *tables.finetune_points(runs, ft_runs, split)) if paper else []
+  columns, points = tables.finetune_points(runs, ft_runs, split)
+  lines = claims.claims(paper, columns, points) if paper else claims.control_lines(columns, points)
   if lines:
     md += (
       f"\n\n### The paper's claims at this scale ({split})\n\nreproduced: the difference "
@@ -69,6 +71,31 @@ def finetune_markdown(
       "\n\n" + "\n".join(f"- {ln}" for ln in lines)
     )
   return md
+
+
+DEADLINE = "deadline.json"  # launch/sweep.py --deadline: the runs it left undone
+
+
+def add_references(root: str, runs: list[Run]) -> None:
+  """Adds the count-based reference (bert_jax/ngram_reference.py) to the last eval row of each
+  LM run that finished without one (runs from before the trainer wrote it), where the run's
+  data is still there; the others keep none."""
+  for r in runs:
+    ev = r.last("eval")
+    lm = "ltr" if "ltr_accuracy" in ev else "mlm"
+    path = os.path.join(root, r.name)
+    if f"{lm}_accuracy" not in ev or f"{lm}_reference_accuracy" in ev:
+      continue
+    data_dir = r.config.get("data.dir") or os.path.join(path, "data")
+    if not os.path.isfile(os.path.join(data_dir, "metadata.json")):
+      continue
+    from bert_jax import cli, ngram_reference  # jax: only for the runs that need it
+
+    print(f"{r.name}: computing the count-based reference (not in its metrics.jsonl)")
+    try:
+      ev.update(ngram_reference.for_run(path))
+    except (OSError, ValueError, KeyError) as e:
+      print(f"{r.name}: no count-based reference ({cli.one_line(e)})")
 
 
 def report(root: str, paper: str | None = None, split: str = "test") -> tuple[str, str | None]:
@@ -80,15 +107,25 @@ def report(root: str, paper: str | None = None, split: str = "test") -> tuple[st
     raise ValueError(f"--split={split}: test or dev")
   runs = find_runs(root, required=False)
   ft_runs = find_finetune_runs(root)
-  if not runs and not ft_runs:
+  if not runs and not ft_runs and not os.path.isfile(os.path.join(root, DEADLINE)):
     raise ValueError(
       f"--root={root}: no run (a directory with metrics.jsonl or results.json) below it"
     )
+  add_references(root, runs)
   parts = []
   if runs:
-    parts.append(("## Pretraining\n\n" if ft_runs else "") + tables.markdown(*tables.table(runs)))
+    md = ("## Pretraining\n\n" if ft_runs else "") + tables.markdown(*tables.table(runs))
+    lines = tables.learned_lines(runs)
+    parts.append(md + ("\n\n" + "\n".join(f"- {ln}" for ln in lines) if lines else ""))
   if ft_runs:
     parts.append(finetune_markdown(runs, ft_runs, split, paper))
+  if os.path.isfile(os.path.join(root, DEADLINE)):
+    with open(os.path.join(root, DEADLINE)) as f:
+      not_done = json.load(f).get("not_done", [])
+    parts.append(
+      f"## Not run: the sweep's deadline came first ({DEADLINE}; rerun the sweep to finish)\n\n"
+      + "\n".join(f"- {name}" for name in not_done)
+    )
   md = "\n\n".join(parts)
   out_dir = os.path.join(root, REPORT_DIR)
   os.makedirs(out_dir, exist_ok=True)

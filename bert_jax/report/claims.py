@@ -58,9 +58,38 @@ def _objective(p: Point) -> str | None:
   return None
 
 
+# The no-pretraining control's row (experiments/_downstream.py): the same suite fine-tuned
+# from a random initialisation of the baseline's architecture.
+CONTROL = "pretraining=none"
+
+
+def control_lines(columns: list[Column], points: list[Point]) -> list[str]:
+  """Per task: each pretrained point against the no-pretraining control, by the seed spread."""
+  control = next((p for p in points if p.name == CONTROL), None)
+  if control is None:
+    return []
+  lines = []
+  for c in columns:
+    if c.task not in control.cells:
+      continue
+    base = control.cells[c.task]
+    judged = [
+      f"{p.name} {verdict(p.cells[c.task], base)}"
+      for p in points
+      if p is not control and c.task in p.cells
+    ]
+    if judged:
+      lines.append(
+        f"pretraining beats no pretraining (BERT's premise) on {c.header}, against "
+        f"{CONTROL} ({base['mean']:.1f} ± {base['std']:.1f}): " + "; ".join(judged)
+      )
+  return lines
+
+
 def claims(paper: str, columns: list[Column], points: list[Point]) -> list[str]:
   """One line per (claim, task): the paper's claim and its verdict on our numbers."""
-  lines = []
+  lines = control_lines(columns, points)
+  points = [p for p in points if p.name != CONTROL]
   if paper == "table5":
     role = {_objective(p): p for p in points if _objective(p)}
     # The "+ BiLSTM" row has no pretraining of its own: found by its name.

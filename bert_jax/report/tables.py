@@ -11,6 +11,7 @@ from typing import Any
 from bert_jax.report import published
 from bert_jax.report.runs import FinetuneRun, Run
 
+REF = "mlm_reference_accuracy"  # bert_jax/ngram_reference.py's, in a final eval row
 # Config fields that differ between runs without being an ablation.
 _IGNORED_FIELDS = ("data.dir", "init_from")
 
@@ -37,13 +38,27 @@ def train_loss(row: dict[str, float]) -> float | None:
 
 COLUMNS = (
   ("steps", None),
+  ("tokens (M)", None),
   ("train loss", None),
   ("eval MLM acc", "mlm_accuracy"),
+  # The count-based reference on the same held-out targets (bert_jax/ngram_reference.py) and
+  # always predicting the most frequent target: what an MLM that learned must beat.
+  ("MLM reference acc", "mlm_reference_accuracy"),
+  ("MLM majority acc", "mlm_majority_baseline"),
   ("eval MLM ppl", "mlm_perplexity"),
   ("eval LTR acc", "ltr_accuracy"),
+  ("LTR reference acc", "ltr_reference_accuracy"),
   ("eval LTR ppl", "ltr_perplexity"),
   ("eval NSP acc", "nsp_accuracy"),
 )
+
+
+def tokens_seen(run: Run) -> int | None:
+  """Pretraining tokens: steps x batch x sequence length (padding included), or None."""
+  batch, length = run.config.get("data.batch_size"), run.config.get("data.max_seq_length")
+  if not batch or not length or not run.steps():
+    return None
+  return run.steps() * int(batch) * int(length)
 
 
 def table(runs: list[Run]) -> tuple[list[str], list[list[Any]]]:
@@ -53,10 +68,38 @@ def table(runs: list[Run]) -> tuple[list[str], list[list[Any]]]:
   rows = []
   for r in runs:
     ev = r.last("eval")
-    row = [r.name, *(r.config.get(k) for k in fields), r.steps(), train_loss(r.last("train"))]
-    row += [ev.get(key) for _, key in COLUMNS[2:]]
+    tokens = tokens_seen(r)
+    row = [r.name, *(r.config.get(k) for k in fields), r.steps()]
+    row += [None if tokens is None else f"{tokens / 1e6:.1f}", train_loss(r.last("train"))]
+    row += [ev.get(key) for _, key in COLUMNS[3:]]
     rows.append(row)
   return header, rows
+
+
+def learned_lines(runs: list[Run]) -> list[str]:
+  """A line per LM objective: which runs' last held-out accuracy beats the count-based
+  reference and the majority baseline on the same targets."""
+  lines = []
+  for lm in ("mlm", "ltr"):
+    have = [(r, r.last("eval")) for r in runs if f"{lm}_accuracy" in r.last("eval")]
+    judged = [(r, ev) for r, ev in have if f"{lm}_reference_accuracy" in ev]
+    if not judged:
+      continue
+    above = [r.name for r, ev in judged if ev[f"{lm}_accuracy"] > ev[f"{lm}_reference_accuracy"]]
+    below = [r.name for r, ev in judged if r.name not in above]
+    line = (
+      f"held-out {lm.upper()} accuracy above the count-based reference on the same targets: "
+      f"{len(above)} of {len(judged)} runs"
+    )
+    line += f" (not: {', '.join(below)})" if below else ""
+    base = [(r, ev) for r, ev in have if f"{lm}_majority_baseline" in ev]
+    if base:
+      beat = sum(ev[f"{lm}_accuracy"] > ev[f"{lm}_majority_baseline"] for _, ev in base)
+      line += f"; above the majority baseline: {beat} of {len(base)}"
+    if len(judged) < len(have):
+      line += f"; {len(have) - len(judged)} without a reference"
+    lines.append(line)
+  return lines
 
 
 def _cell(v: Any) -> str:
@@ -183,12 +226,15 @@ def finetune_table(
   ours = {published.COLUMNS.get(c.task) for c in columns}
   # Paper columns none of our tasks stands for still get a column, so no number is lost.
   extra = [k for k in published.ORDER if k not in ours and any(k in v for _, _, v in paper_rows)]
-  header = ["point", *fields, "MLM ppl", "MLM acc %", *(c.header for c in columns)]
+  # The count-based reference beside the accuracy, where the points have one.
+  with_ref = any(p.pretrain and REF in p.pretrain.last("eval") for p in points)
+  header = ["point", *fields, "MLM ppl", "MLM acc %", *(["MLM ref %"] if with_ref else [])]
+  header += [c.header for c in columns]
   header += [f"{k} (paper only)" for k in extra] + ["average"]
   rows = []
   for p in points:
     ev = p.pretrain.last("eval") if p.pretrain else {}
-    ppl, acc = ev.get("mlm_perplexity"), ev.get("mlm_accuracy")
+    ppl, acc, ref = ev.get("mlm_perplexity"), ev.get("mlm_accuracy"), ev.get(REF)
     cells = [p.cells.get(c.task) for c in columns]
     avg = f"{sum(c['mean'] for c in cells) / len(cells):.1f}" if cells and all(cells) else None
     rows.append(
@@ -197,6 +243,7 @@ def finetune_table(
         *(p.config.get(k) for k in fields),
         None if ppl is None else f"{ppl:.2f}",
         None if acc is None else f"{100 * acc:.1f}",
+        *([None if ref is None else f"{100 * ref:.1f}"] if with_ref else []),
         *(_stat_cell(c) for c in cells),
         *(None for _ in extra),
         avg,
@@ -210,6 +257,7 @@ def finetune_table(
         *(config.get(k) for k in fields),
         None if lm is None else f"{lm:.2f}",
         None,
+        *([None] if with_ref else []),
         *(_fmt_paper(values.get(published.COLUMNS.get(c.task, ""))) for c in columns),
         *(_fmt_paper(values.get(k)) for k in extra),
         None,
