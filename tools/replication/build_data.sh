@@ -1,42 +1,49 @@
 #!/usr/bin/env bash
 # The pretraining data of the reduced-scale experiments (config_lib.use_data), built once:
-#   DATA/vocab.txt   a WordPiece vocab of config_lib.SCALED_VOCAB entries trained on CORPUS
-#   DATA/corpus.txt  every EVERY-th document of CORPUS (default 8: 1,014 of the 62 MB corpus's
-#                    8,112 documents, 2.2M tokens), so that a point's budget reads it several
-#                    times, as BERT read its corpus about 40 times (docs/replication.md)
-#   DATA/nsp         DATA/corpus.txt as sentence pairs (create_data, 1% of documents held out)
+#   DATA/corpus.txt  the first DOCS documents of CORPUS (default 127: the 62 MB corpus's first
+#                    2 MB, Jane Austen's Emma and what follows it, about 450k tokens): one
+#                    narrow domain, which a tiny BERT learns within the cpu budget; on documents
+#                    drawn from the whole corpus it stays on the unigram plateau for that budget
+#                    (docs/replication/budget.md)
+#   DATA/vocab.txt   a WordPiece vocab of config_lib.SCALED_VOCAB entries trained on it
+#   DATA/nsp         DATA/corpus.txt as sentence pairs (create_data, 5% of documents held out,
+#                    5 passes with their own masks and pairs: each static mask comes back about
+#                    3 times in a point's budget, as BERT's 10 passes over 40 epochs did 4 times)
 #   DATA/packed      the same as packed full sentences (--nsp=False), for the rows without NSP
 #
-#   EVERY=8 bash tools/replication/build_data.sh CORPUS DATA
+#   DOCS=127 bash tools/replication/build_data.sh CORPUS DATA
 #
 # Each step is skipped when its output is there (a rerun after a kill redoes only the rest).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CORPUS="$1"
 DATA="$2"
-EVERY="${EVERY:-8}"
+DOCS="${DOCS:-127}"
 PY="${PYTHON:-python}"
 mkdir -p "$DATA"
 
-VOCAB_SIZE=$("$PY" -c 'from bert_jax import config_lib; print(config_lib.SCALED_VOCAB)')
-if [[ ! -f "$DATA/vocab.txt" ]]; then
-  "$PY" -m bert_jax.train_tokenizer --input="$CORPUS" --kind=wordpiece \
-    --vocab_size="$VOCAB_SIZE" --output="$DATA/vocab.txt.tmp"
-  mv "$DATA/vocab.txt.tmp" "$DATA/vocab.txt"
-fi
+read -r VOCAB_SIZE LENGTH PREDICTIONS < <("$PY" -c 'from bert_jax import config_lib as c
+print(c.SCALED_VOCAB, c.SCALED_LENGTH, c.SCALED_PREDICTIONS)')
 if [[ ! -f "$DATA/corpus.txt" ]]; then
   # Documents are separated by blank lines (awk's paragraph mode reads one per record).
   case "$CORPUS" in
     *.gz) gzip -dc "$CORPUS" ;;
     *) cat "$CORPUS" ;;
-  esac | awk -v every="$EVERY" 'BEGIN { RS = ""; ORS = "\n\n" } NR % every == 0' \
+  esac | awk -v docs="$DOCS" 'BEGIN { RS = ""; ORS = "\n\n" } NR <= docs' \
     > "$DATA/corpus.txt.tmp"
   mv "$DATA/corpus.txt.tmp" "$DATA/corpus.txt"
+fi
+if [[ ! -f "$DATA/vocab.txt" ]]; then
+  "$PY" -m bert_jax.train_tokenizer --input="$DATA/corpus.txt" --kind=wordpiece \
+    --vocab_size="$VOCAB_SIZE" --output="$DATA/vocab.txt.tmp"
+  mv "$DATA/vocab.txt.tmp" "$DATA/vocab.txt"
 fi
 for kind in nsp packed; do
   if [[ ! -f "$DATA/$kind/metadata.json" ]]; then
     nsp=$([[ $kind == nsp ]] && echo --nsp=True || echo --nsp=False)
     "$PY" -m bert_jax.create_data --input="$DATA/corpus.txt" --output_dir="$DATA/$kind" \
-      --vocab="$DATA/vocab.txt" --eval_fraction=0.01 "$nsp" --noprogress --overwrite
+      --vocab="$DATA/vocab.txt" --eval_fraction=0.05 --dupe_factor=5 \
+      --max_seq_length="$LENGTH" --max_predictions_per_seq="$PREDICTIONS" "$nsp" \
+      --noprogress --overwrite
   fi
 done

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The paper's ablations at scale=cpu, end to end (docs/replication.md): the data built once
-# (tools/replication/build_data.sh: a vocab trained on the corpus, then every 8th document of
-# it as sentence pairs and as packed sequences), then one sweep per experiment (pretraining,
-# fine-tuning on the downstream suite with 3 seeds and the no-pretraining control, the report).
+# (tools/replication/build_data.sh: the corpus's first 127 documents, a vocab trained on them,
+# and they as sentence pairs and as packed sequences), then one sweep per experiment
+# (pretraining, fine-tuning on the downstream suite with 3 seeds and the no-pretraining
+# control, the report).
 #
 #   bash tools/replication/replicate_cpu.sh [CORPUS] [DATA_DIR] [ROOT]
 #

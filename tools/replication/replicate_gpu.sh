@@ -10,10 +10,10 @@
 # /tmp/bert_jax_gpu. Environment: BUDGET_S (540: the seconds from the script's start to its
 # last line), MARGIN_S (120: kept after the sweeps' deadline for a stopped run to save, up to
 # launch/sweep.py's 60 s grace, then the reports and this script's summary), SCALE (gpu),
-# EVERY (8: build_data.sh), PYTHON.
+# DOCS (127: build_data.sh), PYTHON.
 #
-#  1. the data (build_data.sh: a vocab trained on CORPUS, every 8th document of it as sentence
-#     pairs and as packed sequences);
+#  1. the data (build_data.sh: CORPUS's first 127 documents, a vocab trained on them, and
+#     they as sentence pairs and as packed sequences);
 #  2. every pretraining point, in four parallel lanes;
 #  3. every fine-tuning run and the four reports, one lane per experiment (--reuse links the
 #     baseline point and the no-pretraining control between them, once Table 5 has them);
