@@ -153,15 +153,15 @@ def test_experiment_specifics():
     (2, 128, 2), (4, 128, 2), (2, 256, 4),
   ]  # fmt: skip
   budgets = {c.opt.total_steps * c.data.batch_size * c.data.max_seq_length for c in cpu}
-  assert budgets == {config_lib.SCALED_STEPS["cpu"] * 8 * 128}
+  assert budgets == {config_lib.SCALED_STEPS["cpu"] * 16 * 64}
   assert {c.masking.max_predictions for c in cpu} == {config_lib.SCALED_PREDICTIONS}
   # gpu scale: the same recipe, those rows and mini, at least 20M tokens per point.
   gpu = [t6.get_config(_arg(p, scale="gpu")) for p in _points(t6, "gpu")]
   assert [c.model.hidden_size for c in gpu] == [c.model.hidden_size for c in cpu] + [256]
   assert {c.opt.total_steps * c.data.batch_size * c.data.max_seq_length for c in gpu} == {
-    config_lib.SCALED_STEPS["gpu"] * 8 * 128
+    config_lib.SCALED_STEPS["gpu"] * 16 * 64
   }
-  assert config_lib.SCALED_STEPS["gpu"] * 8 * 128 >= 20_000_000
+  assert config_lib.SCALED_STEPS["gpu"] * 16 * 64 >= 20_000_000
   # The reduced scales' vocab is trained on the corpus: data=DIR brings its own (DIR/nsp).
   assert {c.model.vocab_size for c in cpu + gpu} == {config_lib.SCALED_VOCAB}
   assert t6.get_config("scale=cpu").model.hidden_size == 128  # the cpu baseline is tiny
@@ -202,7 +202,7 @@ def test_every_point_gets_the_same_downstream_suite(path):
       if scale in ("cpu", "gpu"):  # gpu: the same models, the cpu suite for now
         # Affordable on 2 cores: a subset, few epochs, lengths the cpu pretraining saw.
         assert o["task.max_train_examples"] <= 2000 and o["opt.epochs"] <= 3
-        assert o["data.max_seq_length"] <= 128
+        assert o["data.max_seq_length"] <= config_lib.SCALED_LENGTH
       else:
         assert "task.max_train_examples" not in o and o["seeds"] == 5
   squad = next(r for r in _suite(module, _points(module)[0], "full") if r["task"] == "squadshifts")
