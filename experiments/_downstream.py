@@ -76,9 +76,12 @@ def control(scale: str, config: Any) -> list[dict[str, Any]]:
 
 
 def tasks(scale: str) -> tuple[str, ...]:
-  """The suite's tasks at `scale`: cpu leaves out vitaminc, where every point of the 2026-11-24
-  run and every seed scored the majority class (docs/replication.md), for the 2-core budget."""
-  return tuple(t for t in TASKS if scale != "cpu" or t != "vitaminc")
+  """The suite's tasks at `scale`. cpu keeps the two where its tiny models' scores can differ
+  (rotten_tomatoes, brown_pos): every point and seed of the 2026-11-24 run scored vitaminc's
+  majority class, and squadshifts' F1 stays near 10 (9 to 11 on dev for the 2026-11-27 MLM +
+  NSP point, 8.6 to 9.9 on test for every point of 2026-11-24), while one squadshifts run of
+  64-token windows costs the 2-core budget about as much as a pretraining point."""
+  return ("rotten_tomatoes", "brown_pos") if scale == "cpu" else TASKS
 
 
 def suite(scale: str, **extra: Any) -> list[dict[str, Any]]:

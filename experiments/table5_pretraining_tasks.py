@@ -17,8 +17,9 @@ a randomly initialised BiLSTM between encoder and head (`head.bilstm=True`), rep
 row `task=ltr_bilstm` (its runs are in <root>/task=ltr_bilstm/finetune/).
 
 Downstream suite (`finetune_suite`, experiments/_downstream.py, the same for every point):
-rotten_tomatoes, vitaminc, squadshifts, brown_pos; at cpu scale 1,500 training examples,
-3 epochs at lr 1e-3, 3 seeds; at full scale the paper's recipe with 5 seeds.
+rotten_tomatoes, vitaminc, squadshifts, brown_pos (at cpu scale rotten_tomatoes and brown_pos
+only: _downstream.tasks); at the reduced scales 1,500 training examples, 3 epochs at lr 1e-3,
+3 seeds; at full scale the paper's recipe with 5 seeds.
 
 Command (full scale, BERT-Base recipe of config_lib.base_config; data=DIR holds DIR/nsp and
 DIR/packed, two create_data outputs of one corpus, and each row reads the one it needs):

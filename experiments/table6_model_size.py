@@ -7,14 +7,16 @@ Rows (`row=`, the paper's #L/#H/#A; names from bert_jax.model.SIZES), each chang
 the model's depth, width and heads (intermediate = 4 x hidden) from the base recipe:
   L3_H768_A12, L6_H768_A3, L6_H768_A12, L12_H768_A12 (= BERT-Base), L12_H1024_A16,
   L24_H1024_A16 (= BERT-Large)
-At `scale=cpu` the rows are depth {2, 4} x width {128, 256} at the same token budget
+At `scale=gpu` the rows are depth {2, 4} x width {128, 256} at the same token budget
 (config_lib.scaled_base's): tiny (2 layers, hidden 128), L4_H128_A2, L2_H256_A4 and mini
-(4, 256), 0.4M to 3.1M non-embedding parameters (8x; the paper's rows span 14x). Each wider row
-costs the replication on 2 CPU cores more than the rest of Table 6 (L4_H384_A6: about 40 min).
+(4, 256), 0.4M to 3.1M non-embedding parameters (8x; the paper's rows span 14x). At
+`scale=cpu` the first three (4x): mini alone would cost the 2-core replication about as much
+as the rest of it.
 
 Downstream suite (`finetune_suite`, experiments/_downstream.py, the same for every point):
-rotten_tomatoes, vitaminc, squadshifts, brown_pos; at cpu scale 1,500 training examples,
-3 epochs at lr 1e-3, 3 seeds; at full scale the paper's recipe with 5 seeds.
+rotten_tomatoes, vitaminc, squadshifts, brown_pos (at cpu scale rotten_tomatoes and brown_pos
+only: _downstream.tasks); at the reduced scales 1,500 training examples, 3 epochs at lr 1e-3,
+3 seeds; at full scale the paper's recipe with 5 seeds.
 
 Command (full scale; the big rows may want --config.model.scan_layers=True, and
 `python -m bert_jax.aot` tells whether a row fits a slice):

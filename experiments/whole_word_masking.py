@@ -11,8 +11,9 @@ Eval uses each run's own masking, so its MLM accuracy is expected to be lower wi
 words (a harder task); compare the rows by fine-tuning, or by eval loss at equal masking.
 
 Downstream suite (`finetune_suite`, experiments/_downstream.py, the same for every point):
-rotten_tomatoes, vitaminc, squadshifts, brown_pos; at cpu scale 1,500 training examples,
-3 epochs at lr 1e-3, 3 seeds; at full scale the paper's recipe with 5 seeds.
+rotten_tomatoes, vitaminc, squadshifts, brown_pos (at cpu scale rotten_tomatoes and brown_pos
+only: _downstream.tasks); at the reduced scales 1,500 training examples, 3 epochs at lr 1e-3,
+3 seeds; at full scale the paper's recipe with 5 seeds.
 
 Command (full scale; data=DIR holds DIR/nsp, a create_data output):
   python launch/sweep.py --experiment=experiments/whole_word_masking.py:data=$DATA --root=$WD

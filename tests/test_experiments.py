@@ -176,7 +176,7 @@ def test_experiment_specifics():
 # ----------------------------------------------------------------------------- downstream
 
 TASKS = ["rotten_tomatoes", "vitaminc", "squadshifts", "brown_pos"]
-CPU_TASKS = ["rotten_tomatoes", "squadshifts", "brown_pos"]  # vitaminc: the majority class
+CPU_TASKS = ["rotten_tomatoes", "brown_pos"]  # where tiny models' scores can differ
 
 
 def _suite(module, point, scale):
@@ -212,16 +212,16 @@ def test_every_point_gets_the_same_downstream_suite(path):
 def test_table5_ltr_bilstm_reuses_the_ltr_checkpoint():
   t5 = _load(os.path.join(REPO, "experiments", "table5_pretraining_tasks.py"))
   ltr = _suite(t5, {"task": "ltr"}, "cpu")
-  plain, bilstm = ltr[:3], ltr[3:]
+  plain, bilstm = ltr[:2], ltr[2:]
   assert [r["task"] for r in bilstm] == CPU_TASKS
   for p, b in zip(plain, bilstm, strict=True):
     assert b["row"] == {"task": "ltr_bilstm"}
     assert b["overrides"] == {**p["overrides"], "head.bilstm": True}
-  assert len(_suite(t5, {"task": "mlm"}, "cpu")) == 3
+  assert len(_suite(t5, {"task": "mlm"}, "cpu")) == 2
   # The baseline's suite adds the no-pretraining control: its own row, a random init of the
   # baseline's architecture with the point's tokenizer.
   base = _suite(t5, {"task": "mlm_nsp"}, "cpu")
-  plain, control = base[:3], base[3:]
+  plain, control = base[:2], base[2:]
   assert [r["task"] for r in control] == CPU_TASKS
   for p, c in zip(plain, control, strict=True):
     assert c["row"] == {"pretraining": "none"}

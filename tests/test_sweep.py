@@ -1,7 +1,8 @@
 """launch/sweep.py: point expansion, commands, skipping finished points, one-line errors.
 
 Training itself is exercised in test_experiments.py; here a stand-in main module records
-what it was asked to run.
+what it was asked to run. The experiments run at scale=gpu here: the reduced scale with the
+whole downstream suite (4 tasks) and Table 6's four rows (cpu leaves out vitaminc and mini).
 """
 
 import importlib.util
@@ -31,12 +32,12 @@ sweep = _load_sweep()
 
 
 def test_expand_merges_experiment_arg_and_points():
-  points = sweep.expand(TABLE5, "scale=cpu")
+  points = sweep.expand(TABLE5, "scale=gpu")
   assert [p.name for p in points] == ["task=mlm_nsp", "task=mlm", "task=ltr"]
   assert [p.arg for p in points] == [
-    "scale=cpu,task=mlm_nsp",
-    "scale=cpu,task=mlm",
-    "scale=cpu,task=ltr",
+    "scale=gpu,task=mlm_nsp",
+    "scale=gpu,task=mlm",
+    "scale=gpu,task=ltr",
   ]
   # The point wins over the experiment's ARG.
   assert sweep.expand(TABLE5, "task=ltr")[0].arg == "task=mlm_nsp"
@@ -44,7 +45,7 @@ def test_expand_merges_experiment_arg_and_points():
 
 def test_dry_run_prints_commands(capsys, tmp_path):
   failed = sweep.run(
-    f"{TABLE5}:scale=cpu",
+    f"{TABLE5}:scale=gpu",
     str(tmp_path),
     ["--config.opt.total_steps=2"],
     only="mlm;task=ltr",
@@ -54,9 +55,9 @@ def test_dry_run_prints_commands(capsys, tmp_path):
   assert failed == []
   lines = capsys.readouterr().out.strip().splitlines()
   assert lines == [
-    f"{sys.executable} -m bert_jax.main --config={TABLE5}:scale=cpu,task=mlm "
+    f"{sys.executable} -m bert_jax.main --config={TABLE5}:scale=gpu,task=mlm "
     f"--workdir={tmp_path}/task=mlm --config.opt.total_steps=2",
-    f"{sys.executable} -m bert_jax.main --config={TABLE5}:scale=cpu,task=ltr "
+    f"{sys.executable} -m bert_jax.main --config={TABLE5}:scale=gpu,task=ltr "
     f"--workdir={tmp_path}/task=ltr --config.opt.total_steps=2",
   ]
   assert not os.listdir(tmp_path)  # a dry run creates nothing
@@ -101,12 +102,12 @@ def _calls(workdir):
 def test_runs_points_skips_finished_and_reports_failures(tmp_path, capsys):
   root = tmp_path / "root"
   kwargs = _fake(tmp_path, mlm="fail", ltr="exit_0_unfinished")
-  failed = sweep.run(f"{TABLE5}:scale=cpu", str(root), **kwargs)
+  failed = sweep.run(f"{TABLE5}:scale=gpu", str(root), **kwargs)
   # Exit 0 without the run's own record of reaching its last step is not finished either.
   assert failed == ["task=mlm", "task=ltr"]
   assert _calls(root / "task=mlm_nsp") == [
     {
-      "config": f"{TABLE5}:scale=cpu,task=mlm_nsp",
+      "config": f"{TABLE5}:scale=gpu,task=mlm_nsp",
       "workdir": str(root / "task=mlm_nsp"),
       "config.seed": "3",
     }
@@ -117,7 +118,7 @@ def test_runs_points_skips_finished_and_reports_failures(tmp_path, capsys):
   # Second pass: finished points are skipped, the failed ones are retried.
   capsys.readouterr()
   kwargs = _fake(tmp_path, mlm="fail")
-  assert sweep.run(f"{TABLE5}:scale=cpu", str(root), **kwargs) == ["task=mlm"]
+  assert sweep.run(f"{TABLE5}:scale=gpu", str(root), **kwargs) == ["task=mlm"]
   out = capsys.readouterr().out
   assert "skip task=mlm_nsp: finished" in out and "skip task=ltr: finished" not in out
   assert len(_calls(root / "task=mlm_nsp")) == 1
@@ -128,12 +129,12 @@ def test_runs_points_skips_finished_and_reports_failures(tmp_path, capsys):
 def test_preempted_point_is_never_done_and_stops_the_sweep(tmp_path, capsys):
   root = tmp_path / "root"
   with pytest.raises(sweep.Preempted, match=r"task=mlm was preempted \(exit 75\)"):
-    sweep.run(f"{TABLE5}:scale=cpu", str(root), **_fake(tmp_path, mlm="preempted"))
+    sweep.run(f"{TABLE5}:scale=gpu", str(root), **_fake(tmp_path, mlm="preempted"))
   assert (root / "task=mlm_nsp" / sweep.DONE).exists()
   assert not (root / "task=mlm" / sweep.DONE).exists()
   assert not (root / "task=ltr").exists()  # the sweep stopped at the preempted point
   # The rerun resumes the preempted point and goes on.
-  assert sweep.run(f"{TABLE5}:scale=cpu", str(root), **_fake(tmp_path)) == []
+  assert sweep.run(f"{TABLE5}:scale=gpu", str(root), **_fake(tmp_path)) == []
   assert len(_calls(root / "task=mlm")) == 2 and len(_calls(root / "task=mlm_nsp")) == 1
   assert all((root / n / sweep.DONE).exists() for n in ("task=mlm", "task=ltr"))
 
@@ -146,7 +147,7 @@ def test_sigterm_to_the_sweep_reaches_the_point_and_exits_preempted(tmp_path):
   code = (
     f"import sys; sys.path.insert(0, {os.path.join(REPO, 'launch')!r}); import sweep\n"
     f"sys.argv = ['sweep.py']\n"
-    f"try:\n  sweep.run({TABLE5 + ':scale=cpu'!r}, {str(root)!r}, main_module='fake_main',"
+    f"try:\n  sweep.run({TABLE5 + ':scale=gpu'!r}, {str(root)!r}, main_module='fake_main',"
     " stages=('pretrain',))\n"
     f"except sweep.Preempted as e:\n  print(e); sys.exit(sweep.preemption.EXIT_PREEMPTED)\n"
   )
@@ -202,7 +203,7 @@ def test_cli_one_line_errors(tmp_path):
   r = cli(f"--root={tmp_path}")
   assert r.returncode == 1 and r.stderr.strip() == "error: --experiment is required"
   r = cli(
-    f"--experiment={TABLE5}:scale=cpu", f"--root={tmp_path}", "--dry_run", "--stages=pretrain"
+    f"--experiment={TABLE5}:scale=gpu", f"--root={tmp_path}", "--dry_run", "--stages=pretrain"
   )
   assert r.returncode == 0 and len(r.stdout.strip().splitlines()) == 3
   r = cli(f"--experiment={TABLE5}", f"--root={tmp_path}", "--stages=pretrain,eval")
@@ -218,7 +219,7 @@ TASKS = ["rotten_tomatoes", "vitaminc", "squadshifts", "brown_pos"]
 
 
 def test_dry_run_lists_pretraining_then_finetuning_then_report(capsys, tmp_path):
-  assert sweep.run(f"{TABLE5}:scale=cpu", str(tmp_path), only="ltr", dry_run=True) == []
+  assert sweep.run(f"{TABLE5}:scale=gpu", str(tmp_path), only="ltr", dry_run=True) == []
   lines = capsys.readouterr().out.strip().splitlines()
   # ltr: its pretraining, 4 tasks, the same 4 tasks with a BiLSTM (row task=ltr_bilstm), report.
   assert len(lines) == 1 + 4 + 4 + 1
@@ -278,7 +279,7 @@ def _fake_all(tmp_path, **ft_modes):
 def test_finetuning_runs_after_pretraining_and_resumes(tmp_path, capsys):
   root = tmp_path / "root"
   kwargs = _fake_all(tmp_path, squadshifts="no_results", brown_pos="fail")
-  failed = sweep.run(f"{TABLE5}:scale=cpu", str(root), only="mlm;ltr", **kwargs)
+  failed = sweep.run(f"{TABLE5}:scale=gpu", str(root), only="mlm;ltr", **kwargs)
   # Exit 0 without results.json is not finished; nor is a failed run; no report then.
   rows = ["task=mlm", "task=ltr", "task=ltr_bilstm"]
   assert failed == [f"{r}/finetune/{t}" for r in rows for t in ("squadshifts", "brown_pos")]
@@ -293,7 +294,7 @@ def test_finetuning_runs_after_pretraining_and_resumes(tmp_path, capsys):
       done = (root / r / "finetune" / t / sweep.DONE).exists()
       assert done == (t in ("rotten_tomatoes", "vitaminc")), (r, t)
   # The rerun runs only what is not done, then the report.
-  assert sweep.run(f"{TABLE5}:scale=cpu", str(root), only="mlm;ltr", **_fake_all(tmp_path)) == []
+  assert sweep.run(f"{TABLE5}:scale=gpu", str(root), only="mlm;ltr", **_fake_all(tmp_path)) == []
   for r in rows:
     assert len(_calls(root / r / "finetune" / "rotten_tomatoes")) == 1
     assert len(_calls(root / r / "finetune" / "brown_pos")) == 2
@@ -305,7 +306,7 @@ def test_preempted_finetuning_stops_the_sweep_unmarked(tmp_path):
   root = tmp_path / "root"
   kwargs = _fake_all(tmp_path, vitaminc="preempted")
   with pytest.raises(sweep.Preempted, match=r"task=mlm_nsp/finetune/vitaminc was preempted"):
-    sweep.run(f"{TABLE5}:scale=cpu", str(root), **kwargs)
+    sweep.run(f"{TABLE5}:scale=gpu", str(root), **kwargs)
   assert (root / "task=mlm_nsp" / "finetune" / "rotten_tomatoes" / sweep.DONE).exists()
   assert not (root / "task=mlm_nsp" / "finetune" / "vitaminc" / sweep.DONE).exists()
   assert not (root / "task=mlm").exists() and not (root / "report.md").exists()
@@ -314,7 +315,7 @@ def test_preempted_finetuning_stops_the_sweep_unmarked(tmp_path):
 def test_finetune_stage_alone_needs_pretrained_points(tmp_path):
   kwargs = _fake_all(tmp_path)
   kwargs["stages"] = ("finetune",)
-  assert sweep.run(f"{TABLE5}:scale=cpu", str(tmp_path / "r"), only="mlm", **kwargs) == ["task=mlm"]
+  assert sweep.run(f"{TABLE5}:scale=gpu", str(tmp_path / "r"), only="mlm", **kwargs) == ["task=mlm"]
 
 
 # ----------------------------------------------------------------------------- schedulers
@@ -331,7 +332,7 @@ def test_slurm_dry_run_is_one_array_task_per_point(capsys, tmp_path):
   root = tmp_path / "a root"  # a path that needs quoting
   out = _launch(
     capsys,
-    f"--experiment={TABLE6}:scale=cpu",
+    f"--experiment={TABLE6}:scale=gpu",
     f"--root={root}",
     "--backend=slurm",
     "--dry_run",
@@ -348,7 +349,7 @@ def test_slurm_dry_run_is_one_array_task_per_point(capsys, tmp_path):
   ):
     assert ln.startswith(f'  {i}) cmd=("$PYTHON" launch/sweep.py ')
     assert (
-      f"--experiment=experiments/table6_model_size.py:scale=cpu '--root={root}' "
+      f"--experiment=experiments/table6_model_size.py:scale=gpu '--root={root}' "
       f"--only=row={row} --stages=pretrain,finetune --config.opt.total_steps=7 "
       "--finetune.opt.epochs=1) ;;"
     ) in ln
@@ -368,7 +369,7 @@ def test_slurm_dry_run_is_one_array_task_per_point(capsys, tmp_path):
   script.write_text(out)
   assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
   # --distributed: the point is one process per task of the allocation.
-  args = [f"--experiment={TABLE6}:scale=cpu", f"--root={root}", "--backend=slurm", "--dry_run"]
+  args = [f"--experiment={TABLE6}:scale=gpu", f"--root={root}", "--backend=slurm", "--dry_run"]
   out = _launch(capsys, *args, "--distributed")
   assert 'setsid srun --kill-on-bad-exit=0 --wait=300 "${cmd[@]}" &' in out.splitlines()
   assert out.count("--distributed) ;;") == 4
@@ -380,11 +381,11 @@ def test_report_alone_waits_until_every_point_is_done(tmp_path, capsys):
   root = tmp_path / "root"
   kwargs = _fake_all(tmp_path)
   pretrain_only = {**kwargs, "stages": ("pretrain",)}
-  assert sweep.run(f"{TABLE5}:scale=cpu", str(root), only="mlm;ltr", **pretrain_only) == []
+  assert sweep.run(f"{TABLE5}:scale=gpu", str(root), only="mlm;ltr", **pretrain_only) == []
   (root / "task=ltr" / sweep.DONE).unlink()  # as if its task were still to be requeued
   capsys.readouterr()
   report_only = {**kwargs, "stages": ("report",)}
-  failed = sweep.run(f"{TABLE5}:scale=cpu", str(root), only="mlm;ltr", **report_only)
+  failed = sweep.run(f"{TABLE5}:scale=gpu", str(root), only="mlm;ltr", **report_only)
   assert failed[:2] == [f"task=mlm/finetune/{t}" for t in TASKS[:2]] and "task=ltr" in failed
   assert len(failed) == 4 + 1 + 4 + 4  # ltr's BiLSTM row too
   assert (
@@ -393,7 +394,7 @@ def test_report_alone_waits_until_every_point_is_done(tmp_path, capsys):
   assert not (root / "report.md").exists()
   # Only the pretraining required (a sweep launched with --stages=pretrain,report).
   requires = {**report_only, "report_requires": ("pretrain",)}
-  assert sweep.run(f"{TABLE5}:scale=cpu", str(root), only="mlm", **requires) == []
+  assert sweep.run(f"{TABLE5}:scale=gpu", str(root), only="mlm", **requires) == []
   assert (root / "report.md").read_text() == "report\n"
   r = subprocess.run(
     [sys.executable, os.path.join(REPO, "launch", "sweep.py"), f"--experiment={TABLE5}"]
@@ -452,7 +453,7 @@ def test_finetune_overrides_are_checked_against_the_task_config(tmp_path):
     "    c.pairs = True\n"
     "  return c\n"
   )
-  point = sweep.expand(TABLE5, "scale=cpu")[0]
+  point = sweep.expand(TABLE5, "scale=gpu")[0]
   runs = [
     sweep.FinetuneRun(point.name, "rotten_tomatoes", point.name, ("--config.opt.lr=1",)),
     sweep.FinetuneRun(point.name, "vitaminc", point.name, ("--config.pairs=False",)),
@@ -470,12 +471,12 @@ def test_reuse_links_points_with_the_same_pretraining_config(tmp_path, capsys):
   t5, t6 = tmp_path / "t5", tmp_path / "t6"
   data = "data=/corpus"
   assert (
-    sweep.run(f"{TABLE5}:scale=cpu,{data}", str(t5), only="mlm_nsp", **_fake_all(tmp_path)) == []
+    sweep.run(f"{TABLE5}:scale=gpu,{data}", str(t5), only="mlm_nsp", **_fake_all(tmp_path)) == []
   )
   capsys.readouterr()
   kwargs = _fake_all(tmp_path)
   assert (
-    sweep.run(f"{TABLE6}:scale=cpu,{data}", str(t6), only="tiny", reuse=(str(t5),), **kwargs) == []
+    sweep.run(f"{TABLE6}:scale=gpu,{data}", str(t6), only="tiny", reuse=(str(t5),), **kwargs) == []
   )
   out = capsys.readouterr().out
   assert f"reuse row=tiny: {t6 / 'row=tiny'} -> {t5 / 'task=mlm_nsp'}" in out
@@ -485,10 +486,10 @@ def test_reuse_links_points_with_the_same_pretraining_config(tmp_path, capsys):
   assert (t6 / "report.md").exists()
   # data=DIR picks DIR/nsp or DIR/packed by objective; other configs have other keys.
   t5m = sweep.load_experiment(TABLE5)
-  assert t5m.get_config(f"task=mlm,scale=cpu,{data}").data.dir == "/corpus/packed"
-  assert t5m.get_config(f"task=mlm_nsp,scale=cpu,{data}").data.dir == "/corpus/nsp"
+  assert t5m.get_config(f"task=mlm,scale=gpu,{data}").data.dir == "/corpus/packed"
+  assert t5m.get_config(f"task=mlm_nsp,scale=gpu,{data}").data.dir == "/corpus/nsp"
   key = sweep.pretraining_key
-  p5, p6 = sweep.expand(TABLE5, f"scale=cpu,{data}")[0], sweep.expand(TABLE6, "scale=cpu")[0]
+  p5, p6 = sweep.expand(TABLE5, f"scale=gpu,{data}")[0], sweep.expand(TABLE6, "scale=gpu")[0]
   assert key(TABLE5, p5, []) != key(TABLE6, p6, [])
   assert key(TABLE5, p5, []) != key(TABLE5, p5, ["--config.seed=1"])
   assert (
@@ -506,7 +507,7 @@ def test_control_runs_from_a_random_init_and_is_reused_between_experiments(tmp_p
   t5, wwm = tmp_path / "t5", tmp_path / "wwm"
   data = "data=/corpus"
   WWM = os.path.join(REPO, "experiments", "whole_word_masking.py")
-  assert sweep.run(f"{TABLE5}:scale=cpu,{data}", str(t5), only="mlm_nsp", dry_run=True) == []
+  assert sweep.run(f"{TABLE5}:scale=gpu,{data}", str(t5), only="mlm_nsp", dry_run=True) == []
   lines = capsys.readouterr().out.strip().splitlines()
   control = [ln for ln in lines if "pretraining=none" in ln]
   assert len(lines) == 1 + 4 + 4 + 1 and len(control) == 4
@@ -514,12 +515,12 @@ def test_control_runs_from_a_random_init_and_is_reused_between_experiments(tmp_p
     argv = line.split()
     assert f"--config.init={t5}/task=mlm_nsp" not in argv and "--config.init=" in argv
     assert f"--config.data.vocab={t5}/task=mlm_nsp/tokenizer" in argv
-    assert "--config.model.vocab_size=8192" in argv and "--config.model.num_layers=2" in argv
+    assert "--config.model.vocab_size=4096" in argv and "--config.model.num_layers=2" in argv
   tok = t5 / "task=mlm_nsp" / "tokenizer"
   tok.mkdir(parents=True)
   (tok / "vocab.txt").write_text("[PAD]\n")
   assert (
-    sweep.run(f"{TABLE5}:scale=cpu,{data}", str(t5), only="mlm_nsp", **_fake_all(tmp_path)) == []
+    sweep.run(f"{TABLE5}:scale=gpu,{data}", str(t5), only="mlm_nsp", **_fake_all(tmp_path)) == []
   )
   call = _calls(t5 / "pretraining=none" / "finetune" / "vitaminc")[0]
   assert call["config.init"] == "" and call["config.data.vocab"] == str(tok)
@@ -528,7 +529,7 @@ def test_control_runs_from_a_random_init_and_is_reused_between_experiments(tmp_p
   capsys.readouterr()
   kwargs = _fake_all(tmp_path)
   assert (
-    sweep.run(f"{WWM}:scale=cpu,{data}", str(wwm), only="False", reuse=(str(t5),), **kwargs) == []
+    sweep.run(f"{WWM}:scale=gpu,{data}", str(wwm), only="False", reuse=(str(t5),), **kwargs) == []
   )
   out = capsys.readouterr().out
   assert (
@@ -549,7 +550,7 @@ def test_control_runs_from_a_random_init_and_is_reused_between_experiments(tmp_p
 
 def test_deadline_stops_the_run_in_flight_and_reports_what_finished(tmp_path, capsys):
   root = tmp_path / "root"
-  experiment = f"{TABLE5}:scale=cpu"
+  experiment = f"{TABLE5}:scale=gpu"
   assert sweep.run(experiment, str(root), only="mlm_nsp", **_fake_all(tmp_path)) == []
   (root / "report.md").unlink()
   kwargs = _fake_all(tmp_path)
@@ -579,7 +580,7 @@ def test_past_deadline_starts_nothing_and_cli_exits_75(tmp_path, capsys):
   root = tmp_path / "root"
   assert (
     sweep.main(
-      [f"--experiment={TABLE5}:scale=cpu", f"--root={root}", "--deadline=1", "--stages=pretrain"]
+      [f"--experiment={TABLE5}:scale=gpu", f"--root={root}", "--deadline=1", "--stages=pretrain"]
     )
     == 75
   )

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The pretraining data of the reduced-scale experiments (config_lib.use_data), built once:
 #   DATA/corpus.txt  the first DOCS documents of CORPUS (default 127: the 62 MB corpus's first
-#                    2 MB, Jane Austen's Emma and what follows it, about 450k tokens): one
+#                    2 MB, Jane Austen's Emma and what follows it, about 0.5M tokens): one
 #                    narrow domain, which a tiny BERT learns within the cpu budget; on documents
 #                    drawn from the whole corpus it stays on the unigram plateau for that budget
 #                    (docs/replication/budget.md)
 #   DATA/vocab.txt   a WordPiece vocab of config_lib.SCALED_VOCAB entries trained on it
 #   DATA/nsp         DATA/corpus.txt as sentence pairs (create_data, 5% of documents held out,
-#                    5 passes with their own masks and pairs: each static mask comes back about
-#                    3 times in a point's budget, as BERT's 10 passes over 40 epochs did 4 times)
+#                    5 passes with their own masks and pairs: 2.3M tokens, so each static mask
+#                    comes back about 5 times in a cpu point's 12.3M tokens, as BERT's 10 passes
+#                    over 40 epochs did 4 times)
 #   DATA/packed      the same as packed full sentences (--nsp=False), for the rows without NSP
 #
 #   DOCS=127 bash tools/replication/build_data.sh CORPUS DATA
