@@ -23,8 +23,10 @@ DOCS="${DOCS:-127}"
 PY="${PYTHON:-python}"
 mkdir -p "$DATA"
 
-read -r VOCAB_SIZE LENGTH PREDICTIONS < <("$PY" -c 'from bert_jax import config_lib as c
+# (An assignment, not `read < <(...)`, so that set -e stops here if Python fails.)
+SCALED=$("$PY" -c 'from bert_jax import config_lib as c
 print(c.SCALED_VOCAB, c.SCALED_LENGTH, c.SCALED_PREDICTIONS)')
+read -r VOCAB_SIZE LENGTH PREDICTIONS <<< "$SCALED"
 if [[ ! -f "$DATA/corpus.txt" ]]; then
   # Documents are separated by blank lines (awk's paragraph mode reads one per record).
   case "$CORPUS" in
