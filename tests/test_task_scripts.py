@@ -1,5 +1,6 @@
 """The scripts that build real-data tasks from the shared sets (tools/tasks/make_mc_task.py,
-make_squad_subset.py, make_regression_task.py), on tiny hand-written inputs."""
+make_squad_subset.py, make_regression_task.py, make_brown_genre.py), on tiny hand-written
+inputs."""
 
 import gzip
 import importlib
@@ -21,6 +22,7 @@ def _load(name):
 mc = _load("make_mc_task")
 subset = _load("make_squad_subset")
 regression = _load("make_regression_task")
+genre = _load("make_brown_genre")
 
 CONTEXT = (
   "The tower was built in 1889 by Gustave Eiffel. It is 330 metres tall today. "
@@ -104,3 +106,27 @@ def test_noun_density_counts_brown_lower_case_noun_tags(tmp_path):
     assert [json.loads(line) for line in f] == [
       {"sentence": "The dogs of Texas bark", "label": 0.4}
     ]
+
+
+def test_brown_genre_labels_prose_kind_drops_short_lines_and_shuffles_by_seed():
+  rows = [
+    {"tokens": ["It", "was", "a", "dark", "night", "."], "genre": "mystery"},
+    {"tokens": ["The", "senate", "voted", "on", "Tuesday", "."], "genre": "news"},
+    {"tokens": ["Austin", ",", "Texas"], "genre": "news"},  # a headline: under 5 words
+    *(
+      {"tokens": ["Sentence", "number", str(i), "of", "the", "lore"], "genre": "lore"}
+      for i in range(20)
+    ),
+  ]
+  lines = [json.dumps(r) for r in rows]
+  got = genre.rows(lines, min_words=5, seed=0)
+  assert len(got) == 22 and got == genre.rows(lines, min_words=5, seed=0)
+  assert got != genre.rows(lines, min_words=5, seed=1)  # shuffled, by the seed
+  by_sentence = {r["sentence"]: r for r in got}
+  assert by_sentence["It was a dark night ."]["label"] == "imaginative"
+  assert by_sentence["The senate voted on Tuesday ."] == {
+    "sentence": "The senate voted on Tuesday .",
+    "label": "informative",
+    "genre": "news",
+  }
+  assert "Austin , Texas" not in by_sentence
