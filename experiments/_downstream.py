@@ -88,16 +88,18 @@ def tasks(scale: str) -> tuple[str, ...]:
   return ("rotten_tomatoes", "brown_pos") if scale == "cpu" else TASKS
 
 
+def run(scale: str, task: str, **extra: Any) -> dict[str, Any]:
+  """One task's run: the shared recipe, the task's length, and `extra` overrides on top."""
+  length, squad = MAX_SEQ_LENGTH[task], {}
+  if scale == "full" and task == "squadshifts":
+    length = FULL_SQUAD_LENGTH
+  elif scale != "full":
+    length = min(length, config_lib.SCALED_LENGTH)
+    squad = SCALED_SQUAD if task == "squadshifts" else {}
+  overrides = {**recipe(scale), "data.max_seq_length": length, **squad, **extra}
+  return {"task": task, "overrides": overrides}
+
+
 def suite(scale: str, **extra: Any) -> list[dict[str, Any]]:
-  """One run per task: the shared recipe, the task's length, and `extra` overrides on top."""
-  runs = []
-  for task in tasks(scale):
-    length, squad = MAX_SEQ_LENGTH[task], {}
-    if scale == "full" and task == "squadshifts":
-      length = FULL_SQUAD_LENGTH
-    elif scale != "full":
-      length = min(length, config_lib.SCALED_LENGTH)
-      squad = SCALED_SQUAD if task == "squadshifts" else {}
-    overrides = {**recipe(scale), "data.max_seq_length": length, **squad, **extra}
-    runs.append({"task": task, "overrides": overrides})
-  return runs
+  """One run per task of `tasks(scale)` (see `run`)."""
+  return [run(scale, task, **extra) for task in tasks(scale)]
