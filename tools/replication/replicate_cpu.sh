@@ -9,8 +9,8 @@
 #
 # Defaults: ../shared/data/corpus/pretrain_corpus.txt.gz, /tmp/bert_jax_data, /tmp/bert_jax_repl.
 # Rerunning after a kill (or exit 75) resumes: finished points and seeds are skipped, the
-# interrupted run restarts from its checkpoint. About 2.5 hours on 2 CPU cores
-# (docs/replication.md).
+# interrupted run restarts from its checkpoint. Not yet timed end to end on an idle machine:
+# the runs of 2026-11-27 and their wall times are in docs/replication.md.
 #
 # The new points run as two lanes, two processes at a time: a tiny BERT's steps leave part of
 # 2 cores idle, and two lanes got through about 1.3 times the work of one (docs/replication.md).
@@ -46,8 +46,9 @@ report() {  # EXPERIMENT ROOT [--reuse=...]: what is left (links to reused runs)
   "$PY" launch/sweep.py --experiment="$1" --root="$2" "${@:3}" "${EXTRA[@]}"
 }
 
-# Two lanes of about equal cost (alone on 2 cores: an MLM point about 15 minutes, LTR 35,
-# L4_H128_A2 and L2_H256_A4 about 25 and 30; each point's fine-tuning 3 to 5 more).
+# Two lanes of about equal cost: alone on 2 cores a tiny MLM point takes 13 to 15 minutes,
+# LTR about 35 (6,100 tokens/s against 17,000) and its squadshifts runs about 13 each, the
+# larger Table 6 rows 3 to 4 times a tiny point (beside other runs); fine-tuning 3 to 5 each.
 stamp "points: two lanes (logs: $LOGS/lane_a.log, $LOGS/lane_b.log)"
 (
   set -e
