@@ -64,3 +64,16 @@ def tiny_data_dir(tmp_path_factory):
 
 
 from slurm_cluster import slurm_cluster  # noqa: E402, F401  (a one-node SLURM: test_slurm.py)
+
+
+@pytest.fixture
+def built_replication_data(tmp_path):
+  """A directory holding tools/replication/build_data.sh's outputs as placeholders, so that the
+  replication scripts skip every data step (for dry runs and runs past their deadline)."""
+  data = tmp_path / "data"
+  for kind in ("nsp", "packed"):
+    (data / kind).mkdir(parents=True)
+    (data / kind / "metadata.json").write_text("{}")
+  (data / "vocab.txt").write_text("[PAD]\n")
+  (data / "corpus.txt").write_text("a b.\n")
+  return data

@@ -18,14 +18,10 @@ def _pretrained(log: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_two_lanes_share_the_new_points_and_every_experiment_reports(tmp_path):
-  data, root = tmp_path / "data", tmp_path / "root"
-  # build_data.sh's outputs, so that it skips every step.
-  for kind in ("nsp", "packed"):
-    (data / kind).mkdir(parents=True)
-    (data / kind / "metadata.json").write_text("{}")
-  (data / "vocab.txt").write_text("[PAD]\n")
-  (data / "corpus.txt").write_text("a b.\n")
+def test_two_lanes_share_the_new_points_and_every_experiment_reports(
+  tmp_path, built_replication_data
+):
+  data, root = built_replication_data, tmp_path / "root"
   r = subprocess.run(
     ["bash", "tools/replication/replicate_cpu.sh", "unused.txt", str(data), str(root), "--",
      "--dry_run"],

@@ -12,14 +12,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
-def test_a_deadline_that_has_passed_runs_nothing_and_reports_it(tmp_path):
-  data, root = tmp_path / "data", tmp_path / "root"
-  # build_data.sh's outputs, so that it skips every step (nothing is read past the deadline).
-  for kind in ("nsp", "packed"):
-    (data / kind).mkdir(parents=True)
-    (data / kind / "metadata.json").write_text("{}")
-  (data / "vocab.txt").write_text("[PAD]\n")
-  (data / "corpus.txt").write_text("a b.\n")
+def test_a_deadline_that_has_passed_runs_nothing_and_reports_it(tmp_path, built_replication_data):
+  data, root = built_replication_data, tmp_path / "root"
   env = {**os.environ, "PYTHON": sys.executable, "BUDGET_S": "0", "MARGIN_S": "0"}
   r = subprocess.run(
     ["bash", "tools/replication/replicate_gpu.sh", "unused.txt", str(data), str(root)],
