@@ -8,6 +8,8 @@ import json
 import os
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -130,3 +132,10 @@ def test_brown_genre_labels_prose_kind_drops_short_lines_and_shuffles_by_seed():
     "genre": "news",
   }
   assert "Austin , Texas" not in by_sentence
+
+
+def test_brown_genre_names_the_file_and_line_of_a_bad_row():
+  with pytest.raises(ValueError, match=r"^train.jsonl.gz:2: not a brown_pos row \(KeyError"):
+    genre.rows(['{"tokens": ["a"], "genre": "news"}', '{"tokens": ["b"]}'], 1, 0, "train.jsonl.gz")
+  with pytest.raises(ValueError, match=r"^x:1: not a brown_pos row \(JSONDecodeError"):
+    genre.rows(["{not json"], 1, 0, "x")

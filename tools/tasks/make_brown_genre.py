@@ -23,20 +23,28 @@ import gzip
 import json
 import os
 import random
+import sys
 
 IMAGINATIVE = frozenset({"fiction", "mystery", "science_fiction", "adventure", "romance", "humor"})
 SPLITS = ("train", "dev", "test")
 
 
-def rows(lines, min_words: int, seed: int) -> list[dict]:
-  """brown_pos JSON lines -> shuffled {"sentence", "label", "genre"} rows."""
+def rows(lines, min_words: int, seed: int, source: str = "<input>") -> list[dict]:
+  """brown_pos JSON lines -> shuffled {"sentence", "label", "genre"} rows; a line that is not
+  a JSON object with a token list and a genre raises ValueError naming `source`:line."""
   out = []
-  for line in lines:
-    r = json.loads(line)
-    if len(r["tokens"]) < min_words:
+  for n, line in enumerate(lines, 1):
+    try:
+      r = json.loads(line)
+      tokens, genre = r["tokens"], r["genre"]
+      if not isinstance(tokens, list) or not isinstance(genre, str):
+        raise TypeError("tokens must be a list and genre a string")
+    except (ValueError, KeyError, TypeError) as e:
+      raise ValueError(f"{source}:{n}: not a brown_pos row ({type(e).__name__}: {e})") from None
+    if len(tokens) < min_words:
       continue
-    label = "imaginative" if r["genre"] in IMAGINATIVE else "informative"
-    out.append({"sentence": " ".join(r["tokens"]), "label": label, "genre": r["genre"]})
+    label = "imaginative" if genre in IMAGINATIVE else "informative"
+    out.append({"sentence": " ".join(tokens), "label": label, "genre": genre})
   random.Random(seed).shuffle(out)
   return out
 
@@ -48,10 +56,18 @@ def main() -> None:
   p.add_argument("--min_words", type=int, default=5)
   p.add_argument("--seed", type=int, default=0)
   a = p.parse_args()
+  inputs = {s: os.path.join(a.data_root, "brown_pos", f"{s}.jsonl.gz") for s in SPLITS}
+  if missing := [path for path in inputs.values() if not os.path.isfile(path)]:
+    p.error(f"no brown_pos file {missing[0]} (--data_root: the folder holding brown_pos/)")
+  try:  # every split is read before anything is written
+    splits = {}
+    for split, path in inputs.items():
+      with gzip.open(path, "rt", encoding="utf-8") as f:
+        splits[split] = rows(f, a.min_words, a.seed, path)
+  except (ValueError, OSError, EOFError) as e:
+    sys.exit(f"error: {e}")
   os.makedirs(a.output, exist_ok=True)
-  for split in SPLITS:
-    with gzip.open(os.path.join(a.data_root, "brown_pos", f"{split}.jsonl.gz"), "rt") as f:
-      out = rows(f, a.min_words, a.seed)
+  for split, out in splits.items():
     path = os.path.join(a.output, f"{split}.jsonl.gz")
     with gzip.GzipFile(path, "wb", mtime=0) as f:  # mtime=0: the same bytes on every run
       f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out).encode("utf-8"))
