@@ -4,7 +4,8 @@ Hypothesis: bigger is better, even on small downstream tasks: held-out MLM perpl
 fine-tuned accuracy improve monotonically from 3 to 24 layers, 768 to 1024 hidden.
 
 Rows (`row=`, the paper's #L/#H/#A; names from bert_jax.model.SIZES), each changing only
-the model's depth, width and heads (intermediate = 4 x hidden) from the base recipe:
+the model's depth, width and heads (intermediate = 4 x hidden) from the base recipe (at the
+reduced scales also the lr, times 128 / hidden: the recipe's lr was chosen on tiny):
   L3_H768_A12, L6_H768_A3, L6_H768_A12, L12_H768_A12 (= BERT-Base), L12_H1024_A16,
   L24_H1024_A16 (= BERT-Large)
 At `scale=gpu` the rows are depth {2, 4} x width {128, 256} at the same token budget
@@ -66,6 +67,10 @@ GPU_ROWS = ("tiny", "L4_H128_A2", "L2_H256_A4", "mini")
 CPU_ROWS = GPU_ROWS[:3]
 
 
+# The hidden size the reduced scales' lr (config_lib.scaled_base) was chosen for: tiny's.
+REDUCED_WIDTH = 128
+
+
 def _rows(scale: str) -> tuple[str, ...]:
   return {"full": ROWS, "gpu": GPU_ROWS}.get(scale, CPU_ROWS)
 
@@ -87,6 +92,11 @@ def get_config(arg=None):
     raise ValueError(f"row must be one of {', '.join(_rows(a.scale))}, not {a.row!r}")
   # The ablated fields.
   c.model.update(model_lib.size_fields(a.row))
+  if a.scale != "full":
+    # The reduced scales' lr was chosen on tiny (hidden 128); a wider row gets it times
+    # 128 / hidden. At 1.4e-3 the 256-wide row stayed on the unigram plateau for the whole
+    # cpu budget; at 7e-4 it left it within 3,000 steps (docs/replication/budget.md §5).
+    c.opt.lr *= REDUCED_WIDTH / c.model.hidden_size
   return config_lib.use_data(c, a.data)
 
 
