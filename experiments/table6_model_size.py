@@ -5,7 +5,8 @@ fine-tuned accuracy improve monotonically from 3 to 24 layers, 768 to 1024 hidde
 
 Rows (`row=`, the paper's #L/#H/#A; names from bert_jax.model.SIZES), each changing only
 the model's depth, width and heads (intermediate = 4 x hidden) from the base recipe (at the
-reduced scales also the lr, times 128 / hidden: the recipe's lr was chosen on tiny):
+reduced scales also the lr, halved per doubling of width or depth: the recipe's lr was
+chosen on tiny):
   L3_H768_A12, L6_H768_A3, L6_H768_A12, L12_H768_A12 (= BERT-Base), L12_H1024_A16,
   L24_H1024_A16 (= BERT-Large)
 At `scale=gpu` the rows are depth {2, 4} x width {128, 256} at the same token budget
@@ -67,8 +68,8 @@ GPU_ROWS = ("tiny", "L4_H128_A2", "L2_H256_A4", "mini")
 CPU_ROWS = GPU_ROWS[:3]
 
 
-# The hidden size the reduced scales' lr (config_lib.scaled_base) was chosen for: tiny's.
-REDUCED_WIDTH = 128
+# The size the reduced scales' lr (config_lib.scaled_base) was chosen for: tiny's.
+TINY_WIDTH, TINY_DEPTH = 128, 2
 
 
 def _rows(scale: str) -> tuple[str, ...]:
@@ -93,10 +94,11 @@ def get_config(arg=None):
   # The ablated fields.
   c.model.update(model_lib.size_fields(a.row))
   if a.scale != "full":
-    # The reduced scales' lr was chosen on tiny (hidden 128); a wider row gets it times
-    # 128 / hidden. At 1.4e-3 the 256-wide row stayed on the unigram plateau for the whole
-    # cpu budget; at 7e-4 it left it within 3,000 steps (docs/replication/budget.md §5).
-    c.opt.lr *= REDUCED_WIDTH / c.model.hidden_size
+    # The reduced scales' lr was chosen on tiny (2 x 128); a bigger row gets it halved per
+    # doubling of width or depth. At 1.4e-3 the 256-wide row stayed on the unigram plateau
+    # for the whole cpu budget and the 4-deep row left it after 6,000 steps; at 7e-4 both
+    # left it sooner (docs/replication/budget.md section 5).
+    c.opt.lr *= (TINY_WIDTH / c.model.hidden_size) * (TINY_DEPTH / c.model.num_layers)
   return config_lib.use_data(c, a.data)
 
 

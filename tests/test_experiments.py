@@ -39,7 +39,7 @@ ABLATED = {
   "whole_word_masking": {"masking.whole_word"},
 }
 # What each may change besides at the reduced scales (Table 6: the lr, chosen on tiny, scaled
-# by width).
+# by size).
 REDUCED_ABLATED = {"table6_model_size": {"opt.lr"}}
 
 
@@ -156,15 +156,15 @@ def test_experiment_specifics():
   assert [(c.model.num_layers, c.model.hidden_size, c.model.num_heads) for c in cpu] == [
     (2, 128, 2), (4, 128, 2), (2, 256, 4),
   ]  # fmt: skip
-  # The lr is tiny's times 128 / hidden: the 256-wide row at half of it.
-  assert [c.opt.lr for c in cpu] == pytest.approx([1.4e-3, 1.4e-3, 7e-4])
+  # The lr is tiny's, halved per doubling of width or depth.
+  assert [c.opt.lr for c in cpu] == pytest.approx([1.4e-3, 7e-4, 7e-4])
   budgets = {c.opt.total_steps * c.data.batch_size * c.data.max_seq_length for c in cpu}
   assert budgets == {config_lib.SCALED_STEPS["cpu"] * 16 * 64}
   assert {c.masking.max_predictions for c in cpu} == {config_lib.SCALED_PREDICTIONS}
   # gpu scale: the same recipe, those rows and mini, at least 20M tokens per point.
   gpu = [t6.get_config(_arg(p, scale="gpu")) for p in _points(t6, "gpu")]
   assert [c.model.hidden_size for c in gpu] == [c.model.hidden_size for c in cpu] + [256]
-  assert [c.opt.lr for c in gpu] == pytest.approx([1.4e-3, 1.4e-3, 7e-4, 7e-4])
+  assert [c.opt.lr for c in gpu] == pytest.approx([1.4e-3, 7e-4, 7e-4, 3.5e-4])
   assert {c.opt.lr for c in (t6.get_config(f"row={r}") for r in t6.ROWS)} == {1e-4}
   assert {c.opt.total_steps * c.data.batch_size * c.data.max_seq_length for c in gpu} == {
     config_lib.SCALED_STEPS["gpu"] * 16 * 64
