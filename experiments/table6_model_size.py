@@ -29,20 +29,20 @@ CPU scale (config_lib.scaled_base; tools/replication/build_data.sh's data):
       --root=/tmp/table6   # pretrain, fine-tune, report (in /tmp/table6/report)
 
 Hardware and time: full scale, each point is a pretraining run of its size (BERT-Base: the
-paper's 4 Cloud TPUs for 4 days). CPU scale, 2 CPU cores (AMD EPYC, no AVX-512), 2026-11-27:
-L4_H128_A2 60 min and L2_H256_A4 74 min, each beside one to three other runs (a tiny point
-takes 13 to 15 alone); fine-tuning 9 and 20 min; tiny and the control are Table 5's, reused.
+paper's 4 Cloud TPUs for 4 days). CPU scale, 2 CPU cores (AMD EPYC, no AVX-512), 2026-11-28:
+L2_H256_A4 68 min and L4_H128_A2 about 47, each beside one or two other runs (a tiny point
+takes 13 to 15 alone); fine-tuning 10 and 13 min; tiny and the control are Table 5's, reused.
 
 Result: not run at full scale here (no TPU). The paper's held-out LM perplexity:
 5.84, 5.24, 4.68, 3.99, 3.54, 3.23 for the six rows in order (MNLI-m 77.9 ... 86.6).
-CPU scale (2026-11-27, 12,000 steps of 16 x 64 at lr 1.4e-3; test, 3 seeds;
-docs/replication.md): held-out MLM accuracy 33.8% / 31.1% / 15.3% for tiny / L4_H128_A2 /
-L2_H256_A4 (count-based reference 30.6%: the 256-wide row stayed on the unigram plateau),
-perplexity 46.7 / 63.3 / 282.8; brown_pos 76.1 ± 0.3 / 76.0 ± 0.3 / 67.1 ± 0.3,
-rotten_tomatoes 53.9 ± 3.1 / 53.0 ± 2.8 / 51.3 ± 0.7 (no pretraining: 72.0 ± 0.1 and
-52.8 ± 2.6). Not the paper's direction: at this lr and budget the bigger rows learn later. A
-probe of L2_H256_A4 at lr 7e-4 was past the plateau at 3,000 steps (held-out 29.2% against
-13.8%) and above the reference at 4,500 (31.9%); not yet run to the end.
+CPU scale (2026-11-27/28, 12,000 steps of 16 x 64, lr 1.4e-3 / 7e-4 / 7e-4; test, 3 seeds;
+docs/replication.md): held-out MLM accuracy 33.8% / 32.5% / 35.8% for tiny / L4_H128_A2 /
+L2_H256_A4 (count-based reference 30.6%), perplexity 46.7 / 58.3 / 41.4; brown_pos
+76.1 ± 0.3 / 79.0 ± 0.2 / 82.4 ± 0.0, rotten_tomatoes 53.9 ± 3.1 / 53.5 ± 0.5 / 56.4 ± 0.7
+(no pretraining: 72.0 ± 0.1 and 52.8 ± 2.6). Bigger is better on brown_pos, as in the paper;
+perplexity falls with width, not yet with depth. At tiny's lr (1.4e-3) the 256-wide row
+stayed on the unigram plateau (15.3%) and the 4-deep row left it late (31.1%):
+docs/replication/budget.md section 5.
 """
 
 from bert_jax import config_lib
