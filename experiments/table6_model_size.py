@@ -97,7 +97,8 @@ def get_config(arg=None):
     # The reduced scales' lr was chosen on tiny (2 x 128); a bigger row gets it halved per
     # doubling of width or depth. At 1.4e-3 the 256-wide row stayed on the unigram plateau
     # for the whole cpu budget and the 4-deep row left it after 6,000 steps; at 7e-4 both
-    # left it sooner (docs/replication/budget.md section 5).
+    # left it sooner; so did mini at scale=gpu, at 3.5e-4 against 7e-4
+    # (docs/replication/budget.md section 5).
     c.opt.lr *= (TINY_WIDTH / c.model.hidden_size) * (TINY_DEPTH / c.model.num_layers)
   return config_lib.use_data(c, a.data)
 
