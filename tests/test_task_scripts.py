@@ -6,6 +6,7 @@ import gzip
 import importlib
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -139,3 +140,27 @@ def test_brown_genre_names_the_file_and_line_of_a_bad_row():
     genre.rows(['{"tokens": ["a"], "genre": "news"}', '{"tokens": ["b"]}'], 1, 0, "train.jsonl.gz")
   with pytest.raises(ValueError, match=r"^x:1: not a brown_pos row \(JSONDecodeError"):
     genre.rows(["{not json"], 1, 0, "x")
+
+
+def test_brown_genre_names_a_file_that_is_not_gzip_or_utf8_and_writes_nothing(tmp_path):
+  root, out = tmp_path / "tasks", tmp_path / "out"
+  (root / "brown_pos").mkdir(parents=True)
+  good = json.dumps({"tokens": ["a", "b", "c", "d", "e"], "genre": "news"}) + "\n"
+  for split in ("train", "dev"):
+    with gzip.open(root / "brown_pos" / f"{split}.jsonl.gz", "wt", encoding="utf-8") as f:
+      f.write(good)
+  test = root / "brown_pos" / "test.jsonl.gz"
+  for content, what in (
+    (b"plain text", "Not a gzipped file"),
+    (gzip.compress(b"\xff\xfe"), "utf-8"),
+  ):
+    test.write_bytes(content)
+    r = subprocess.run(
+      [sys.executable, os.path.join(REPO, "tools", "tasks", "make_brown_genre.py"),
+       f"--data_root={root}", f"--output={out}"],
+      capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"error: {test}: ") and what in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()

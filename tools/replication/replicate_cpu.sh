@@ -10,7 +10,7 @@
 # Defaults: ../shared/data/corpus/pretrain_corpus.txt.gz, /tmp/bert_jax_data, /tmp/bert_jax_repl.
 # Rerunning after a kill (or exit 75) resumes: finished points and seeds are skipped, the
 # interrupted run restarts from its checkpoint. Not yet timed end to end on an idle machine:
-# the runs of 2026-11-27 and their wall times are in docs/replication.md.
+# the runs of 2026-11-27 and 28 and their wall times are in docs/replication.md.
 #
 # The new points run as two lanes, two processes at a time: a tiny BERT's steps leave part of
 # 2 cores idle, and two lanes got through about 1.3 times the work of one (docs/replication.md).

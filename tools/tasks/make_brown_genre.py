@@ -59,13 +59,15 @@ def main() -> None:
   inputs = {s: os.path.join(a.data_root, "brown_pos", f"{s}.jsonl.gz") for s in SPLITS}
   if missing := [path for path in inputs.values() if not os.path.isfile(path)]:
     p.error(f"no brown_pos file {missing[0]} (--data_root: the folder holding brown_pos/)")
-  try:  # every split is read before anything is written
-    splits = {}
-    for split, path in inputs.items():
+  splits = {}
+  for split, path in inputs.items():  # every split is read before anything is written
+    try:
       with gzip.open(path, "rt", encoding="utf-8") as f:
         splits[split] = rows(f, a.min_words, a.seed, path)
-  except (ValueError, OSError, EOFError) as e:
-    sys.exit(f"error: {e}")
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # not gzip, truncated, not UTF-8
+      sys.exit(f"error: {path}: {e}")
+    except ValueError as e:  # rows() names the file and line
+      sys.exit(f"error: {e}")
   os.makedirs(a.output, exist_ok=True)
   for split, out in splits.items():
     path = os.path.join(a.output, f"{split}.jsonl.gz")
