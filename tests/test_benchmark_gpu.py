@@ -877,15 +877,15 @@ def test_device_run_script_dry_runs_on_cpu(tmp_path):
   (`--gpu_smoke`, one tiny shape, a short deadline), so the GPU call cannot die of a typo: at
   most 8 files under $OUT, none deeper than $OUT/a/b/file and each named as the tool brings
   them back; the JSON lines hold every phase and the log the tables; the loss comparison says
-  there is no Base step to compare (exit 1 through the pipeline)."""
+  there is no Base step to compare; the exit status is the benchmark's."""
   out = tmp_path / "out"
-  env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable}
+  env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "WHEELS": ""}
   peer = _peer_python()
   extra = ["--gpu_smoke", "--shapes=tiny64", "--variants=", "--deadline=400"]
   extra += [f"--peer_python={peer}", "--torch_modes=eager"] if peer else ["--torch_modes="]
   proc = subprocess.run(["bash", str(DEVICE_RUN), *extra], env=env, capture_output=True,
                         text=True, timeout=900)  # fmt: skip
-  assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
   files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
   sides = ["ours", "torch"] if peer else ["ours"]
   assert files == sorted(

@@ -12,15 +12,16 @@
 # $OUT/profile/: gpu.jsonl, gpu.log, env.txt, losses.txt and profile/{ours,torch}-*.trace.json.gz.
 # It stays within 9 minutes: the benchmark plans for --deadline (500 s) and its parent stops its
 # workers 20 s after it; `timeout` is the backstop. $PYTHON (default python3) runs it all; the
-# CPU test runs it with --gpu_smoke.
+# CPU test (tests/test_benchmark_gpu.py) runs it with --gpu_smoke and WHEELS=''.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/gpu_out}"
 PYTHON="${PYTHON:-python3}"
+WHEELS="${WHEELS-.whl}"  # the wheels to install first ('' for none: the CPU test's Python 3.11)
 mkdir -p "$OUT"
-if compgen -G ".whl/*.whl" >/dev/null; then
+if [ -n "$WHEELS" ] && compgen -G "$WHEELS/*.whl" >/dev/null; then
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
+    --target /tmp/site "$WHEELS"/*.whl || exit 1
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 # Without `pip install .`, configs/ is not yet the package bert_jax.configs (setup.py's
@@ -36,7 +37,9 @@ export TORCHINDUCTOR_CACHE_DIR="$SCRATCH/inductor" TRITON_CACHE_DIR="$SCRATCH/tr
 } >"$OUT/env.txt"
 timeout 525 "$PYTHON" -m bert_jax.benchmark --gpu --deadline=500 --compilation_cache_dir=none \
   --json_out="$OUT/gpu.jsonl" --profile_dir="$OUT/profile" "$@" 2>&1 | tee "$OUT/gpu.log"
+status=$?
 # The first three losses of our Base 128 x 256 step (the variant with the CPU reference's
 # dropout bits) against the CPU's (tools/gpu/cpu_losses.json).
 "$PYTHON" tools/gpu/cpu_reference.py --compare="$OUT/gpu.jsonl" 2>&1 | tee "$OUT/losses.txt"
 rm -rf "$SCRATCH"
+exit "$status"  # the benchmark's (a failed loss comparison says so in losses.txt)
