@@ -75,10 +75,11 @@ TORCH_FIELDS = ("attention_dropout_prob", "hidden_dropout_prob")
 
 # H200, 2026-11-28 (docs/gpu-runs/2026-11-28-h200), rounded up; keys (task, size, seq).
 # "ours": lower + compile + the state's init compile while PyTorch compiles beside us (the
-# hash + flash variant at Base: 44-52 s in calls 1 and 2; the threefry + explicit shapes took
-# 133-214 s in call 1, their inits waiting 69-91 s beside the other first compiles). Large 512
-# with the flash kernel has not built on a GPU yet (a direct build ran past 110 s): its
-# estimate is the old default's. "ours_alone": call 3's Large 128 hash + flash, alone (7.8 s
+# flash kernel at Base: 41.6 s with hash in call 2, 49.4 s with threefry in call 1; the
+# threefry + explicit shapes took 147-216 s in call 1, their inits waiting 69-91 s beside the
+# other first compiles). Large 512 with the flash kernel has not built on a GPU yet (a direct
+# build ran past 110 s): 150 s is a guess between that and the old default's 123 s of lowering
+# and compile. "ours_alone": call 3's Large 128 hash + flash, alone (7.8 s
 # lowering + 63.6 s compile + 5.5 s init). "compile": torch.compile's first step (48 / 66 /
 # 100 s beside our compiles); "compile_alone": Large 128's, no faster assumed.
 EST_BUILD_S = {
