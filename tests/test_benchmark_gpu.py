@@ -2,6 +2,7 @@
 admission against the deadline, our worker's build and timing phases, the matmul peaks, the
 profile parser on a traced CPU step and on GPU-shaped events, the smoke run of both workers."""
 
+import dataclasses
 import json
 import math
 import os
@@ -9,6 +10,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -417,6 +419,43 @@ def test_gpu_build_phases_keep_every_shape(capsys, tmp_path):
   assert prof["trace_file"] == str(tmp_path / "ours-tiny8.trace.json.gz")
   trace = kernel_families.read_trace(prof["trace_file"])
   assert prof["kernel_top"][0]["kernel"] in {e.get("name") for e in trace["traceEvents"]}
+
+
+def test_gpu_build_leaves_behind_a_compile_that_would_cost_the_timings(capsys):
+  """A compile still running when timing what is built must start (the parent stops the
+  workers at `hard_until`) is left behind with a `skipped` line, the phase ends with what is
+  built, and no `built` line follows when that compile ends later."""
+  release = threading.Event()
+
+  class Slow:  # a lowered step whose compile waits until the test lets it go
+    def __init__(self, lowered):
+      self.lowered = lowered
+
+    def compile(self, **kw):
+      release.wait(60)
+      return self.lowered.compile(**kw)
+
+  def prepare(plan, delay_s=0.0):
+    p = _stand_in_prepare(plan)
+    return dataclasses.replace(p, lowered=Slow(p.lowered)) if plan["id"] == "ours1" else p
+
+  plans = [_plan(0, "shape", seq=16), _plan(1, "shape", seq=8)]
+  owed = gpu_plan.PLAN_OVERHEAD_S + 0.001 * (1 + 2 * 2)  # ours0's timing, owed besides ours1
+  spec = dict(plans=plans, end_by=time.time() + 1e6, compile_threads=2, steps=2, reps=2,
+              warmup=1, gate={"fixed_s": 0.0, "wait_until": 0.0},
+              hard_until=time.time() + owed + 6.0)  # fmt: skip
+  built = gpu_ours.build(spec, prepare=prepare)
+  assert [p["id"] for p, _ in built] == ["ours0"]
+  recs = _records(capsys.readouterr().out)
+  assert [(r["id"], r["kind"]) for r in recs] == [("ours0", "built"), ("ours1", "skipped")]
+  assert recs[1]["why"] == "still compiling when the timing of what was built had to start"
+  release.set()
+  for _ in range(100):  # the compile left behind ends in its thread
+    if not any(t.name.startswith("ThreadPoolExecutor") and t.is_alive()
+               for t in threading.enumerate()):  # fmt: skip
+      break
+    time.sleep(0.1)
+  assert _records(capsys.readouterr().out) == []
 
 
 def test_gpu_cli_dry_run_prints_the_plan_and_empty_variants_mean_none(tmp_path):

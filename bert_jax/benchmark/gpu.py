@@ -184,6 +184,7 @@ def run_gpu(
     "compile_threads": compile_threads,
     "profile_dir": profile_dir,
     "profile_s": gpu_plan.PROFILE_S["torch"],
+    "hard_until": end_by + GRACE_S,
   }
   peaks: dict[str, dict[str, float]] = {"ours": {}, "torch": {}}
 

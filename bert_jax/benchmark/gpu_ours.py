@@ -191,8 +191,10 @@ def build(
   decides whether it starts now (a shape always; else "build deadline"), and if so it is
   lowered here against its abstract state (tracing holds the GIL) and compiled, with its
   state's init, in a pool of `compile_threads` (XLA's compile releases the GIL); its `built`
-  record is printed as its compile ends. The variants already built count as owed timing. No
-  state is made."""
+  record is printed as its compile ends. The plans already built count as owed timing. With
+  `spec["hard_until"]` (when the parent stops the workers), a compile still running when
+  timing the rest would end past it is left behind (a `skipped` record; its thread runs on
+  until the process exits), so one slow build cannot cost every timing. No state is made."""
   gate = make_gate(spec)
   for plan, _ in done:
     gate.owe(plan)
@@ -213,34 +215,62 @@ def build(
       raise
     finally:
       free.release()
-    protocol.print_record(rec)
+    with lock:
+      if plan["id"] in left_behind:  # its `skipped` record is out: no `built` after it
+        return None
+      protocol.print_record(rec)
+      printed.add(plan["id"])
     return st
 
+  hard_until = spec.get("hard_until", float("inf"))
+
+  def wait_s(plan: dict[str, Any] | None = None) -> float | None:
+    """How long to wait for a compile (a thread, or `plan`'s result): until timing what is
+    owed besides it would end past `hard_until` (the parent stops the workers then)."""
+    if hard_until == float("inf"):
+      return None
+    others = sum(v for k, v in gate.owed.items() if plan is None or k != plan["id"])
+    return max(0.0, hard_until - clock() - others)
+
+  late = "still compiling when the timing of what was built had to start"
+  lock, left_behind, printed = threading.Lock(), set(), set()
   built, jobs = list(done), []
-  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-    for plan in order:
-      free.acquire()
-      if not gate.try_start(plan, clock()):
-        protocol.print_record({**_base(plan), "kind": "skipped", "why": "build deadline"})
-        free.release()
-        continue
-      try:
-        prepared = prepare(plan, spec.get("prepare_delay_s", 0.0))
-      except Exception as e:  # noqa: BLE001 - one plan's failure is a record, the rest go on
-        gate.done(plan, None)
-        free.release()
-        protocol.print_record({**_base(plan), "kind": "error", "error": protocol.error_text(e)})
-        continue
-      jobs.append((plan, pool.submit(compile_job, plan, prepared)))
-      del prepared
-    for plan, job in jobs:
-      try:
-        st = job.result()
-      except Exception as e:  # noqa: BLE001
-        protocol.print_record({**_base(plan), "kind": "error", "error": protocol.error_text(e)})
-        continue
-      if st is not None:
-        built.append((plan, st))
+  # Not a `with`: a compile left behind (`late`) must not hold up this phase's end.
+  pool = concurrent.futures.ThreadPoolExecutor(threads)
+  for plan in order:
+    if not free.acquire(timeout=wait_s()):
+      protocol.print_record({**_base(plan), "kind": "skipped", "why": f"build deadline ({late})"})
+      continue
+    if not gate.try_start(plan, clock()):
+      protocol.print_record({**_base(plan), "kind": "skipped", "why": "build deadline"})
+      free.release()
+      continue
+    try:
+      prepared = prepare(plan, spec.get("prepare_delay_s", 0.0))
+    except Exception as e:  # noqa: BLE001 - one plan's failure is a record, the rest go on
+      gate.done(plan, None)
+      free.release()
+      protocol.print_record({**_base(plan), "kind": "error", "error": protocol.error_text(e)})
+      continue
+    jobs.append((plan, pool.submit(compile_job, plan, prepared)))
+    del prepared
+  for plan, job in jobs:
+    try:
+      st = job.result(timeout=wait_s(plan))
+    except concurrent.futures.TimeoutError:
+      with lock:
+        if plan["id"] not in printed:
+          left_behind.add(plan["id"])
+          gate.done(plan, None)
+          protocol.print_record({**_base(plan), "kind": "skipped", "why": late})
+          continue
+      st = job.result()  # built just now: its record is out
+    except Exception as e:  # noqa: BLE001
+      protocol.print_record({**_base(plan), "kind": "error", "error": protocol.error_text(e)})
+      continue
+    if st is not None:
+      built.append((plan, st))
+  pool.shutdown(wait=False, cancel_futures=True)
   return built
 
 
@@ -359,3 +389,6 @@ def session(spec: dict[str, Any]) -> None:
       break
     print(protocol.READY_MARK, flush=True)
   protocol.print_result({"side": "ours", "built": len(built)})
+  # Now, without waiting for a compile left behind in the build phase.
+  sys.stderr.flush()
+  os._exit(0)
