@@ -226,11 +226,12 @@ def build(
 
   def wait_s(plan: dict[str, Any] | None = None) -> float | None:
     """How long to wait for a compile (a thread, or `plan`'s result): until timing what is
-    owed besides it would end past `hard_until` (the parent stops the workers then)."""
+    owed besides it (and PyTorch's timing phase before ours: the gate's fixed part) would end
+    past `hard_until` (the parent stops the workers then)."""
     if hard_until == float("inf"):
       return None
     others = sum(v for k, v in gate.owed.items() if plan is None or k != plan["id"])
-    return max(0.0, hard_until - clock() - others)
+    return max(0.0, hard_until - clock() - gate.fixed_s - others)
 
   late = "still compiling when the timing of what was built had to start"
   lock, left_behind, printed = threading.Lock(), set(), set()
