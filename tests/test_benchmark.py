@@ -304,13 +304,13 @@ def test_peer_side_files_run_without_bert_jax():
   """The peer interpreter runs peer_worker.py by path: at module level it and its siblings
   import only the standard library, numpy and each other (bert_jax only as a package)."""
   stdlib = set(sys.stdlib_module_names) | {"__future__"}
-  for name in ("host.py", "protocol.py"):
+  for name in ("host.py", "protocol.py", "kernel_families.py"):
     always, _ = _module_imports(PACKAGE / name)
     assert always <= stdlib, (name, always - stdlib)
   always, _ = _module_imports(PACKAGE / "batches.py")
   assert always - stdlib == {"numpy"}
   always, in_package = _module_imports(PACKAGE / "peer_worker.py")
-  assert always - stdlib == {"numpy", "host", "protocol", "batches"}
+  assert always - stdlib == {"numpy", "host", "protocol", "batches", "kernel_families"}
   assert in_package == {"bert_jax"}
   assert peers.peer_argv("PY", {"a": 1}) == ["PY", str(PACKAGE / "peer_worker.py"), '{"a": 1}']
 

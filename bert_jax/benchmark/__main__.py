@@ -119,15 +119,16 @@ _GPU = flags.DEFINE_bool(
   False,
   "The GPU comparison (docs/gpu.md): ours (pretraining at Base/Large 128 x 256 and Large "
   "512 x 64 by default, --shapes, and --variants) against transformers' PyTorch BERT eager and "
-  "torch.compile on the same GPU, with a profile of our first shape, within --deadline. "
-  "--sizes, --seqs, --batch, --dtypes, --task and --peers do not apply.",
+  "torch.compile on the same GPU, the bf16 matmul on both sides, both sides' profiles "
+  "(--profile), each side's cold build of one shape alone (--compile_alone), within "
+  "--deadline. --sizes, --seqs, --batch, --dtypes, --task and --peers do not apply.",
 )
 _GPU_SMOKE = flags.DEFINE_bool(
   "gpu_smoke", False, "--gpu's plumbing at tiny shapes; runs on a CPU (both sides on it)."
 )
 _DEADLINE = flags.DEFINE_float(
   "deadline",
-  475.0,
+  500.0,
   "--gpu: seconds for the whole comparison; what does not fit (by the planned estimates) is "
   "skipped and reported, variants first.",
 )
@@ -140,11 +141,22 @@ _SHAPES = flags.DEFINE_list(
 _PROFILE = flags.DEFINE_list(
   "profile",
   None,
-  "--gpu: shapes whose step (ours) is traced for one step and tabled by kernel family (default: "
-  "the first shape; empty for none).",
+  "--gpu: shapes whose step is traced for one step, ours (jax.profiler) and PyTorch's "
+  "(torch.profiler, torch.compile's where it runs), and tabled by kernel family side by side "
+  "(default: base128 and large512 where among --shapes, else the first shape; empty for none).",
 )
 _PROFILE_DIR = flags.DEFINE_string(
-  "profile_dir", None, "--gpu: keep each profile's trace (jax.profiler's files) under this."
+  "profile_dir",
+  None,
+  "--gpu: write each profile's Chrome trace here, as ours-SHAPE.trace.json.gz and "
+  "torch-SHAPE.trace.json.gz.",
+)
+_COMPILE_ALONE = flags.DEFINE_string(
+  "compile_alone",
+  None,
+  "--gpu: the shape whose cold build each side makes with nothing else compiling or running, "
+  "ours first, then torch.compile's (default large128 where among --shapes; --gpu_smoke: "
+  "tiny64; empty for none).",
 )
 _DRY_RUN = flags.DEFINE_bool(
   "dry_run",
@@ -231,6 +243,7 @@ def _gpu() -> None:
     profile=_PROFILE.value,
     profile_dir=_PROFILE_DIR.value,
     dry_run=_DRY_RUN.value,
+    alone=_COMPILE_ALONE.value,
   )
   if not _DRY_RUN.value:
     print("\n" + gpu.format_gpu_table(records))

@@ -2,21 +2,29 @@
 
 A plan is one step to build and time: ours (the trainer's step at a shape, or a variant of it:
 model fields, or `xla_*` XLA options compiled into that executable only) or PyTorch's (eager or
-torch.compile at a shape, or a peer variant: `side=torch,attention_dropout_prob=0`). Each
-carries estimates of its build and step time, from the H100 run of 2026-11-27 (docs/gpu.md,
-docs/gpu-runs/2026-11-27-h100/).
+torch.compile at a shape, or a peer variant: `side=torch,attention_dropout_prob=0`), or the
+profile of one of them (ours by `jax.profiler`, torch.compile's by `torch.profiler`). Each
+carries estimates of its build and step time, from the H200 run of 2026-11-28
+(docs/gpu-runs/2026-11-28-h200/).
 
-Admission (`admit`): in priority order (the shapes on both sides, then the profile of our
-first shape, then the variants as listed), a plan is taken only if the whole run, simulated
-with the plans taken so far, still ends before the deadline: our compiles `compile_threads` at
-a time, the longest (the shapes) started first, lowering on the main thread; PyTorch's builds
-one after another; then PyTorch's timing phase, then ours (states made, warm-up, the timed
-runs, the profile). So a variant never takes the place of a shape, and what does not fit is
-reported before anything runs. `format_plan` prints the simulated schedule (`--dry_run`).
+The run has four phases. Alone: our build of the `--compile_alone` shape (Large 128 x 256),
+then torch.compile's of the same shape, each with nothing else compiling or running. Build:
+our other builds `compile_threads` at a time (the longest first, lowering on the main thread)
+beside PyTorch's, one after another. Then PyTorch's timing phase (its matmuls, its steps, the
+profiles of its steps), then ours.
+
+Admission (`admit`): in priority order (the shapes on both sides, then the profiles, then the
+variants as listed), a plan is taken only if the whole run, simulated with the plans taken so
+far, still ends before the deadline, so a variant never takes the place of a shape and what
+does not fit is reported before anything runs; our variants left out wait on standby.
+`format_plan` prints the simulated schedule (`--dry_run`). At run time `BuildGate` decides when
+each of our builds may start: a shape always, a variant (admitted or on standby) whenever its
+estimate still fits the deadline less the timing still owed.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,85 +44,100 @@ SHAPES = {
 DEFAULT_SHAPES = ("base128", "large128", "large512")
 SMOKE_SHAPES = ("tiny128", "tiny64", "ft_tiny128")
 SHAPE_KEYS = ("task", "size", "seq", "batch")
+# The profiled shapes (`--profile`; those of them that are among the shapes) and the shape
+# whose cold build is measured alone on each side (`--compile_alone`).
+DEFAULT_PROFILES = ("base128", "large512")
+SMOKE_PROFILES = ("tiny128",)
+COMPILE_ALONE = "large128"
+SMOKE_ALONE = "tiny64"
 
 # The default variants, in priority order; each at the first shape unless it says otherwise
-# (`size=`, `seq=`, `batch=`, `task=`). They answer the open GPU questions (docs/gpu.md): the
-# dropout bits, the fused attentions (flash keeps attention dropout; cuDNN's needs it off, so
-# PyTorch is timed at that setting too), the XLA options that matter on Hopper, and scanned
-# layers' compile time at Base and Large.
+# (`size=`, `seq=`, `batch=`, `task=`). Ours without a variant is the trainer's default
+# (whatever `auto` resolves to on the device), so: the model's previous GPU default, timed
+# beside it in every run; XLA's GEMM options (issue 44: our bf16 GEMMs against PyTorch's);
+# the explicit attention with the hash dropout (the fallback where the flash kernel does not
+# apply); cuDNN's fused attention without attention dropout (PyTorch timed at that setting
+# too); compile time against step time (no autotuning; scanned layers at Base and at Large).
 VARIANTS = (
-  "dropout_rng=hash;"
-  "dropout_rng=rbg;"
-  "attention_impl=flash;"
-  "attention_impl=explicit_lowp;"
-  "dropout_rng=hash,attention_impl=flash;"
+  "dropout_rng=threefry,attention_impl=explicit;"
+  "xla_gpu_enable_triton_gemm=False;"
+  "xla_gpu_enable_cublaslt=True;"
+  "dropout_rng=hash,attention_impl=explicit;"
   "attention_impl=cudnn,attention_dropout_prob=0;"
   "side=torch,attention_dropout_prob=0;"
-  "dropout_rng=hash_redraw;"
-  "kernels=lowp;"
-  "xla_gpu_enable_triton_gemm=False;"
   "xla_gpu_autotune_level=0;"
-  "xla_gpu_enable_cublaslt=True;"
-  "xla_gpu_enable_command_buffer=;"
   "scan_layers=True;"
-  "scan_layers=True,unroll_last_layer=True;"
   "size=large,scan_layers=True"
 )
 SMOKE_VARIANTS = "hidden_dropout_prob=0.0;scan_layers=True"
 # Peer-variant fields (HF BertConfig's dropouts) and keys.
 TORCH_FIELDS = ("attention_dropout_prob", "hidden_dropout_prob")
 
-# H100 80GB, 2026-11-27 (docs/gpu-runs/2026-11-27-h100): ours lower + compile (+ init) in s,
-# torch.compile's first step in s, steps in s; rounded up. Large 512's compile was not
-# measured (the H200 took 3% longer for it than for Large 128). Keys: (task, size, seq).
+# H200, 2026-11-28 (docs/gpu-runs/2026-11-28-h200), rounded up; keys (task, size, seq).
+# "ours": lower + compile + the state's init compile while PyTorch compiles beside us (the
+# flash kernel at Base: 41.6 s with hash in call 2, 49.4 s with threefry in call 1; the
+# threefry + explicit shapes took 147-216 s in call 1, their inits waiting 69-91 s beside the
+# other first compiles). Large 512 with the flash kernel has not built on a GPU yet (a direct
+# build ran past 110 s): 150 s is a guess between that and the old default's 123 s of lowering
+# and compile. "ours_alone": call 3's Large 128 hash + flash, alone (7.8 s
+# lowering + 63.6 s compile + 5.5 s init). "compile": torch.compile's first step (48 / 66 /
+# 100 s beside our compiles); "compile_alone": Large 128's, no faster assumed.
 EST_BUILD_S = {
   "ours": {
-    ("pretrain", "base", 128): 65,
-    ("pretrain", "large", 128): 170,
-    ("pretrain", "large", 512): 175,
+    ("pretrain", "base", 128): 55,
+    ("pretrain", "large", 128): 110,
+    ("pretrain", "large", 512): 150,
     ("finetune", "base", 128): 80,
   },
+  "ours_alone": {("pretrain", "large", 128): 80},
   "compile": {
-    ("pretrain", "base", 128): 45,
-    ("pretrain", "large", 128): 65,
+    ("pretrain", "base", 128): 50,
+    ("pretrain", "large", 128): 70,
     ("pretrain", "large", 512): 105,
     ("finetune", "base", 128): 30,
   },
+  "compile_alone": {("pretrain", "large", 128): 70},
 }
+# Step seconds, H200 2026-11-28: ours hash + flash (Base 55.9 ms, Large 128 161.5 ms; Large 512
+# the old default's 264.8 ms), torch.compile's and eager's.
 EST_STEP_S = {
   "ours": {
-    ("pretrain", "base", 128): 0.076,
-    ("pretrain", "large", 128): 0.21,
-    ("pretrain", "large", 512): 0.26,
+    ("pretrain", "base", 128): 0.058,
+    ("pretrain", "large", 128): 0.165,
+    ("pretrain", "large", 512): 0.27,
     ("finetune", "base", 128): 0.03,
   },
   "compile": {
-    ("pretrain", "base", 128): 0.068,
-    ("pretrain", "large", 128): 0.174,
-    ("pretrain", "large", 512): 0.2,
+    ("pretrain", "base", 128): 0.063,
+    ("pretrain", "large", 128): 0.163,
+    ("pretrain", "large", 512): 0.19,
     ("finetune", "base", 128): 0.02,
   },
   "eager": {
-    ("pretrain", "base", 128): 0.102,
-    ("pretrain", "large", 128): 0.231,
-    ("pretrain", "large", 512): 0.246,
+    ("pretrain", "base", 128): 0.093,
+    ("pretrain", "large", 128): 0.21,
+    ("pretrain", "large", 512): 0.225,
     ("finetune", "base", 128): 0.039,
   },
 }
-EAGER_BUILD_S = 10  # the model on the device and its first steps (2-16 s on the H100)
-# Scanned layers compile one layer body (Base 17 s against 60, Large 21 against 161) and step
-# slower (Base 115 ms against 75); no autotuning compiles faster.
-VARIANT_COMPILE_SCALE = (("scan_layers", True, 0.3), ("xla_gpu_autotune_level", 0, 0.8))
-VARIANT_STEP_SCALE = (("scan_layers", True, 1.6),)
+EAGER_BUILD_S = 5  # the model on the device and its first steps (0.9-3.0 s on the H200)
+# Scanned layers compile one layer body (Base 19 s against 78 on the H200, 17 against 60 on
+# the H100) and step slower (Base 97 ms against 67); no autotuning compiles faster.
+VARIANT_COMPILE_SCALE = (("scan_layers", True, 0.4), ("xla_gpu_autotune_level", 0, 0.8))
+VARIANT_STEP_SCALE = (("scan_layers", True, 1.7),)
 SMOKE_BUILD_S, SMOKE_STEP_S = 20.0, 0.05  # the CPU smoke run's (tiny)
-# Around the phases: a worker's start (imports, the device, its matmul peaks compiled), our
-# lowering per plan (on the main thread), per timed plan the state's init and the first call,
-# each side's matmul peaks and exit, a profile (trace, export, parse), the parent's margin.
-START_S = {"ours": 10.0, "torch": 15.0}
+# Around the phases, from call 1 of 2026-11-28 where it timed them (its timing phases: PyTorch
+# 30.7 s for 7 plans of 30 steps, ours 43 s for 8 plans and a profile): a worker's start
+# (imports, the device, ours its matmul programs compiled), our lowering per plan (on the main
+# thread), per timed plan of ours the state's init and the first call (1.7-2.2 s), each side's
+# matmuls (one timed call, a chain of products) and its exit, a profile (trace 5.1 s, parse
+# 1.3 s at Base; PyTorch's export and parse), the parent's margin.
+START_S = {"ours": 12.0, "torch": 15.0}
 LOWER_S_PER_LAYER = 0.35
-PLAN_OVERHEAD_S = 3.0
-SIDE_OVERHEAD_S = 8.0
-PROFILE_S = 30.0
+PLAN_OVERHEAD_S = 2.5
+SIDE_OVERHEAD_S = 4.0
+PEAK_S = 4.0
+PROFILE_S = {"ours": 12.0, "torch": 10.0}
 MARGIN_S = 10.0
 
 
@@ -123,6 +146,11 @@ def shape_of(name: str) -> dict[str, Any]:
   if name not in SHAPES:
     raise ValueError(f"--shapes: unknown shape {name!r}; choose from {', '.join(SHAPES)}")
   return dict(zip(SHAPE_KEYS, SHAPES[name], strict=True))
+
+
+def shape_name(plan: dict[str, Any]) -> str:
+  """A plan's shape as a short name for files ("base128", "large512", "ft_base128")."""
+  return f"{'ft_' if plan['task'] == 'finetune' else ''}{plan['size']}{plan['seq']}"
 
 
 def _lookup(table: dict, task: str, size: str, seq: int) -> float:
@@ -142,15 +170,21 @@ def _scale(variant: dict[str, Any], rules) -> float:
   return out
 
 
-def estimates(side: str, shape: dict[str, Any], variant: dict[str, Any], smoke: bool):
-  """(build seconds, step seconds) of a plan; `side` is "ours", "eager" or "compile"."""
+def estimates(
+  side: str, shape: dict[str, Any], variant: dict[str, Any], smoke: bool, alone: bool = False
+):
+  """(build seconds, step seconds) of a plan; `side` is "ours", "eager" or "compile"; `alone`:
+  a build with nothing beside it (the `--compile_alone` shape)."""
   if smoke:
     return SMOKE_BUILD_S, SMOKE_STEP_S
   task, size, seq = shape["task"], shape["size"], shape["seq"]
   step_s = _lookup(EST_STEP_S[side], task, size, seq) * _scale(variant, VARIANT_STEP_SCALE)
   if side == "eager":
     return float(EAGER_BUILD_S), step_s
-  build = _lookup(EST_BUILD_S[side], task, size, seq) * _scale(variant, VARIANT_COMPILE_SCALE)
+  table = EST_BUILD_S[side]
+  if alone and (task, size, seq) in EST_BUILD_S[f"{side}_alone"]:
+    table = EST_BUILD_S[f"{side}_alone"]
+  build = _lookup(table, task, size, seq) * _scale(variant, VARIANT_COMPILE_SCALE)
   return build, step_s
 
 
@@ -173,11 +207,15 @@ def make_plans(
   torch_modes: Sequence[str] = ("eager", "compile"),
   shapes: Sequence[str] | None = None,
   profile: Sequence[str] | None = None,
+  alone: str | None = None,
 ) -> list[dict[str, Any]]:
   """Every plan in priority order: our shapes, PyTorch's (eager, then torch.compile), the
-  profiles (of our step at the `profile` shapes; default: the first shape), then the variants
-  in the order given (default `VARIANTS`; [] for none; a `side=torch` variant is the peer of
-  the variant of ours just before it). Each plan has an id, its side, shape, variant,
+  profiles (per `profile` shape, default `DEFAULT_PROFILES` among the shapes, else the first:
+  ours, then PyTorch's step at that shape, torch.compile's where it runs), then the variants in
+  the order given (default `VARIANTS`; [] for none; a `side=torch` variant is the peer of the
+  variant of ours just before it). The `alone` shape's plan of ours and its torch.compile plan
+  (eager where torch.compile does not run) carry `alone: True` (default `COMPILE_ALONE` where
+  it is among the shapes; "" for none). Each plan has an id, its side, shape, variant,
   `priority` and `role` ("shape", "profile" or "variant") and its estimates."""
   names = list(shapes or (SMOKE_SHAPES if smoke else DEFAULT_SHAPES))
   shape_list = [shape_of(n) for n in names]
@@ -186,16 +224,24 @@ def make_plans(
       raise ValueError(f"--torch_modes: unknown mode {mode!r}; use eager, compile")
   if variants is None:
     variants = suite.parse_variants(SMOKE_VARIANTS if smoke else VARIANTS)
-  profile = names[:1] if profile is None else list(profile)
+  if profile is None:
+    profile = [n for n in (SMOKE_PROFILES if smoke else DEFAULT_PROFILES) if n in names]
+    profile = profile or names[:1]
+  profile = list(profile)
   for p in profile:
     if p not in names:
       raise ValueError(f"--profile: {p!r} is not one of --shapes ({', '.join(names)})")
+  if alone is None:
+    alone = SMOKE_ALONE if smoke else COMPILE_ALONE
+    alone = alone if alone in names else ""
+  elif alone and alone not in names:
+    raise ValueError(f"--compile_alone: {alone!r} is not one of --shapes ({', '.join(names)})")
   plans: list[dict[str, Any]] = []
 
   def add(side: str, mode: str, shape: dict[str, Any], variant: dict[str, Any], role: str):
     est_build, est_step = estimates(mode, shape, variant, smoke)
     plan = {
-      "id": f"{side}{sum(p['side'] == side for p in plans)}",
+      "id": f"{side}{sum(p['side'] == side and p['role'] != 'profile' for p in plans)}",
       "side": side,
       "role": role,
       "priority": len(plans),
@@ -222,21 +268,34 @@ def make_plans(
         attention_dropout=tfields.get("attention_dropout_prob", 0.1),
       )
     plans.append(plan)
+    return plan
+
+  def at(name: str, side: str) -> list[dict[str, Any]]:
+    """The shape plans of one side at shape `name`, torch.compile's before eager's."""
+    want = shape_of(name)
+    got = [p for p in plans if p["side"] == side and p["role"] == "shape"
+           and want == {k: p[k] for k in SHAPE_KEYS}]  # fmt: skip
+    return sorted(got, key=lambda p: p.get("mode") != "compile")
 
   for shape in shape_list:
     add("ours", "ours", shape, {}, "shape")
   for mode in torch_modes:
     for shape in shape_list:
       add("torch", mode, shape, {}, "shape")
+  if alone:
+    for side, mode in (("ours", "ours"), ("torch", None)):
+      for p in at(alone, side)[:1]:
+        mode = mode or p["mode"]
+        p["alone"] = True
+        p["est_compile_s"] = estimates(mode, p, {}, smoke, alone=True)[0]
   for name in profile:
-    ours = next(p for p in plans if p["side"] == "ours" and p["role"] == "shape"
-                and shape_of(name) == {k: p[k] for k in SHAPE_KEYS})  # fmt: skip
-    plans.append(
-      {"id": f"profile:{ours['id']}", "side": "ours", "role": "profile",
-       "priority": len(plans), "of": ours["id"], **{k: ours[k] for k in SHAPE_KEYS},
-       "impl": "bert_jax", "variant": {}, "est_compile_s": 0.0,
-       "est_step_s": 0.0, "est_mem": ours["est_mem"]}
-    )  # fmt: skip
+    for side in ("ours", "torch"):
+      for of in at(name, side)[:1]:
+        plans.append(
+          {"id": f"profile:{of['id']}", "side": side, "role": "profile", "priority": len(plans),
+           "of": of["id"], **{k: of[k] for k in SHAPE_KEYS}, "impl": of["impl"], "variant": {},
+           "est_compile_s": 0.0, "est_step_s": 0.0, "est_mem": of["est_mem"]}
+        )  # fmt: skip
   for v in variants:
     fields = dict(v)
     side = str(fields.pop("side", "ours"))
@@ -249,11 +308,11 @@ def make_plans(
         )
       mode = str(fields.pop("mode", "compile" if "compile" in torch_modes else "eager"))
       if mode in torch_modes:  # no PyTorch side, or not that mode: no peer variant
-        add("torch", mode, shape, fields, "variant")
+        peer = add("torch", mode, shape, fields, "variant")
         # The peer of the variant of ours listed just before it: admitted only with it.
         partner = [q for q in plans if q["side"] == "ours" and q["role"] == "variant"]
-        if partner and partner[-1]["priority"] == plans[-1]["priority"] - 1:
-          plans[-1]["with"] = partner[-1]["id"]
+        if partner and partner[-1]["priority"] == peer["priority"] - 1:
+          peer["with"] = partner[-1]["id"]
     elif side == "ours":
       add("ours", "ours", shape, fields, "variant")
     else:
@@ -273,11 +332,21 @@ def lower_s(plan: dict[str, Any], smoke: bool) -> float:
 
 
 def build_order(plans: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-  """Our builds in the order they start: the shapes longest first, then the variants by
-  priority (so a late run drops the last variants, never a shape)."""
-  ours = [p for p in plans if p["side"] == "ours" and p["role"] != "profile"]
+  """Our builds of the build phase in the order they start (the `alone` one is built before):
+  the shapes longest first, then the variants by priority (so a late run drops the last
+  variants, never a shape)."""
+  ours = [p for p in plans if p["side"] == "ours" and p["role"] != "profile" and not p.get("alone")]
   shapes = sorted((p for p in ours if p["role"] == "shape"), key=lambda p: -p["est_compile_s"])
-  return shapes + [p for p in ours if p["role"] == "variant"]
+  return shapes + sorted((p for p in ours if p["role"] == "variant"), key=lambda p: p["priority"])
+
+
+def timing_s(plan: dict[str, Any], steps: int, reps: int, warmup: int) -> float:
+  """Seconds a built plan takes in its side's timing phase (a profile: `PROFILE_S`)."""
+  if plan["role"] == "profile":
+    return PROFILE_S[plan["side"]]
+  if plan["side"] == "ours":
+    return PLAN_OVERHEAD_S + plan["est_step_s"] * (warmup + steps * reps)
+  return plan["est_step_s"] * steps * reps
 
 
 def simulate(
@@ -289,37 +358,46 @@ def simulate(
   smoke: bool = False,
 ) -> dict[str, Any]:
   """The planned run of `plans`: each build's start and end (s from the start), when the
-  build phase ends, each side's timing phase and the run's end."""
+  build phase ends (both sides, and each), each side's timing phase and the run's end."""
   at: dict[str, tuple[float, float]] = {}
-  main = START_S["ours"]
-  slots = [main] * max(1, compile_threads)
+  sides = {p["side"] for p in plans}
+  t = max(START_S[s] for s in sides) if sides else 0.0
+  for side in ("ours", "torch"):  # alone: ours, then PyTorch's
+    for p in plans:
+      if p["side"] == side and p.get("alone"):
+        at[p["id"]] = (t, t + p["est_compile_s"] + (lower_s(p, smoke) if side == "ours" else 0))
+        t = at[p["id"]][1]
+  alone_end = t
+  main = t
+  slots = [t] * max(1, compile_threads)
   for p in build_order(plans):
     main += lower_s(p, smoke)
     i = min(range(len(slots)), key=slots.__getitem__)
     start = max(main, slots[i])
     slots[i] = start + p["est_compile_s"]
     at[p["id"]] = (start, slots[i])
-  t = START_S["torch"]
   for p in plans:
-    if p["side"] == "torch":
+    if p["side"] == "torch" and p["role"] != "profile" and not p.get("alone"):
       at[p["id"]] = (t, t + p["est_compile_s"])
       t += p["est_compile_s"]
-  sides = {p["side"] for p in plans}
-  build_end = max([e for _, e in at.values()], default=0.0)
-  timing = {s: SIDE_OVERHEAD_S if s in sides else 0.0 for s in ("torch", "ours")}
+  ends = {s: max([e for i, (_, e) in at.items() if _side(plans, i) == s], default=0.0)
+          for s in ("ours", "torch")}  # fmt: skip
+  build_end = max([alone_end, *ends.values()])
+  timing = {s: SIDE_OVERHEAD_S + PEAK_S if s in sides else 0.0 for s in ("torch", "ours")}
   for p in plans:
-    if p["role"] == "profile":
-      timing["ours"] += PROFILE_S
-    elif p["side"] == "ours":
-      timing["ours"] += PLAN_OVERHEAD_S + p["est_step_s"] * (warmup + steps * reps)
-    else:
-      timing["torch"] += p["est_step_s"] * steps * reps
+    timing[p["side"]] += timing_s(p, steps, reps, warmup)
   return {
     "at": at,
+    "alone_end_s": alone_end,
     "build_end_s": build_end,
+    "side_build_end_s": ends,
     "timing_s": timing,
     "end_s": build_end + timing["torch"] + timing["ours"] + MARGIN_S,
   }
+
+
+def _side(plans: Sequence[dict[str, Any]], plan_id: str) -> str:
+  return next(p["side"] for p in plans if p["id"] == plan_id)
 
 
 def admit(
@@ -351,11 +429,96 @@ def timing_reserve(sim: dict[str, Any]) -> float:
   return sim["end_s"] - sim["build_end_s"]
 
 
+def gate_spec(sim: dict[str, Any], t0: float) -> dict[str, float]:
+  """What our worker's `BuildGate` needs of the plan: when PyTorch's builds are planned to end
+  (absolute time; the timing phase waits for them) and the seconds of timing owed besides our
+  plans' own: PyTorch's timing phase, our side's overheads and profiles, the margin."""
+  fixed = sim["timing_s"]["torch"] + SIDE_OVERHEAD_S + PEAK_S + MARGIN_S
+  return {"wait_until": t0 + sim["side_build_end_s"]["torch"], "fixed_s": fixed}
+
+
+class BuildGate:
+  """When each of our builds in the build phase may start, by the clock it is given (the
+  worker's `time.time()`, a test's simulated one).
+
+  A shape always starts. A variant starts when, started now, its build would end in time for
+  the timing still owed: max(now + its build, the ends of our builds in flight, PyTorch's
+  planned build end) + the timing of every plan built or building (and its own, and the
+  profiles of those) + the fixed part (`gate_spec`) must not pass `end_by`. Every build's
+  estimate is scaled by the largest overrun seen so far: of the builds finished, and of those
+  in flight past their estimate. Our admitted variants and those on standby alike: a variant
+  whose estimate no longer fits is skipped, and one further down the list with a shorter build
+  may still start."""
+
+  def __init__(
+    self,
+    plans: Sequence[dict[str, Any]],
+    end_by: float,
+    fixed_s: float,
+    wait_until: float,
+    steps: int,
+    reps: int,
+    warmup: int,
+  ):
+    self.end_by, self.fixed_s, self.wait_until = end_by, fixed_s, wait_until
+    self.steps, self.reps, self.warmup = steps, reps, warmup
+    self.profiles = {p["of"]: p for p in plans if p["role"] == "profile" and p["side"] == "ours"}
+    self.scale = 1.0  # the largest overrun of the builds finished
+    self.owed: dict[str, float] = {}  # plan id -> its timing seconds, for builds started or done
+    self.busy: dict[str, tuple[float, float]] = {}  # plan id -> (start, estimate), in flight
+    self._lock = threading.Lock()
+
+  def _owes(self, plan: dict[str, Any]) -> float:
+    own = timing_s(plan, self.steps, self.reps, self.warmup)
+    prof = self.profiles.get(plan["id"])
+    return own + (timing_s(prof, self.steps, self.reps, self.warmup) if prof else 0.0)
+
+  def scale_at(self, now: float) -> float:
+    """The estimates' scale at `now`: the largest overrun so far, in flight or finished."""
+    with self._lock:
+      running = [(now - s) / e for s, e in self.busy.values() if e > 0]
+      return max([self.scale, *running])
+
+  def planned_end(self, plan: dict[str, Any], now: float) -> float:
+    """The run's end if `plan` started building now (with what is owed already)."""
+    scale = self.scale_at(now)
+    with self._lock:
+      ends = [now + plan["est_compile_s"] * scale, self.wait_until]
+      ends += [s + e * scale for s, e in self.busy.values()]
+      return max(ends) + self.fixed_s + sum(self.owed.values()) + self._owes(plan)
+
+  def try_start(self, plan: dict[str, Any], now: float) -> bool:
+    """Whether `plan` starts now (`planned_end` by `end_by`, or a shape); if so it is owed."""
+    ok = plan["role"] == "shape" or self.planned_end(plan, now) <= self.end_by
+    if ok:
+      with self._lock:
+        self.owed[plan["id"]] = self._owes(plan)
+        self.busy[plan["id"]] = (now, plan["est_compile_s"])
+    return ok
+
+  def owe(self, plan: dict[str, Any]) -> None:
+    """`plan` was built before this gate (the alone phase): its timing is owed."""
+    with self._lock:
+      self.owed[plan["id"]] = self._owes(plan)
+
+  def done(self, plan: dict[str, Any], seconds: float | None) -> None:
+    """`plan`'s build ended after `seconds` (None: it failed, and is owed nothing)."""
+    with self._lock:
+      self.busy.pop(plan["id"], None)
+      if seconds is None:
+        self.owed.pop(plan["id"], None)
+      elif plan["est_compile_s"] > 0:
+        self.scale = max(self.scale, seconds / plan["est_compile_s"])
+
+
 def describe(p: dict[str, Any]) -> str:
   """A plan in a few words: side, impl, task, shape, variant."""
   var = ",".join(f"{k}={v}" for k, v in p.get("variant", {}).items())
-  what = "profile" if p["role"] == "profile" else p["impl"]
-  return f"{p['side']} {what} {p['task']} {p['size']} {p['seq']} x {p['batch']} {var}".strip()
+  what = f"profile of {p['impl']}" if p["role"] == "profile" else p["impl"]
+  alone = " (alone)" if p.get("alone") else ""
+  return (
+    f"{p['side']} {what} {p['task']} {p['size']} {p['seq']} x {p['batch']} {var}".strip() + alone
+  )
 
 
 def format_plan(
@@ -371,7 +534,7 @@ def format_plan(
   ]
   for p in sorted(taken, key=lambda p: p["priority"]):
     start, end = sim["at"].get(p["id"], (None, None))
-    when = f"{start:.0f} - {end:.0f}" if start is not None else "after the timing"
+    when = f"{start:.0f} - {end:.0f}" if start is not None else "in the timing phase"
     lines.append(
       f"| {p['priority']} | {describe(p)} | {p['role']} | {p['est_compile_s']:.0f} | {when} | "
       f"{1e3 * p['est_step_s']:.0f} |"
@@ -382,7 +545,9 @@ def format_plan(
     lines.append(f"does not fit the deadline: {describe(p)} ({p['role']}) - {why}")
   t = sim["timing_s"]
   lines.append(
-    f"builds end {sim['build_end_s']:.0f} s; timing: torch {t['torch']:.0f} s, ours "
-    f"{t['ours']:.0f} s; planned end {sim['end_s']:.0f} s of the {deadline_s:.0f} s deadline"
+    f"alone builds end {sim['alone_end_s']:.0f} s; builds end {sim['build_end_s']:.0f} s "
+    f"(ours {sim['side_build_end_s']['ours']:.0f}, torch {sim['side_build_end_s']['torch']:.0f}); "
+    f"timing: torch {t['torch']:.0f} s, ours {t['ours']:.0f} s; planned end "
+    f"{sim['end_s']:.0f} s of the {deadline_s:.0f} s deadline"
   )
   return "\n".join(lines)

@@ -84,6 +84,13 @@ class LockstepWorker:
     why = f"timed out after {timeout:g} s" if timed_out.is_set() else f"exited ({code}) early"
     raise RuntimeError(f"lockstep worker {self.name} {why}: {tail}")
 
+  def command(self, command: str, timeout: float | None = None) -> None:
+    """Sends `command` and waits for the worker's next READY line (a GPU-session worker: the
+    end of that phase)."""
+    self.proc.stdin.write(command + "\n")
+    self.proc.stdin.flush()
+    self._read_until(protocol.READY_MARK, timeout)
+
   def step(self, settle: bool = False) -> float:
     """Runs one step; returns its seconds."""
     self.proc.stdin.write("settle\n" if settle else "step\n")

@@ -16,9 +16,12 @@ warmup + linear decay schedule stepped, as the fine-tuning recipe runs. Prints i
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,10 +29,11 @@ from typing import Any
 import numpy as np
 
 if __package__:
-  from bert_jax.benchmark import batches, host, protocol
+  from bert_jax.benchmark import batches, host, kernel_families, protocol
 else:  # run by path: the siblings come from this file's directory, sys.path[0]
   import batches
   import host
+  import kernel_families
   import protocol
 
   del sys.path[0]  # no other file here may shadow a module that torch or jax imports
@@ -282,27 +286,101 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
   }
 
 
-def _torch_peak_tflops(torch: Any, device: str, n: int) -> float:
-  """Best TFLOP/s of 10 n x n bf16 matmuls on `device`, in this process."""
+def _torch_peaks(torch: Any, device: str, n: int, chain: int) -> dict[str, Any]:
+  """This process's bf16 n x n matmul TFLOP/s: one product `a @ a` timed as one call with its
+  sync (`tflops`: the fastest of 10), and `chain` products x <- x @ b (b scaled by 1/sqrt(n))
+  timed between CUDA events (`tflops_chain`: the median of 5 after one untimed; on a CPU the
+  host clock), as ours (`gpu_ours._peaks`) times them."""
+  torch.manual_seed(0)
   a = torch.randn(n, n, device=device).to(torch.bfloat16)
-  sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+  b = (torch.randn(n, n, device=device) / n**0.5).to(torch.bfloat16)
+  cuda = device == "cuda"
+  sync = torch.cuda.synchronize if cuda else (lambda: None)
 
   def one() -> None:
     a @ a
     sync()
 
-  return 2 * n**3 / min(host.time_calls(one, reps=10)) / 1e12
+  def chained() -> Any:
+    x = a
+    for _ in range(chain):
+      x = x @ b
+    return x
+
+  call = 2 * n**3 / min(host.time_calls(one, reps=10)) / 1e12
+  chained()
+  sync()
+  times = []
+  for _ in range(5):
+    if cuda:
+      start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+      start.record()
+      chained()
+      end.record()
+      end.synchronize()
+      times.append(start.elapsed_time(end) / 1e3)
+    else:
+      t0 = time.perf_counter()
+      chained()
+      times.append(time.perf_counter() - t0)
+  times.sort()
+  return {
+    "tflops": call,
+    "tflops_chain": 2 * n**3 * chain / times[len(times) // 2] / 1e12,
+    "chain_products": chain,
+    "chain_timer": "cuda events" if cuda else "host clock",
+  }
+
+
+def _torch_profile(
+  torch: Any, run: Callable[[], Any], sync: Callable[[], None], trace_out: str | None
+) -> dict[str, Any]:
+  """One step of `run` under torch.profiler (CPU and, on CUDA, the device's kernels), its
+  Chrome trace by kernel family (`kernel_families`, the classifier our trace is read with);
+  the trace, gzipped, goes to `trace_out` when given."""
+  from torch.profiler import ProfilerActivity, profile
+
+  acts = [ProfilerActivity.CPU]
+  if torch.cuda.is_available():
+    acts.append(ProfilerActivity.CUDA)
+  t0 = time.perf_counter()
+  with profile(activities=acts) as prof:
+    run()
+    sync()
+  trace_s = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "trace.json")
+    prof.export_chrome_trace(path)
+    summary = kernel_families.trace_summary(path, steps=1)
+    if trace_out:
+      os.makedirs(os.path.dirname(trace_out) or ".", exist_ok=True)
+      with open(path, "rb") as src, gzip.open(trace_out, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+  return {
+    "steps": summary["steps"],
+    "kernel_families_ms": summary["families_ms"],
+    "kernel_device_ms": summary["device_ms"],
+    "kernel_top": summary["top"],
+    "span_ms": summary["span_ms"],
+    "trace_s": trace_s,
+    "parse_s": time.perf_counter() - t0,
+    "trace_file": trace_out,
+  }
 
 
 def gpu_session(spec: dict[str, Any]) -> None:
   """The PyTorch side of `benchmark --gpu` (`gpu.py`), on CUDA (or the CPU in a smoke run).
 
-  Build phase: per plan (eager and torch.compile'd steps of one model share it), `warmup`
-  steps, so torch.compile compiles here; a variant whose estimated build no longer fits before
-  `build_until` is skipped (a shape always builds). Then READY, and on `time`: this process's
-  bf16 matmul peak and each built step, model by model (the shapes smallest first, then the
-  variants; each model freed after its steps), as `reps` runs of `steps` back-to-back steps
-  with one sync at the end of each.
+  After its env record, READY; then each command on stdin. `alone`: the plans marked `alone`
+  (torch.compile at Large 128 x 256) built with nothing else compiling, READY. `build`: the
+  other plans (eager and torch.compile'd steps of one model share it), each `warmup` steps, so
+  torch.compile compiles here; a variant whose estimated build no longer fits before
+  `build_until` is skipped (a shape always builds); READY. `time`: this process's bf16
+  matmuls (`_torch_peaks`) and each built step, model by model (the shapes smallest first,
+  then the variants; each model freed after its steps), as `reps` runs of `steps`
+  back-to-back steps with one sync at the end of each, each followed by its profile
+  (`_torch_profile`) where one is planned; then RESULT.
   """
   import torch
   import transformers
@@ -326,18 +404,20 @@ def gpu_session(spec: dict[str, Any]) -> None:
   models: dict[tuple, dict[str, Any]] = {}
   runs: dict[str, Callable[[], Any]] = {}  # plan id -> its step
   built = []
-  for plan in spec["plans"]:
+
+  def build(plan: dict[str, Any]) -> None:
     rec = {k: plan[k] for k in keys}
     # A shape always builds (the plan admitted it); a variant only while it still fits.
     late = time.time() + plan["est_compile_s"] > spec["build_until"]
     if late and plan.get("role", "shape") != "shape":
       protocol.print_record({**rec, "kind": "skipped", "why": "build deadline"})
-      continue
+      return
     model_key = (plan["task"], plan["size"], plan["seq"], plan["batch"], plan["dropout"],
                  plan.get("attention_dropout", plan["dropout"]))  # fmt: skip
     try:
       if model_key not in models:
         models[model_key] = torch_parts(plan, info, device)
+        models[model_key]["attn_implementation"] = info.get("attn_implementation")
       run = torch_run(models[model_key], plan["mode"] == "compile", True, device, sync=False)
       t0 = time.perf_counter()
       run()
@@ -348,70 +428,113 @@ def gpu_session(spec: dict[str, Any]) -> None:
       sync()
       runs[plan["id"]] = run
       built.append((plan, model_key, first))
+      alone = {"alone": True} if plan.get("alone") else {}
       protocol.print_record(
-        {**rec, "kind": "built", "first_step_s": first, "build_s": time.perf_counter() - t0}
-      )
+        {**rec, "kind": "built", "first_step_s": first, "build_s": time.perf_counter() - t0,
+         **alone}
+      )  # fmt: skip
     except Exception as e:  # noqa: BLE001 - one plan's failure is a record, the rest go on
       protocol.print_record({**rec, "kind": "error", "error": protocol.error_text(e)})
     if cuda:
       torch.cuda.empty_cache()
+
+  steps_plans = [p for p in spec["plans"] if p.get("role", "shape") != "profile"]
+  profiles = {p["of"]: p for p in spec["plans"] if p.get("role") == "profile"}
   print(protocol.READY_MARK, flush=True)
-  if sys.stdin.readline().strip() == "time":
-    n = spec["matmul_n"]
-    peak = _torch_peak_tflops(torch, device, n)
-    protocol.print_record(
-      {"side": "torch", "kind": "peak", "dtype": "bfloat16", "matmul_n": n, "tflops": peak}
-    )
-    steps, reps = spec["steps"], spec["reps"]
-    order = sorted(built, key=lambda b: (b[0].get("role", "shape") != "shape", b[0]["est_mem"]))
-    for i, (plan, model_key, first) in enumerate(order):
-      rec = {k: plan[k] for k in keys}
-      late = time.time() + plan["est_step_s"] * steps * reps > spec["end_by"]
-      if late and plan.get("role", "shape") != "shape":
-        protocol.print_record({**rec, "kind": "skipped", "why": "timing deadline"})
-      else:
-        try:
-          parts = models[model_key]
-          state_b = sum(p.numel() * p.element_size() * 3 for p in parts["model"].parameters())
-          if cuda:
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-          losses = []
-
-          def run_n(k: int, run=runs[plan["id"]], losses=losses) -> None:
-            for _ in range(k):
-              loss = run()
-            sync()
-            losses.append(float(loss))
-
-          per_step = host.per_step_reps(run_n, steps, reps)
-          # This model's weights and AdamW moments, + what its step added on top of what was
-          # resident before it (the other models' state included there).
-          mem = (state_b + torch.cuda.max_memory_allocated() - base) / 2**30 if cuda else None
-          protocol.print_record(
-            {
-              **rec,
-              "kind": "step",
-              "step_s": min(per_step),
-              "step_s_all": per_step,
-              "step_s_median": sorted(per_step)[len(per_step) // 2],
-              "first_step_s": first,
-              "mem_gib": mem,
-              "losses": losses,
-              "attn_implementation": info.get("attn_implementation"),
-            }
-          )
-        except Exception as e:  # noqa: BLE001
-          protocol.print_record({**rec, "kind": "error", "error": protocol.error_text(e)})
-      if all(b[1] != model_key for b in order[i + 1 :]):
-        # Its steps are done: free it for the larger ones.
-        models.pop(model_key, None)
-        for b in order:
-          if b[1] == model_key:
-            runs.pop(b[0]["id"], None)
-        if cuda:
-          torch.cuda.empty_cache()
+  while cmd := sys.stdin.readline().strip():
+    if cmd in ("alone", "build"):
+      for plan in steps_plans:
+        if bool(plan.get("alone")) == (cmd == "alone"):
+          build(plan)
+      print(protocol.READY_MARK, flush=True)
+      continue
+    if cmd == "time":
+      _time_session(spec, torch, device, sync, built, models, runs, profiles)
+    break
   protocol.print_result({"side": "torch", "built": len(built)})
+
+
+def _time_session(spec, torch, device, sync, built, models, runs, profiles) -> None:
+  """`gpu_session`'s timing phase (its docstring)."""
+  cuda = device == "cuda"
+  keys = ("id", "side", "impl", "task", "size", "seq", "batch", "variant")
+  n = spec["matmul_n"]
+  peak = _torch_peaks(torch, device, n, spec.get("chain", 20))
+  protocol.print_record(
+    {"side": "torch", "kind": "peak", "dtype": "bfloat16", "matmul_n": n, **peak}
+  )
+  steps, reps = spec["steps"], spec["reps"]
+  order = sorted(built, key=lambda b: (b[0].get("role", "shape") != "shape", b[0]["est_mem"]))
+  timed = set()
+  for i, (plan, model_key, first) in enumerate(order):
+    rec = {k: plan[k] for k in keys}
+    late = time.time() + plan["est_step_s"] * steps * reps > spec["end_by"]
+    if late and plan.get("role", "shape") != "shape":
+      protocol.print_record({**rec, "kind": "skipped", "why": "timing deadline"})
+    else:
+      try:
+        parts = models[model_key]
+        state_b = sum(p.numel() * p.element_size() * 3 for p in parts["model"].parameters())
+        if cuda:
+          torch.cuda.reset_peak_memory_stats()
+          base = torch.cuda.memory_allocated()
+        losses = []
+
+        def run_n(k: int, run=runs[plan["id"]], losses=losses) -> None:
+          for _ in range(k):
+            loss = run()
+          sync()
+          losses.append(float(loss))
+
+        per_step = host.per_step_reps(run_n, steps, reps)
+        # This model's weights and AdamW moments, + what its step added on top of what was
+        # resident before it (the other models' state included there).
+        mem = (state_b + torch.cuda.max_memory_allocated() - base) / 2**30 if cuda else None
+        protocol.print_record(
+          {
+            **rec,
+            "kind": "step",
+            "step_s": min(per_step),
+            "step_s_all": per_step,
+            "step_s_median": sorted(per_step)[len(per_step) // 2],
+            "first_step_s": first,
+            "mem_gib": mem,
+            "losses": losses,
+            "attn_implementation": models[model_key].get("attn_implementation"),
+          }
+        )
+        timed.add(plan["id"])
+        prof = profiles.get(plan["id"])
+        if prof and time.time() + spec.get("profile_s", 12.0) / 2 <= spec["end_by"]:
+          out_dir = spec.get("profile_dir")
+          name = f"{'ft_' if plan['task'] == 'finetune' else ''}{plan['size']}{plan['seq']}"
+          trace_out = os.path.join(out_dir, f"torch-{name}.trace.json.gz") if out_dir else None
+          try:
+            got = _torch_profile(torch, runs[plan["id"]], sync, trace_out)
+            protocol.print_record(
+              {**rec, "id": prof["id"], "of": plan["id"], "kind": "profile", **got}
+            )
+          except Exception as e:  # noqa: BLE001 - a failed profile is a record
+            protocol.print_record(
+              {**rec, "id": prof["id"], "kind": "error", "error": protocol.error_text(e)}
+            )
+        elif prof:
+          protocol.print_record({**rec, "id": prof["id"], "kind": "skipped",
+                                 "why": "timing deadline"})  # fmt: skip
+      except Exception as e:  # noqa: BLE001
+        protocol.print_record({**rec, "kind": "error", "error": protocol.error_text(e)})
+    if all(b[1] != model_key for b in order[i + 1 :]):
+      # Its steps are done: free it for the larger ones.
+      models.pop(model_key, None)
+      for b in order:
+        if b[1] == model_key:
+          runs.pop(b[0]["id"], None)
+      if cuda:
+        torch.cuda.empty_cache()
+  for of_id, prof in profiles.items():
+    if of_id not in timed:
+      rec = {k: prof[k] for k in keys}
+      protocol.print_record({**rec, "kind": "skipped", "why": "its step was not timed"})
 
 
 if __name__ == "__main__":

@@ -28,10 +28,13 @@ import dataclasses
 import glob
 import os
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+from bert_jax.benchmark import kernel_families
 
 FAMILIES = (
   "rng",
@@ -362,19 +365,43 @@ def _self_times(events: list[Event]) -> list[Event]:
   return [dataclasses.replace(e, dur_ns=d) for e, d in zip(events, own, strict=True)]
 
 
+def _of_module(events: Sequence[Event], hlo: HloIndex | None) -> list[Event]:
+  """The events of the module `hlo` indexes (all of them without an index)."""
+  module = hlo.module if hlo else ""
+  return [e for e in events if not (module and e.module and e.module != module)]
+
+
+def kernel_context(hlo: HloIndex | None, e: Event) -> str:
+  """The opcodes of the HLO instruction behind a kernel, as `kernel_families.classify` reads
+  them for XLA's generic fusion names ("" where there is no instruction)."""
+  ins = hlo.lookup(e.hlo_op, e.name) if hlo else None
+  if ins is None:
+    return ""
+  return " ".join(sorted(hlo.evidence(ins.name).opcodes - TRIVIAL_OPCODES - {"fusion"}))
+
+
+def kernel_summary(events: Sequence[Event], hlo: HloIndex | None, steps: int) -> dict[str, Any]:
+  """The same events by `kernel_families` (kernel names: the classifier PyTorch's trace is read
+  with), as `kernel_families.summarize` gives them."""
+  events = _of_module(events, hlo)
+  contexts = {}
+  for e in events:
+    if e.name not in contexts and kernel_families.GENERIC.match(e.name):
+      contexts[e.name] = kernel_context(hlo, e)
+  tuples = [(e.name, e.start_ns / 1e3, e.dur_ns / 1e3, e.end_ns / 1e3) for e in events]
+  return kernel_families.summarize(tuples, steps, contexts)
+
+
 def summarize(
   events: Sequence[Event], hlo: HloIndex | None, steps: int, top: int = 12
 ) -> dict[str, Any]:
   """Per-step ms by family, the top kernels, and how much of the time was tied to an HLO
   instruction of the module (events of other modules are left out)."""
-  module = hlo.module if hlo else ""
   fam_ns: dict[str, float] = dict.fromkeys(FAMILIES, 0.0)
   kernels: dict[str, dict[str, Any]] = {}
   attributed = 0.0
   starts, ends = [], []
-  for e in events:
-    if module and e.module and e.module != module:
-      continue
+  for e in _of_module(events, hlo):
     ins = hlo.lookup(e.hlo_op, e.name) if hlo else None
     family = classify(hlo.evidence(ins.name)) if ins else classify_name(e.name)
     attributed += e.dur_ns if ins else 0.0
@@ -423,7 +450,9 @@ def latest_xplane(log_dir: str) -> str:
 
 
 def parse_trace(path: str, hlo_text: str | None, steps: int) -> dict[str, Any]:
-  """`summarize` of a trace file (`jax.profiler`'s .xplane.pb) against the module's text."""
+  """`summarize` of a trace file (`jax.profiler`'s .xplane.pb) against the module's text, with
+  the same events by kernel name (`kernel_summary`) under `kernel_families_ms`,
+  `kernel_device_ms` and `kernel_top`."""
   import jax
 
   data = jax.profiler.ProfileData.from_file(path)
@@ -433,14 +462,26 @@ def parse_trace(path: str, hlo_text: str | None, steps: int) -> dict[str, Any]:
     raise RuntimeError(
       f"{path}: no device kernels and no XLA ops in the trace (on a GPU: is CUPTI there?)"
     )
-  return summarize(events, hlo, steps)
+  by_name = kernel_summary(events, hlo, steps)
+  return {
+    **summarize(events, hlo, steps),
+    "kernel_families_ms": by_name["families_ms"],
+    "kernel_device_ms": by_name["device_ms"],
+    "kernel_top": by_name["top"],
+  }
 
 
 def profile_step(
-  run: Callable[[], Any], hlo_text: str, steps: int = 1, log_dir: str | None = None
+  run: Callable[[], Any],
+  hlo_text: str,
+  steps: int = 1,
+  log_dir: str | None = None,
+  trace_out: str | None = None,
 ) -> dict[str, Any]:
   """Traces `steps` calls of `run` (each must wait for its step) and summarises them per step;
-  the trace is kept under `log_dir` when given."""
+  the trace is kept under `log_dir` when given (jax.profiler's tree of files), and the Chrome
+  trace it writes beside the .xplane.pb (`HOST.trace.json.gz`) is copied to the file
+  `trace_out` when given."""
   import jax
 
   with tempfile.TemporaryDirectory() as tmp:
@@ -453,12 +494,17 @@ def profile_step(
     t0 = time.perf_counter()
     path = latest_xplane(where)
     out = parse_trace(path, hlo_text, steps)
-  return {
-    **out,
-    "trace_s": trace_s,
-    "parse_s": time.perf_counter() - t0,
-    "trace_file": path if log_dir else None,
-  }
+    kept = path if log_dir else None
+    if trace_out:
+      # The numbers stand without the file: a missing Chrome trace is a note, not an error.
+      chrome = glob.glob(os.path.join(os.path.dirname(path), "*.trace.json.gz"))
+      if chrome:
+        os.makedirs(os.path.dirname(trace_out) or ".", exist_ok=True)
+        shutil.copyfile(max(chrome, key=os.path.getmtime), trace_out)
+        kept = trace_out
+      else:
+        out["trace_note"] = f"jax.profiler wrote no Chrome trace beside {os.path.basename(path)}"
+  return {**out, "trace_s": trace_s, "parse_s": time.perf_counter() - t0, "trace_file": kept}
 
 
 def format_profile(rec: dict[str, Any]) -> str:

@@ -4,8 +4,10 @@ A worker process prints one `BENCH_RESULT <json>` line with its record when it i
 lockstep worker (one that stays up and steps on request) first prints `BENCH_READY`, then
 answers each `step` or `settle` line on its stdin with `BENCH_STEP <seconds>` after running one
 step, and stops serving at any other line. A GPU-session worker (`gpu.py`) prints a
-`BENCH_RECORD <json>` line per event as it goes, `BENCH_READY` once it has built everything,
-and after a `time` line on its stdin times what it built, then ends with `BENCH_RESULT`.
+`BENCH_RECORD <json>` line per event as it goes and `BENCH_READY` once it has started; then
+it answers each `alone` or `build` line on its stdin (its alone and build phases) with
+`BENCH_READY` when that phase is done, and after a `time` line times what it built and ends
+with `BENCH_RESULT`.
 Standard library only: the peer worker, in an interpreter without bert_jax, loads this file by
 path.
 """

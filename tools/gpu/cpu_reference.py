@@ -2,10 +2,12 @@
 bf16 compute, float32 params), computed on the CPU, and their comparison with a GPU run's.
 
 The GPU run (`python -m bert_jax.benchmark --gpu`, docs/gpu.md) records the losses of its first
-steps for each of our plans. Its Base 128 x 256 plan is the trainer's default model, which on a
-GPU resolves to the stock XLA ops (`kernels=xla`) and flax's threefry dropout bits; the CPU
-reference takes the same fields explicitly, so both sides draw the same dropout masks from the
-same initial state and synthetic batch. The CPU takes the batch in 8 accumulated micro-batches
+steps for each of our plans. The one compared is its Base 128 x 256 plan with the stock XLA ops
+(`kernels=xla`), threefry dropout bits and the explicit attention: the default model where it
+resolves so on the GPU, else the benchmark's `dropout_rng=threefry,attention_impl=explicit`
+variant (the GPU's default before issue 44). The CPU reference takes the same fields
+explicitly, so both sides draw the same dropout masks from the same initial state and
+synthetic batch. The CPU takes the batch in 8 accumulated micro-batches
 of 32 (`opt.grad_accum_steps`; the whole batch at once needs 42 GB here) with
 `remat_policy=full`: the loss is still the whole batch's (normalised by its counts), but each
 micro-batch draws its own dropout and masking bits, a difference far below bf16 tolerance at
@@ -59,20 +61,40 @@ def compute() -> dict:
   }
 
 
-def gpu_losses(path: str) -> list[float]:
-  """The first losses of the GPU run's Base 128 x 256 pretraining plan (the default model)."""
+def gpu_losses(path: str) -> tuple[str, list[float]]:
+  """(which plan, its first losses): the GPU run's Base 128 x 256 pretraining plan whose model
+  ran the reference's dropout bits (its `built` record says `dropout_rng` threefry and
+  `kernels` xla; with attention dropout, the explicit attention draws them as the CPU's does):
+  the default model where it resolves so, else the variant that asks for them
+  (`dropout_rng=threefry,attention_impl=explicit`)."""
   with open(path) as f:
     records = [json.loads(line) for line in f if line.strip()]
-  for r in records:
-    if (
+
+  def base(r: dict) -> bool:
+    return (
       r.get("side") == "ours"
-      and r.get("kind") == "step"
       and r.get("task") == "pretrain"
       and (r.get("size"), r.get("seq"), r.get("batch")) == tuple(SHAPE.values())
-      and not r.get("variant")
-    ):
-      return r["losses"][:STEPS]
-  raise SystemExit(f"{path}: no timed step of our Base 128 x 256 pretraining plan")
+    )
+
+  same = {
+    r["id"]
+    for r in records
+    if base(r)
+    and r.get("kind") == "built"
+    and r.get("dropout_rng") == FIELDS["dropout_rng"]
+    and r.get("kernels") == FIELDS["kernels"]
+    and str(r.get("attention", "explicit")).startswith("explicit")
+    and set(r.get("variant", {})) <= {"dropout_rng", "attention_impl"}
+  }
+  steps = [r for r in records if base(r) and r.get("kind") == "step" and r["id"] in same]
+  for r in sorted(steps, key=lambda r: bool(r.get("variant"))):  # the default first
+    variant = ",".join(f"{k}={v}" for k, v in r["variant"].items()) or "default"
+    return f"{r['id']} ({variant})", r["losses"][:STEPS]
+  raise SystemExit(
+    f"{path}: no timed step of our Base 128 x 256 pretraining plan with the reference's "
+    f"dropout bits ({FIELDS['dropout_rng']}, explicit attention, kernels {FIELDS['kernels']})"
+  )
 
 
 def main(argv):
@@ -86,7 +108,8 @@ def main(argv):
   if FLAGS.compare:
     with open(FLAGS.reference) as f:
       ref = json.load(f)["losses"]
-    gpu = gpu_losses(FLAGS.compare)
+    which, gpu = gpu_losses(FLAGS.compare)
+    print(f"GPU plan: {which}")
     worst = max(abs(g - c) / abs(c) for g, c in zip(gpu, ref, strict=True))
     for i, (g, c) in enumerate(zip(gpu, ref, strict=True), 1):
       print(f"step {i}: GPU {g:.5f}  CPU {c:.5f}")
