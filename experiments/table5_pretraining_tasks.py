@@ -49,6 +49,8 @@ tasks (LTR overfits the 0.5M-token corpus: held-out next-token accuracy 19.1%, b
 count-based reference's 21.1%); NSP does not help (mlm beats mlm_nsp on both).
 """
 
+import os
+
 from bert_jax import config_lib
 
 TASKS = ("mlm_nsp", "mlm", "ltr")
@@ -58,7 +60,7 @@ PAPER = "table5"
 
 
 def _parse(arg):
-  return config_lib.parse_arg(arg, task="mlm_nsp", scale="full", data="")
+  return config_lib.parse_arg(arg, task="mlm_nsp", scale="full", data="", seed=0)
 
 
 def get_config(arg=None):
@@ -70,12 +72,19 @@ def get_config(arg=None):
   c.objective.mlm = a.task != "ltr"
   c.objective.ltr = a.task == "ltr"
   c.objective.nsp = a.task == "mlm_nsp"
-  return config_lib.use_data(c, a.data)
+  c = config_lib.use_data(c, a.data)
+  if a.data:
+    # Every row reads the same sentence pairs (DIR/nsp): only the objective changes between
+    # rows. (Without data=, a row without NSP builds packed sentences from data.input.)
+    c.data.dir = os.path.join(a.data, "nsp")
+  return config_lib.pretraining_seed(c, a.seed)
 
 
 def sweep(add):
-  for task in TASKS:
-    add(task=task)
+  # Seed by seed, so that an interrupted sweep has whole comparisons first.
+  for seed in range(config_lib.PRETRAINING_SEEDS):
+    for task in TASKS:
+      add(task=task, seed=seed)
 
 
 def finetune_suite(arg=None):

@@ -41,6 +41,8 @@ ABLATED = {
 # What each may change besides at the reduced scales (Table 6: the lr, chosen on tiny, scaled
 # by size).
 REDUCED_ABLATED = {"table6_model_size": {"opt.lr"}}
+# What a pretraining seed changes (config_lib.pretraining_seed), in every experiment.
+SEED_FIELDS = {"seed", "data.seed"}
 
 
 def _load(path):
@@ -123,12 +125,24 @@ def test_experiment_points_change_only_ablated_fields(path):
     flats = [_flat(c) for c in configs]
     changed = {k for k in flats[0] if len({repr(f[k]) for f in flats}) > 1}
     allowed = ABLATED[name] | (REDUCED_ABLATED.get(name, set()) if scale != "full" else set())
-    assert changed and changed <= allowed, (scale, changed)
+    assert changed and changed <= allowed | SEED_FIELDS, (scale, changed)
+    # Every point's seed 0 is one of the experiment's configs; the compared points have every
+    # pretraining seed, and a seed changes only the seed fields.
+    seeds = {}
+    for p, f in zip(points, flats, strict=True):
+      rest = tuple(sorted((k, v) for k, v in p.items() if k != "seed"))
+      seeds.setdefault(rest, {})[p["seed"]] = f
+    assert all(0 in s for s in seeds.values())
+    assert max(len(s) for s in seeds.values()) == config_lib.PRETRAINING_SEEDS
+    for s in seeds.values():
+      for seed, f in s.items():
+        assert {k for k in f if f[k] != s[0][k]} == (SEED_FIELDS if seed else set())
+        assert (f["seed"], f["data.seed"]) == (s[0]["seed"] + seed, s[0]["data.seed"] + seed)
     if scale == "full":
       # Full scale is the paper's recipe: BERT-Base from config_lib, but for the ablation.
       ref = _flat(config_lib.base_config("base"))
       for f in flats:
-        assert {k for k in ref if repr(ref[k]) != repr(f[k])} <= ABLATED[name]
+        assert {k for k in ref if repr(ref[k]) != repr(f[k])} <= ABLATED[name] | SEED_FIELDS
     else:
       assert all(c.data.input.endswith("sample_public_domain.txt") for c in configs)
       assert {c.opt.total_steps for c in configs} == {config_lib.SCALED_STEPS[scale]}
@@ -152,7 +166,7 @@ def test_experiment_specifics():
     (3, 768, 12), (6, 768, 3), (6, 768, 12), (12, 768, 12), (12, 1024, 16), (24, 1024, 16),
   ]  # fmt: skip
   # cpu scale: tiny / L4_H128_A2 / L2_H256_A4, at one token budget (steps x batch x length).
-  cpu = [t6.get_config(_arg(p, scale="cpu")) for p in _points(t6, "cpu")]
+  cpu = [t6.get_config(_arg(p, scale="cpu")) for p in _points(t6, "cpu") if p["seed"] == 0]
   assert [(c.model.num_layers, c.model.hidden_size, c.model.num_heads) for c in cpu] == [
     (2, 128, 2), (4, 128, 2), (2, 256, 4),
   ]  # fmt: skip
@@ -162,7 +176,7 @@ def test_experiment_specifics():
   assert budgets == {config_lib.SCALED_STEPS["cpu"] * 16 * 64}
   assert {c.masking.max_predictions for c in cpu} == {config_lib.SCALED_PREDICTIONS}
   # gpu scale: the same recipe, those rows and mini, at least 20M tokens per point.
-  gpu = [t6.get_config(_arg(p, scale="gpu")) for p in _points(t6, "gpu")]
+  gpu = [t6.get_config(_arg(p, scale="gpu")) for p in _points(t6, "gpu") if p["seed"] == 0]
   assert [c.model.hidden_size for c in gpu] == [c.model.hidden_size for c in cpu] + [256]
   assert [c.opt.lr for c in gpu] == pytest.approx([1.4e-3, 7e-4, 7e-4, 3.5e-4])
   assert {c.opt.lr for c in (t6.get_config(f"row={r}") for r in t6.ROWS)} == {1e-4}
@@ -175,6 +189,17 @@ def test_experiment_specifics():
   assert t6.get_config("scale=cpu").model.hidden_size == 128  # the cpu baseline is tiny
   with pytest.raises(ValueError, match="row must be one of tiny, L4_H128_A2, L2_H256_A4, not"):
     t6.get_config("row=mini,scale=cpu")
+  # Table 5's rows read the same sentence pairs: only the objective changes.
+  t5_dirs = {t5.get_config(f"task={t},scale=cpu,data=/d").data.dir for t in t5.TASKS}
+  assert t5_dirs == {"/d/nsp"}
+  # Each compared point has 3 pretraining seeds at cpu scale; the others one.
+  seeded = lambda m: {
+    tuple(v for k, v in p.items() if k != "seed") for p in _points(m, "cpu") if p["seed"] == 2
+  }
+  assert seeded(t5) == {(t,) for t in t5.TASKS}
+  assert seeded(t6) == {("tiny",), ("L2_H256_A4",)}
+  with pytest.raises(ValueError, match="seed must be >= 0"):
+    t5.get_config("seed=-1")
   with pytest.raises(ValueError, match="task must be one of"):
     t5.get_config("task=bilstm")
   with pytest.raises(ValueError, match="scale must be one of full, cpu, gpu"):
@@ -241,8 +266,8 @@ def test_table5_ltr_bilstm_reuses_the_ltr_checkpoint():
     extra = {k: v for k, v in c["overrides"].items() if k not in p["overrides"]}
     assert extra["init"] == "" and extra["data.vocab"] == "{point}/tokenizer"
     assert extra["model.num_layers"] == 2 and extra["model.vocab_size"] == 4096
-  # No pretraining point of its own: the sweep has three.
-  assert [p["task"] for p in _points(t5)] == ["mlm_nsp", "mlm", "ltr"]
+  # No pretraining point of its own: the sweep has three, each with its seeds.
+  assert [p["task"] for p in _points(t5)] == ["mlm_nsp", "mlm", "ltr"] * 3
 
 
 # ----------------------------------------------------------------------------- training

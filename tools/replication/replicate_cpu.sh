@@ -1,23 +1,22 @@
 #!/usr/bin/env bash
 # The paper's ablations at scale=cpu, end to end (docs/replication.md): the data built once
-# (tools/replication/build_data.sh: the corpus's first 127 documents, a vocab trained on them,
-# and they as sentence pairs and as packed sequences), then every experiment's points
-# (pretraining, fine-tuning on the downstream suite with 3 seeds and the no-pretraining
-# control) and each experiment's report.
+# (tools/replication/build_data.sh), every pretraining point with its pretraining seeds, the
+# downstream tasks (tools/replication/build_tasks.sh), every point's fine-tuning, and the
+# reports (each experiment's, and the verdicts across experiments).
 #
 #   bash tools/replication/replicate_cpu.sh [CORPUS] [DATA_DIR] [ROOT] [-- SWEEP_FLAGS...]
 #
 # Defaults: ../shared/data/corpus/pretrain_corpus.txt.gz, /tmp/bert_jax_data, /tmp/bert_jax_repl.
-# Rerunning after a kill (or exit 75) resumes: finished points and seeds are skipped, the
-# interrupted run restarts from its checkpoint. Not yet timed end to end on an idle machine:
-# the runs of 2026-11-27 and 28 and their wall times are in docs/replication.md.
+# STAGES (default "pretrain finetune report") picks the phases; LANES (2) the processes at a
+# time. Rerunning after a kill (or exit 75) resumes: finished runs are skipped, the interrupted
+# one restarts from its checkpoint.
 #
-# The new points run as two lanes, two processes at a time: a tiny BERT's steps leave part of
-# 2 cores idle, and two lanes got through about 1.3 times the work of one (docs/replication.md).
-# Each lane's output goes to ROOT/logs/lane_{a,b}.log. Then one sweep per experiment links
-# what is shared (--reuse: every experiment's baseline is Table 5's mlm_nsp point, one config:
-# tiny, MLM + NSP, static masks of pieces, with its fine-tuning and the control) and writes
-# the report.
+# Runs go through a queue that LANES processes take from in order (a tiny BERT's step leaves
+# part of 2 cores idle: two lanes got through about 1.3 times the work of one). The queue is
+# seed by seed (all of seed 0's compared points, then seed 1's, ...), so that a run stopped
+# early has whole comparisons first; the points pretrained once come last. Each run's output
+# goes to ROOT/logs/<phase>/<experiment>_<point>.log, and ROOT/logs/timeline.tsv gets a line
+# when each starts and ends (unix time, phase, experiment, point, exit status).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CORPUS="${1:-../shared/data/corpus/pretrain_corpus.txt.gz}"
@@ -25,8 +24,9 @@ DATA="${2:-/tmp/bert_jax_data}"
 ROOT="${3:-/tmp/bert_jax_repl}"
 shift $(($# < 3 ? $# : 3))
 [[ "${1:-}" == "--" ]] && shift
-EXTRA=("$@")  # passed to every launch/sweep.py (e.g. --dry_run: print the commands only)
 PY="${PYTHON:-python}"
+STAGES="${STAGES:-pretrain finetune report}"
+LANES="${LANES:-2}"
 LOGS="$ROOT/logs"
 mkdir -p "$LOGS"
 START=$(date +%s)
@@ -34,52 +34,96 @@ stamp() { echo "[$(($(date +%s) - START))s] $*"; }
 
 PYTHON="$PY" bash tools/replication/build_data.sh "$CORPUS" "$DATA"
 
-T5="experiments/table5_pretraining_tasks.py:scale=cpu,data=$DATA"
-T6="experiments/table6_model_size.py:scale=cpu,data=$DATA"
-WWM="experiments/whole_word_masking.py:scale=cpu,data=$DATA"
-MASK="experiments/masking_static_vs_dynamic.py:scale=cpu,data=$DATA"
-points() {  # EXPERIMENT ROOT ONLY: those points' pretraining and fine-tuning, no report
-  "$PY" launch/sweep.py --experiment="$1" --root="$2" --only="$3" --stages=pretrain,finetune \
-    "${EXTRA[@]}"
+EXPERIMENTS="table5 table6 masking wwm"
+spec() {  # EXPERIMENT -> FILE:ARG
+  case $1 in
+    table5) echo "experiments/table5_pretraining_tasks.py:scale=cpu,data=$DATA" ;;
+    table6) echo "experiments/table6_model_size.py:scale=cpu,data=$DATA" ;;
+    masking) echo "experiments/masking_static_vs_dynamic.py:scale=cpu,data=$DATA" ;;
+    wwm) echo "experiments/whole_word_masking.py:scale=cpu,data=$DATA" ;;
+  esac
 }
-report() {  # EXPERIMENT ROOT [--reuse=...]: what is left (links to reused runs), the report
-  "$PY" launch/sweep.py --experiment="$1" --root="$2" "${@:3}" "${EXTRA[@]}"
+# one PHASE EXPERIMENT POINT: one point's PHASE (a sweep --only=POINT, with $SWEEP_FLAGS),
+# logged; SIGTERM/SIGINT/SIGHUP are passed on to the sweep (which passes them on to its run:
+# it saves and exits 75).
+one() {
+  local phase=$1 exp=$2 point=$3
+  mkdir -p "$LOGS/$phase"
+  local log="$LOGS/$phase/${exp}_${point//[=,]/_}.log"
+  printf '%s\tstart\t%s\t%s\t%s\n' "$(date +%s)" "$phase" "$exp" "$point" >> "$LOGS/timeline.tsv"
+  # shellcheck disable=SC2086  # SWEEP_FLAGS: flags without spaces, split on purpose
+  "$PY" launch/sweep.py --experiment="$(spec "$exp")" --root="$ROOT/$exp" --only="$point" \
+    --stages="$phase" $SWEEP_FLAGS >> "$log" 2>&1 &
+  local pid=$!
+  trap 'kill -TERM $pid 2>/dev/null' TERM INT HUP
+  local rc=0
+  wait $pid || rc=$?
+  while kill -0 $pid 2>/dev/null; do wait $pid || rc=$?; done  # a signal interrupts the wait
+  printf '%s\tend\t%s\t%s\t%s\t%s\n' "$(date +%s)" "$phase" "$exp" "$point" "$rc" \
+    >> "$LOGS/timeline.tsv"
+  return $rc
+}
+export -f one spec
+export PY ROOT LOGS DATA
+export SWEEP_FLAGS="$*"
+
+# The runs of every experiment, one "EXPERIMENT POINT" a line: seed by seed, the compared
+# points before those pretrained once, and each pretraining config once (Table 6's tiny row,
+# static masking and masking pieces are Table 5's baseline: their sweeps link it later).
+queue() {
+  "$PY" tools/replication/queue.py --data="$DATA" --scale=cpu
 }
 
-# Two lanes of about equal cost: alone on 2 cores a tiny MLM point takes 13 to 15 minutes,
-# LTR about 35 (6,100 tokens/s against 17,000) and its squadshifts runs about 13 each, the
-# larger Table 6 rows 3 to 4 times a tiny point (beside other runs); fine-tuning 3 to 5 each.
-stamp "points: two lanes (logs: $LOGS/lane_a.log, $LOGS/lane_b.log)"
-(
-  set -e
-  points "$T5" "$ROOT/table5" "task=mlm_nsp;task=mlm"
-  points "$T6" "$ROOT/table6" "row=L2_H256_A4"
-  points "$MASK" "$ROOT/masking" "mode=dynamic"
-) > "$LOGS/lane_a.log" 2>&1 &
-LANE_A=$!
-(
-  set -e
-  points "$T5" "$ROOT/table5" "task=ltr"
-  points "$WWM" "$ROOT/wwm" "whole_word=True"
-  points "$T6" "$ROOT/table6" "row=L4_H128_A2"
-) > "$LOGS/lane_b.log" 2>&1 &
-LANE_B=$!
-trap 'kill -TERM $LANE_A $LANE_B 2>/dev/null' TERM INT HUP  # the sweeps pass it on and save
-rc=0
-wait $LANE_A || rc=$?
-stamp "lane a: exit $rc"
-rc_b=0
-wait $LANE_B || rc_b=$?
-stamp "lane b: exit $rc_b"
-trap - TERM INT HUP
-if ((rc != 0 || rc_b != 0)); then
-  stamp "stopped: rerun the same command to finish (75: preempted, resumable; else see the logs)"
-  exit $((rc != 0 ? rc : rc_b))
-fi
+# lanes PHASE: the queue's runs of PHASE, LANES at a time.
+lanes() {
+  local phase=$1
+  stamp "$phase: $LANES lanes (logs: $LOGS/$phase/, timeline: $LOGS/timeline.tsv)"
+  queue > "$LOGS/queue.txt"
+  xargs -P "$LANES" -L 1 bash -c 'one "$0" "$1" "$2"' "$phase" < "$LOGS/queue.txt" &
+  local xargs_pid=$! rc=0
+  # A signal to this script goes to every running `one` (each passes it on to its sweep).
+  trap 'stamp "stopping: the runs save; rerun the same command to resume"
+        pkill -TERM -P $xargs_pid' TERM INT HUP
+  wait $xargs_pid || rc=$?
+  while kill -0 $xargs_pid 2>/dev/null; do wait $xargs_pid || rc=$?; done
+  trap - TERM INT HUP
+  stamp "$phase: exit $rc"
+  return $rc
+}
 
-stamp "reports"
-report "$T5" "$ROOT/table5"
-report "$WWM" "$ROOT/wwm" --reuse="$ROOT/table5"
-report "$T6" "$ROOT/table6" --reuse="$ROOT/table5"
-report "$MASK" "$ROOT/masking" --reuse="$ROOT/table5"
-stamp "reports: $ROOT/{table5,wwm,table6,masking}/report/results.md"
+# link: each experiment's whole sweep, one after another: it links what it shares with Table 5
+# (--reuse: the baseline point with its fine-tuning, and the no-pretraining control) and runs
+# anything the lanes left.
+link() {
+  local rc=0
+  for exp in $EXPERIMENTS; do
+    local reuse=()
+    [[ $exp == table5 ]] || reuse=(--reuse="$ROOT/table5")
+    # shellcheck disable=SC2086
+    "$PY" launch/sweep.py --experiment="$(spec "$exp")" --root="$ROOT/$exp" \
+      --stages=pretrain,finetune "${reuse[@]}" $SWEEP_FLAGS >> "$LOGS/link.log" 2>&1 || rc=$?
+  done
+  stamp "links: exit $rc (log: $LOGS/link.log)"
+  return $rc
+}
+
+for stage in $STAGES; do
+  case $stage in
+    pretrain) lanes pretrain ;;
+    finetune)
+      PYTHON="$PY" bash tools/replication/build_tasks.sh "$DATA/tasks"
+      lanes finetune
+      link
+      ;;
+    report)
+      for exp in $EXPERIMENTS; do
+        # shellcheck disable=SC2086
+        "$PY" launch/sweep.py --experiment="$(spec "$exp")" --root="$ROOT/$exp" \
+          --stages=report --report_requires=pretrain,finetune $SWEEP_FLAGS
+      done
+      "$PY" -m bert_jax.report --root="$ROOT" --verdicts
+      stamp "reports: $ROOT/{$(echo $EXPERIMENTS | tr ' ' ,)}/report/results.md, $ROOT/report/verdicts.md"
+      ;;
+    *) echo "replicate_cpu.sh: error: STAGES: unknown stage $stage" >&2; exit 2 ;;
+  esac
+done
