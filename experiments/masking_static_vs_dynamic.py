@@ -76,7 +76,7 @@ def finetune_suite(arg=None):
   from experiments import _downstream
 
   a = _parse(arg)
-  runs = _downstream.suite(a.scale)
-  if a.mode == "static":  # the baseline also lends its architecture to the control row
-    runs += _downstream.control(a.scale, get_config(arg))
+  runs = _downstream.suite(a.scale, a.data)
+  if a.mode == "static":  # the baseline also lends its architecture to the control rows
+    runs += _downstream.control(a.scale, get_config(arg), a.seed, a.data)
   return runs

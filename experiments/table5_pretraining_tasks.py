@@ -91,17 +91,20 @@ def finetune_suite(arg=None):
   from experiments import _downstream
 
   a = _parse(arg)
-  runs = _downstream.suite(a.scale)
-  if a.task == "mlm_nsp":  # the baseline also lends its architecture to the control row
-    runs += _downstream.control(a.scale, get_config(arg))
+  runs = _downstream.suite(a.scale, a.data)
+  if a.task == "mlm_nsp":  # the baseline also lends its architecture to the control rows
+    runs += _downstream.control(a.scale, get_config(arg), a.seed, a.data)
   if a.task == "ltr":
-    # The BiLSTM's claim is about SQuAD: where the suite leaves it out (cpu), these two rows
-    # still fine-tune it.
-    if "squadshifts" not in _downstream.tasks(a.scale):
-      runs.append(_downstream.run(a.scale, "squadshifts"))
+    # The BiLSTM's claim is about SQuAD: where the suite leaves it out (cpu), the ltr row
+    # still fine-tunes it, and the BiLSTM row runs it alone.
+    squad = "squad_split"
+    if squad not in _downstream.tasks(a.scale):
+      runs.append(_downstream.run(a.scale, squad, a.data))
     # "LTR & No NSP + BiLSTM": the same checkpoint, no second pretraining.
+    row = {"task": "ltr_bilstm", "seed": a.seed}
     runs += [
-      {**r, "overrides": {**r["overrides"], "head.bilstm": True}, "row": {"task": "ltr_bilstm"}}
+      {**r, "overrides": {**r["overrides"], "head.bilstm": True}, "row": row}
       for r in list(runs)
+      if a.scale != "cpu" or r["task"] == squad
     ]
   return runs

@@ -120,8 +120,8 @@ def finetune_suite(arg=None):
   from experiments import _downstream
 
   a = _parse(arg)
-  runs = _downstream.suite(a.scale)
+  runs = _downstream.suite(a.scale, a.data)
   if (a.row or _baseline(a.scale)) == _baseline(a.scale):
-    # The baseline size also lends its architecture to the no-pretraining control row.
-    runs += _downstream.control(a.scale, get_config(arg))
+    # The baseline size also lends its architecture to the no-pretraining control rows.
+    runs += _downstream.control(a.scale, get_config(arg), a.seed, a.data)
   return runs

@@ -208,14 +208,14 @@ def test_experiment_specifics():
 
 # ----------------------------------------------------------------------------- downstream
 
-TASKS = ["rotten_tomatoes", "vitaminc", "squadshifts", "brown_pos"]
-CPU_TASKS = ["rotten_tomatoes", "brown_pos"]  # where tiny models' scores can differ
+TASKS = ["squad_qnli", "vitaminc", "rotten_tomatoes", "squad_split", "brown_pos"]
+CPU_TASKS = ["squad_qnli", "vitaminc", "rotten_tomatoes", "brown_pos"]  # no span QA on 2 cores
 
 
-def _suite(module, point, scale):
+def _suite(module, point, scale, data=""):
   sys.path.insert(0, REPO)  # experiments/_downstream.py, as launch/sweep.py provides
   try:
-    return module.finetune_suite(_arg(point, scale=scale))
+    return module.finetune_suite(_arg(point, scale=scale, **({"data": data} if data else {})))
   finally:
     sys.path.remove(REPO)
 
@@ -225,47 +225,69 @@ def test_every_point_gets_the_same_downstream_suite(path):
   module = _load(path)
   for scale in ("full", "cpu", "gpu"):
     suites = [_suite(module, p, scale) for p in _points(module, scale)]
-    # Rows of their own (Table 5's ltr_bilstm) and Table 5's ltr squadshifts run at cpu (for
-    # the BiLSTM claim) aside, every point runs the same suite.
+    # Rows of their own (the control, Table 5's ltr_bilstm) and Table 5's ltr span QA at cpu
+    # (for the BiLSTM claim) aside, every point runs the same suite.
     own = [[r for r in s if "row" not in r] for s in suites]
     if scale == "cpu" and "table5" in path:
-      own = [[r for r in s if r["task"] != "squadshifts"] for s in own]
+      own = [[r for r in s if r["task"] != "squad_split"] for s in own]
     assert all(s == own[0] for s in own)
     assert [r["task"] for r in own[0]] == (CPU_TASKS if scale == "cpu" else TASKS)
     for r in own[0]:
       o = r["overrides"]
-      assert o["seeds"] >= 3 and o["data.max_seq_length"] <= 512
-      if scale in ("cpu", "gpu"):  # gpu: the same models, the cpu suite for now
+      # Selection on dev: every run tries the same lr grid (the control too).
+      assert len(o["grid.lr"]) >= 2 and o["seeds"] >= 2 and o["data.max_seq_length"] <= 512
+      if scale in ("cpu", "gpu"):
         # Affordable on 2 cores: a subset, few epochs, lengths the cpu pretraining saw.
-        assert o["task.max_train_examples"] <= 2000 and o["opt.epochs"] <= 3
+        assert o["task.max_train_examples"] <= 4000 and o["opt.epochs"] <= 3
         assert o["data.max_seq_length"] <= config_lib.SCALED_LENGTH
       else:
         assert "task.max_train_examples" not in o and o["seeds"] == 5
-  squad = next(r for r in _suite(module, _points(module)[0], "full") if r["task"] == "squadshifts")
+    # The baseline's every seed has a control row of its own, with the same runs.
+    controls = [r for s in suites for r in s if r.get("row", {}).get("pretraining") == "none"]
+    seeds = {r["row"]["seed"] for r in controls}
+    assert seeds == {p["seed"] for p in _points(module, scale)}
+    for c in controls:
+      same = next(r for r in own[0] if r["task"] == c["task"])
+      assert {k: v for k, v in c["overrides"].items() if k in same["overrides"]} == same[
+        "overrides"
+      ]
+  squad = next(r for r in _suite(module, _points(module)[0], "full") if r["task"] == "squad_split")
   assert squad["overrides"]["data.max_seq_length"] == 384
+
+
+def test_built_tasks_are_read_from_the_experiments_data():
+  t5 = _load(os.path.join(REPO, "experiments", "table5_pretraining_tasks.py"))
+  runs = _suite(t5, {"task": "mlm_nsp", "seed": 1}, "cpu", data="/d")
+  qnli = next(r for r in runs if r["task"] == "squad_qnli")["overrides"]
+  assert qnli["task.train"] == "/d/tasks/squad_qnli/train.jsonl.gz"
+  assert qnli["task.test"] == "/d/tasks/squad_qnli/test.jsonl.gz"
+  assert "task.train" not in next(r for r in runs if r["task"] == "brown_pos")["overrides"]
 
 
 def test_table5_ltr_bilstm_reuses_the_ltr_checkpoint():
   t5 = _load(os.path.join(REPO, "experiments", "table5_pretraining_tasks.py"))
-  ltr = _suite(t5, {"task": "ltr"}, "cpu")
-  plain, bilstm = ltr[:3], ltr[3:]
-  # cpu's suite leaves squadshifts out; the BiLSTM claim is about it: these rows add it.
-  assert [r["task"] for r in bilstm] == [*CPU_TASKS, "squadshifts"]
+  ltr = _suite(t5, {"task": "ltr", "seed": 2}, "cpu")
+  plain, bilstm = ltr[:5], ltr[5:]
+  # cpu's suite leaves span QA out; the BiLSTM claim is about it: the ltr row adds it, and the
+  # BiLSTM row runs only it.
+  assert [r["task"] for r in plain] == [*CPU_TASKS, "squad_split"]
+  assert [r["task"] for r in bilstm] == ["squad_split"]
   assert [r["task"] for r in _suite(t5, {"task": "ltr"}, "gpu")] == [*TASKS, *TASKS]
-  for p, b in zip(plain, bilstm, strict=True):
-    assert b["row"] == {"task": "ltr_bilstm"}
-    assert b["overrides"] == {**p["overrides"], "head.bilstm": True}
-  assert len(_suite(t5, {"task": "mlm"}, "cpu")) == 2
-  # The baseline's suite adds the no-pretraining control: its own row, a random init of the
-  # baseline's architecture with the point's tokenizer.
-  base = _suite(t5, {"task": "mlm_nsp"}, "cpu")
-  plain, control = base[:2], base[2:]
+  (b,) = bilstm
+  assert b["row"] == {"task": "ltr_bilstm", "seed": 2}
+  assert b["overrides"] == {**plain[-1]["overrides"], "head.bilstm": True}
+  assert len(_suite(t5, {"task": "mlm", "seed": 0}, "cpu")) == len(CPU_TASKS)
+  # The baseline's suite adds the no-pretraining control: its own row per seed, a random init of
+  # the baseline's architecture with the point's tokenizer and fine-tuning seeds of its own.
+  base = _suite(t5, {"task": "mlm_nsp", "seed": 1}, "cpu")
+  plain, control = base[: len(CPU_TASKS)], base[len(CPU_TASKS) :]
   assert [r["task"] for r in control] == CPU_TASKS
   for p, c in zip(plain, control, strict=True):
-    assert c["row"] == {"pretraining": "none"}
+    assert c["row"] == {"pretraining": "none", "seed": 1}
     extra = {k: v for k, v in c["overrides"].items() if k not in p["overrides"]}
     assert extra["init"] == "" and extra["data.vocab"] == "{point}/tokenizer"
     assert extra["model.num_layers"] == 2 and extra["model.vocab_size"] == 4096
+    assert extra["seed"] == 1 * p["overrides"]["seeds"]  # seed 0's control: 0, 1; seed 1's: 2, 3
   # No pretraining point of its own: the sweep has three, each with its seeds.
   assert [p["task"] for p in _points(t5)] == ["mlm_nsp", "mlm", "ltr"] * 3
 
