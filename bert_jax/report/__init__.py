@@ -38,8 +38,30 @@ from __future__ import annotations
 import json
 import os
 
-from bert_jax.report import claims, plots, published, tables
+from bert_jax.report import baselines, claims, plots, published, stats, tables
 from bert_jax.report.runs import REPORT_DIR, FinetuneRun, Run, find_finetune_runs, find_runs
+
+
+def task_baselines(ft_runs: list[FinetuneRun], split: str) -> dict[str, dict[str, float]]:
+  """{task: {baseline: value}} from the first run of each task (every point of a report runs
+  the same task files)."""
+  out: dict[str, dict[str, float]] = {}
+  for r in ft_runs:
+    if r.task not in out:
+      out[r.task] = baselines.task_baselines(r.results, split, r.path)
+  return out
+
+
+def judged_lines(
+  runs: list[Run], ft_runs: list[FinetuneRun], split: str, paper: str | None
+) -> list[stats.Line]:
+  """The report's claim lines, judged (stats.judge: Holm over these lines)."""
+  columns, points = tables.finetune_points(runs, ft_runs, split)
+  return stats.judge(claims.claim_lines(paper, columns, tables.arms(points)))
+
+
+def line_markdown(ln: stats.Line) -> str:
+  return f"- {ln.text}: {ln.describe()}"
 
 
 def finetune_markdown(
@@ -48,10 +70,12 @@ def finetune_markdown(
   split: str = "test",
   paper: str | None = None,
 ) -> str:
-  md = tables.markdown(*tables.finetune_table(runs, ft_runs, split, paper))
+  base = task_baselines(ft_runs, split)
+  md = tables.markdown(*tables.finetune_table(runs, ft_runs, split, paper, base))
   title = (
-    f"## Fine-tuning ({split}; main metric x 100, mean ± std (n seeds); MLM ppl/acc: the "
-    "point's last held-out pretraining eval"
+    f"## Fine-tuning ({split}; main metric x 100, mean ± sd over pretraining runs of each "
+    "run's mean over its fine-tuning seeds (pretraining runs x fine-tuning seeds), at the lr "
+    "chosen on dev; MLM ppl/acc: the runs' last held-out pretraining eval"
   )
   if paper:
     title += f"; paper rows: {published.SOURCES[paper]}"
@@ -61,14 +85,11 @@ def finetune_markdown(
     if r.others
   ]
   md = f"{title})\n\n{md}" + ("\n" + "".join(notes) if notes else "")
-  columns, points = tables.finetune_points(runs, ft_runs, split)
-  lines = claims.claims(paper, columns, points) if paper else claims.control_lines(columns, points)
+  lines = judged_lines(runs, ft_runs, split, paper)
   if lines:
     md += (
-      f"\n\n### The paper's claims at this scale ({split})\n\nreproduced: the difference "
-      "in the claimed direction exceeds the larger seed std of the two; not reproduced: it "
-      "exceeds it in the other direction; inconclusive: within the seed spread (or one seed)."
-      "\n\n" + "\n".join(f"- {ln}" for ln in lines)
+      f"\n\n### The paper's claims at this scale ({split}; {len(lines)} lines)\n\n"
+      f"{stats.TEST}\n\n" + "\n".join(line_markdown(ln) for ln in lines)
     )
   return md
 
