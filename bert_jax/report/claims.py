@@ -33,7 +33,9 @@ def _pairs(
         continue
       if a.values(c.task) and b.values(c.task):
         where = f"{c.header} ({a.name} vs {b.name})"
-        lines.append(stats.Line(f"{text}, {where}", a.values(c.task), b.values(c.task), claim))
+        about = (text, c.header, f"{a.name} vs {b.name}")
+        values = a.values(c.task), b.values(c.task)
+        lines.append(stats.Line(f"{text}, {where}", *values, claim, about))
   return lines
 
 
@@ -59,8 +61,10 @@ def control_lines(columns: list[Column], arms: list[Arm]) -> list[stats.Line]:
       continue
     for a in arms:
       if a is not control and a.values(c.task):
-        text = f"pretraining beats no pretraining (BERT's premise), {c.header} ({a.name})"
-        lines.append(stats.Line(text, a.values(c.task), base))
+        premise = "pretraining beats no pretraining (BERT's premise)"
+        text = f"{premise}, {c.header} ({a.name})"
+        about = (premise, c.header, f"{a.name} vs {CONTROL}")
+        lines.append(stats.Line(text, a.values(c.task), base, stats.BETTER, about))
   return lines
 
 
@@ -77,12 +81,16 @@ def _table6(columns: list[Column], arms: list[Arm]) -> list[stats.Line]:
     steps.append((small, large))
   for lo, hi in steps:
     if lo.lm("mlm_perplexity") and hi.lm("mlm_perplexity"):
-      text = f"held-out MLM perplexity falls with size ({hi.name} vs {lo.name})"
-      lines.append(stats.Line(text, hi.lm("mlm_perplexity"), lo.lm("mlm_perplexity"), stats.LOWER))
+      claim = "held-out MLM perplexity falls with size"
+      about = (claim, "held-out MLM perplexity", f"{hi.name} vs {lo.name}")
+      ppl = hi.lm("mlm_perplexity"), lo.lm("mlm_perplexity")
+      lines.append(stats.Line(f"{claim} ({hi.name} vs {lo.name})", *ppl, stats.LOWER, about))
   for c in columns:
     if large.values(c.task) and small.values(c.task):
       text = f"bigger is better, {c.header} (largest {large.name} vs smallest {small.name})"
-      lines.append(stats.Line(text, large.values(c.task), small.values(c.task)))
+      about = ("bigger is better", c.header, f"{large.name} vs {small.name}")
+      values = large.values(c.task), small.values(c.task)
+      lines.append(stats.Line(text, *values, stats.BETTER, about))
   return lines
 
 

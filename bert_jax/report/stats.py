@@ -121,6 +121,8 @@ class Line:
   a: list[float]
   b: list[float]
   claim: str = BETTER
+  # What the line is about, for tables (the claim, the task column, the two points).
+  about: tuple[str, str, str] = ("", "", "")
   comparison: Comparison | None = None
   p_adjusted: float = math.nan
   verdict: str = ""
@@ -131,7 +133,13 @@ class Line:
     if math.isinf(c.high):
       return f"{self.verdict}: difference {c.diff:+.1f} ({n}: no interval)"
     holm_p = "" if math.isnan(self.p_adjusted) else f", Holm p = {self.p_adjusted:.3g}"
-    return f"{self.verdict}: difference {c.diff:+.1f} [{c.low:+.1f}, {c.high:+.1f}] ({n}{holm_p})"
+    return f"{self.verdict}: difference {self.interval()} ({n}{holm_p})"
+
+  def interval(self) -> str:
+    c = self.comparison
+    if math.isinf(c.high):
+      return f"{c.diff:+.1f}"
+    return f"{c.diff:+.1f} [{c.low:+.1f}, {c.high:+.1f}]"
 
 
 def judge(lines: list[Line], alpha: float = ALPHA, margin: float = MARGIN) -> list[Line]:
