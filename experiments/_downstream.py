@@ -30,9 +30,18 @@ from typing import Any
 
 from bert_jax import config_lib
 
-TASKS = ("squad_qnli", "vitaminc", "rotten_tomatoes", "squad_split", "brown_pos")
-# Built by tools/replication/build_tasks.sh into DATA/tasks/<task>/ (data= of an experiment).
-BUILT = {"squad_qnli": "jsonl.gz", "squad_split": "json.gz"}
+# In the order a point runs them: the tasks most likely to separate at the reduced scales first.
+TASKS = ("squad_qnli", "brown_pos", "rotten_tomatoes", "vitaminc", "squad_split")
+# tools/replication/build_tasks.sh puts every task's files in DATA/tasks/<task>/ (an
+# experiment's data=DIR), built (squad_*) or copied from ../shared/data/tasks, so that the data
+# folder is all a GPU machine needs; each file's suffix.
+SUFFIX = {
+  "squad_qnli": "jsonl.gz",
+  "vitaminc": "jsonl.gz",
+  "rotten_tomatoes": "jsonl.gz",
+  "squad_split": "json.gz",
+  "brown_pos": "jsonl.gz",
+}
 SPAN_QA = ("squad_split", "squadshifts")
 # Longest input each task needs at full scale (SQuAD: the paper's 384). The reduced scales
 # pretrain on config_lib.SCALED_LENGTH tokens and fine-tune on no more (positions past it are
@@ -76,11 +85,11 @@ def tasks(scale: str) -> tuple[str, ...]:
 
 
 def task_files(task: str, data: str) -> dict[str, str]:
-  """The built tasks' files under an experiment's data=DIR (DIR/tasks/<task>/); empty for the
-  shared ones (the preset's own data_root) or without data=."""
-  if not data or task not in BUILT:
+  """The task's files under an experiment's data=DIR (DIR/tasks/<task>/); without data=, none
+  (the preset's own data_root)."""
+  if not data:
     return {}
-  path = lambda split: os.path.join(data, "tasks", task, f"{split}.{BUILT[task]}")
+  path = lambda split: os.path.join(data, "tasks", task, f"{split}.{SUFFIX[task]}")
   return {f"task.{split}": path(split) for split in ("train", "dev", "test")}
 
 

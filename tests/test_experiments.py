@@ -208,8 +208,8 @@ def test_experiment_specifics():
 
 # ----------------------------------------------------------------------------- downstream
 
-TASKS = ["squad_qnli", "vitaminc", "rotten_tomatoes", "squad_split", "brown_pos"]
-CPU_TASKS = ["squad_qnli", "vitaminc", "rotten_tomatoes", "brown_pos"]  # no span QA on 2 cores
+TASKS = ["squad_qnli", "brown_pos", "rotten_tomatoes", "vitaminc", "squad_split"]
+CPU_TASKS = ["squad_qnli", "brown_pos", "rotten_tomatoes", "vitaminc"]  # no span QA on 2 cores
 
 
 def _suite(module, point, scale, data=""):
@@ -261,7 +261,9 @@ def test_built_tasks_are_read_from_the_experiments_data():
   qnli = next(r for r in runs if r["task"] == "squad_qnli")["overrides"]
   assert qnli["task.train"] == "/d/tasks/squad_qnli/train.jsonl.gz"
   assert qnli["task.test"] == "/d/tasks/squad_qnli/test.jsonl.gz"
-  assert "task.train" not in next(r for r in runs if r["task"] == "brown_pos")["overrides"]
+  pos = next(r for r in runs if r["task"] == "brown_pos")["overrides"]
+  assert pos["task.dev"] == "/d/tasks/brown_pos/dev.jsonl.gz"
+  assert "task.train" not in next(r for r in _suite(t5, {"task": "mlm"}, "cpu"))["overrides"]
 
 
 def test_table5_ltr_bilstm_reuses_the_ltr_checkpoint():

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The downstream tasks the replication builds (experiments/_downstream.py: BUILT), once:
+# The downstream tasks of the replication (experiments/_downstream.py), in one folder that an
+# experiment's data=DIR reads (DIR/tasks) and that travels to a GPU machine with the data:
 #   TASKS/squad_qnli   QNLI's construction from squadshifts (question + sentence: does it hold
 #                      the answer?), train/dev/test grouped by article or context
 #   TASKS/squad_split  the same questions as SQuAD v1.1 JSON with grouped train/dev/test
-# (tools/tasks/make_squad_tasks.py). The shared tasks (brown_pos, rotten_tomatoes, vitaminc)
-# are read where they are (configs/finetune.py's data_root).
+#                      (both tools/tasks/make_squad_tasks.py)
+#   TASKS/{brown_pos,rotten_tomatoes,vitaminc}   copies of DATA_ROOT's
 #
-#   bash tools/replication/build_tasks.sh TASKS [DATA_ROOT]
+#   bash tools/replication/build_tasks.sh TASKS [DATA_ROOT]   # DATA_ROOT: ../shared/data/tasks
 #
-# Skipped when TASKS/squad_split/meta.json is there (written last).
+# Each task is skipped when its folder is complete (squad_split's meta.json is written last).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 TASKS="$1"
@@ -17,3 +18,10 @@ PY="${PYTHON:-python}"
 if [[ ! -f "$TASKS/squad_split/meta.json" ]]; then
   "$PY" tools/tasks/make_squad_tasks.py --data_root="$DATA_ROOT" --output="$TASKS"
 fi
+for task in brown_pos rotten_tomatoes vitaminc; do
+  if [[ ! -f "$TASKS/$task/test.jsonl.gz" ]]; then
+    mkdir -p "$TASKS/$task.tmp"
+    cp "$DATA_ROOT/$task"/{train,dev,test}.jsonl.gz "$TASKS/$task.tmp/"
+    rm -rf "$TASKS/$task" && mv "$TASKS/$task.tmp" "$TASKS/$task"
+  fi
+done

@@ -3,9 +3,10 @@ them: one `EXPERIMENT POINT` a line (a launch/sweep.py --only of that experiment
 
   python tools/replication/queue.py --data=DIR [--scale=cpu]
 
-Seed by seed (every compared point's seed 0, then seed 1, ...), so that a run stopped early
-has whole comparisons first; the points pretrained once (an observation, never a verdict) come
-after the compared ones; each pretraining config once (Table 6's tiny row, static masking and
+The compared points first, the cheapest (by `step_cost`) with all their seeds first, so that
+a run stopped early has whole comparisons of 3 runs a side for the cheap points; the points
+pretrained once (an observation, never a verdict) after the compared ones; each pretraining
+config once (Table 6's tiny row, static masking and
 the masking-pieces row are Table 5's baseline: their sweeps link it with --reuse).
 """
 
@@ -47,10 +48,23 @@ def runs(scale: str, data: str) -> list[tuple[str, str]]:
       seed = int(items.pop("seed"))
       found.append((seed, exp, p.name, ",".join(f"{k}={v}" for k, v in items.items())))
   seeds_of: dict[tuple[str, str], int] = {}
-  for _, exp, _, base in found:
+  cost: dict[str, float] = {}
+  for _, exp, name, base in found:
     seeds_of[(exp, base)] = seeds_of.get((exp, base), 0) + 1
-  order = sorted(found, key=lambda r: (seeds_of[(r[1], r[3])] == 1, r[0]))
+    cost[name] = step_cost(sweep.load_experiment(os.path.join(REPO, EXPERIMENTS[exp])), name, scale)
+  # The compared points before those pretrained once; the cheaper points first, all their
+  # seeds (so that the first verdicts, on 3 runs a side, come early).
+  order = sorted(found, key=lambda r: (seeds_of[(r[1], r[3])] == 1, cost[r[2]], r[0]))
   return [(exp, name) for _, exp, name, _ in order]
+
+
+def step_cost(module, name: str, scale: str) -> float:
+  """A point's pretraining step cost relative to tiny MLM's, from its size and objective: the
+  encoder's matmuls grow with layers x hidden^2; LTR predicts every position (about 2.5 times
+  tiny MLM's step on the 2-core VM, docs/replication.md)."""
+  c = module.get_config(f"scale={scale},{name}")
+  size = (c.model.hidden_size / 128) ** 2 * c.model.num_layers / 2
+  return round(size * (2.5 if c.objective.ltr else 1.0), 3)
 
 
 def main(argv: list[str]) -> None:
