@@ -92,6 +92,16 @@ queue() {
   "$PY" tools/replication/queue.py --data="$DATA" --scale="$SCALE" | grep -E -- "$QUEUE_FILTER"
 }
 
+# stop_lanes XARGS_PID: xargs stopped first (else it starts the next run), then the sweeps.
+stop_lanes() {
+  local ones sweeps
+  ones=$(pgrep -P "$1" || true)
+  sweeps=$(for p in $ones; do pgrep -P "$p" || true; done)
+  kill -TERM "$1" 2> /dev/null || true
+  # shellcheck disable=SC2086
+  [[ -z $sweeps ]] || kill -TERM $sweeps 2> /dev/null || true
+}
+
 # lanes PHASE: the queue's runs of PHASE, LANES at a time.
 lanes() {
   local phase=$1
@@ -99,9 +109,10 @@ lanes() {
   queue > "$LOGS/queue.txt"
   xargs -P "$LANES" -L 1 bash -c 'one "$0" "$1" "$2"' "$phase" < "$LOGS/queue.txt" &
   local xargs_pid=$! rc=0
-  # A signal to this script goes to every running `one` (each passes it on to its sweep).
+  # A signal to this script stops xargs (nothing more starts) and goes to every running sweep
+  # (which passes it on to its run: it saves and exits 75).
   trap 'stamp "stopping: the runs save; rerun the same command to resume"
-        pkill -TERM -P $xargs_pid' TERM INT HUP
+        stop_lanes $xargs_pid' TERM INT HUP
   wait $xargs_pid || rc=$?
   while kill -0 $xargs_pid 2>/dev/null; do wait $xargs_pid || rc=$?; done
   trap - TERM INT HUP
