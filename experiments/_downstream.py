@@ -138,3 +138,15 @@ def control(scale: str, config: Any, seed: int, data: str = "") -> list[dict[str
   }
   row = {"pretraining": CONTROL, "seed": seed}
   return [{**r, "overrides": {**r["overrides"], **fields}, "row": row} for r in suite(scale, data)]
+
+
+def only(runs: list[dict[str, Any]], tasks: str) -> list[dict[str, Any]]:
+  """The runs of `tasks` ('+'-separated task names, an experiment's `tasks=` argument: a
+  driver runs one task over every point first); empty: every run."""
+  if not tasks:
+    return runs
+  wanted = tasks.split("+")
+  unknown = [t for t in wanted if t not in TASKS]
+  if unknown:
+    raise ValueError(f"tasks={tasks}: {', '.join(unknown)} not among {', '.join(TASKS)}")
+  return [r for r in runs if r["task"] in wanted]

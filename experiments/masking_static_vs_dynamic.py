@@ -47,7 +47,7 @@ PAPER = "masking"
 
 
 def _parse(arg):
-  return config_lib.parse_arg(arg, mode="static", scale="full", data="", seed=0)
+  return config_lib.parse_arg(arg, mode="static", scale="full", data="", seed=0, tasks="")
 
 
 def get_config(arg=None):
@@ -79,4 +79,4 @@ def finetune_suite(arg=None):
   runs = _downstream.suite(a.scale, a.data)
   if a.mode == "static":  # the baseline also lends its architecture to the control rows
     runs += _downstream.control(a.scale, get_config(arg), a.seed, a.data)
-  return runs
+  return _downstream.only(runs, a.tasks)

@@ -60,7 +60,7 @@ PAPER = "table5"
 
 
 def _parse(arg):
-  return config_lib.parse_arg(arg, task="mlm_nsp", scale="full", data="", seed=0)
+  return config_lib.parse_arg(arg, task="mlm_nsp", scale="full", data="", seed=0, tasks="")
 
 
 def get_config(arg=None):
@@ -107,4 +107,4 @@ def finetune_suite(arg=None):
       for r in list(runs)
       if a.scale != "cpu" or r["task"] == squad
     ]
-  return runs
+  return _downstream.only(runs, a.tasks)

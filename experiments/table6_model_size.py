@@ -82,7 +82,7 @@ def _baseline(scale: str) -> str:
 
 
 def _parse(arg):
-  return config_lib.parse_arg(arg, row="", scale="full", data="", seed=0)
+  return config_lib.parse_arg(arg, row="", scale="full", data="", seed=0, tasks="")
 
 
 def get_config(arg=None):
@@ -124,4 +124,4 @@ def finetune_suite(arg=None):
   if (a.row or _baseline(a.scale)) == _baseline(a.scale):
     # The baseline size also lends its architecture to the no-pretraining control rows.
     runs += _downstream.control(a.scale, get_config(arg), a.seed, a.data)
-  return runs
+  return _downstream.only(runs, a.tasks)

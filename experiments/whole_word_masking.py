@@ -43,7 +43,7 @@ PAPER = "wwm"
 
 
 def _parse(arg):
-  return config_lib.parse_arg(arg, whole_word=False, scale="full", data="", seed=0)
+  return config_lib.parse_arg(arg, whole_word=False, scale="full", data="", seed=0, tasks="")
 
 
 def get_config(arg=None):
@@ -70,4 +70,4 @@ def finetune_suite(arg=None):
   runs = _downstream.suite(a.scale, a.data)
   if not a.whole_word:  # the baseline also lends its architecture to the control rows
     runs += _downstream.control(a.scale, get_config(arg), a.seed, a.data)
-  return runs
+  return _downstream.only(runs, a.tasks)

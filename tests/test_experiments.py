@@ -266,6 +266,18 @@ def test_built_tasks_are_read_from_the_experiments_data():
   assert "task.train" not in next(r for r in _suite(t5, {"task": "mlm"}, "cpu"))["overrides"]
 
 
+def test_tasks_argument_picks_the_suites_tasks():
+  t5 = _load(os.path.join(REPO, "experiments", "table5_pretraining_tasks.py"))
+  runs = _suite(t5, {"task": "mlm_nsp", "seed": 0, "tasks": "squad_qnli+brown_pos"}, "cpu")
+  assert [(r["task"], "row" in r) for r in runs] == [
+    ("squad_qnli", False), ("brown_pos", False), ("squad_qnli", True), ("brown_pos", True),
+  ]  # fmt: skip
+  # The pretraining config does not change with it.
+  assert t5.get_config("task=mlm,tasks=brown_pos") == t5.get_config("task=mlm")
+  with pytest.raises(ValueError, match="tasks=qnli: qnli not among squad_qnli, brown_pos"):
+    _suite(t5, {"task": "mlm", "tasks": "qnli"}, "cpu")
+
+
 def test_table5_ltr_bilstm_reuses_the_ltr_checkpoint():
   t5 = _load(os.path.join(REPO, "experiments", "table5_pretraining_tasks.py"))
   ltr = _suite(t5, {"task": "ltr", "seed": 2}, "cpu")

@@ -1,6 +1,6 @@
 """tools/replication/replicate_gpu.sh on a CPU at toy size: --prepare builds the data and tasks
 it carries, then one call pretrains Table 5's baseline point for a few steps, fine-tunes it and
-the no-pretraining control on every task, writes the reports, and copies the results (no
+the no-pretraining control on two tasks (TASKS), writes the reports, and copies the results (no
 checkpoints) to $OUT; a call past its deadline starts nothing."""
 
 import json
@@ -21,7 +21,7 @@ TOY = [
 ]  # fmt: skip
 
 
-def _run(args, env, timeout=1200):
+def _run(args, env, timeout=2400):
   return subprocess.run(
     ["bash", "tools/replication/replicate_gpu.sh", *args],
     cwd=REPO,
@@ -42,7 +42,10 @@ def test_a_call_trains_fine_tunes_reports_and_copies_the_results(tmp_path):
   for f in ("corpus.txt", "vocab.txt", "nsp/metadata.json", "tasks/squad_qnli/test.jsonl.gz",
             "tasks/squad_split/dev.json.gz", "tasks/brown_pos/train.jsonl.gz"):  # fmt: skip
     assert (data / f).is_file(), f
-  env.update(QUEUE_FILTER="^table5 task=mlm_nsp,seed=0$", BUDGET_S="1500", MARGIN_S="60")
+  # Two of the tasks (a classification, the span QA): each process starts JAX anew.
+  tasks = ("squad_qnli", "squad_split")
+  env.update(QUEUE_FILTER="^table5 task=mlm_nsp,seed=0$", TASKS="+".join(tasks))
+  env.update(BUDGET_S="2400", MARGIN_S="60")
   r = _run(["--", *TOY], env)
   assert r.returncode == 0, r.stdout + r.stderr
   assert "exit 0;" in r.stdout and "done" in r.stdout, r.stdout
@@ -51,7 +54,6 @@ def test_a_call_trains_fine_tunes_reports_and_copies_the_results(tmp_path):
   rows = [json.loads(ln) for ln in open(point / "metrics.jsonl")]
   assert [r["step"] for r in rows if r["split"] == "train"][-1] == 4  # it trained
   assert "mlm_accuracy" in [r for r in rows if r["split"] == "eval"][-1]
-  tasks = ("squad_qnli", "brown_pos", "rotten_tomatoes", "vitaminc", "squad_split")
   for row in ("task=mlm_nsp,seed=0", "pretraining=none,seed=0"):
     for task in tasks:
       res = json.load(open(got / row / "finetune" / task / "results.json"))

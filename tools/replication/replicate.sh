@@ -11,7 +11,9 @@
 # processes at a time), DEADLINE (unix seconds: no run starts after it and the one in flight
 # is stopped there, saving; launch/sweep.py --deadline), QUEUE_FILTER (a grep -E pattern: only
 # the queue's lines that match, e.g. '^table5 task=mlm_nsp,seed=0$'; then nothing is linked
-# between experiments), TASK_ROOT (../shared/data/tasks), PYTHON. Rerunning after a kill, an
+# between experiments), TASKS (a '+'-separated subset of the downstream tasks: fine-tune only
+# those, e.g. one task over every point first), TASK_ROOT (../shared/data/tasks), PYTHON.
+# Rerunning after a kill, an
 # exit 75 or a deadline resumes: finished runs are skipped, an interrupted one restarts from its
 # checkpoint.
 #
@@ -36,6 +38,7 @@ STAGES="${STAGES:-pretrain finetune report}"
 LANES="${LANES:-2}"
 DEADLINE="${DEADLINE:-}"
 QUEUE_FILTER="${QUEUE_FILTER:-.}"
+TASKS="${TASKS:-}"
 LOGS="$ROOT/logs"
 mkdir -p "$LOGS"
 START=$(date +%s)
@@ -46,11 +49,12 @@ PYTHON="$PY" bash tools/replication/build_data.sh "$CORPUS" "$DATA"
 EXPERIMENTS="table5 table6 masking wwm"
 spec() {  # EXPERIMENT -> FILE:ARG
   case $1 in
-    table5) echo "experiments/table5_pretraining_tasks.py:scale=$SCALE,data=$DATA" ;;
-    table6) echo "experiments/table6_model_size.py:scale=$SCALE,data=$DATA" ;;
-    masking) echo "experiments/masking_static_vs_dynamic.py:scale=$SCALE,data=$DATA" ;;
-    wwm) echo "experiments/whole_word_masking.py:scale=$SCALE,data=$DATA" ;;
+    table5) echo -n "experiments/table5_pretraining_tasks.py" ;;
+    table6) echo -n "experiments/table6_model_size.py" ;;
+    masking) echo -n "experiments/masking_static_vs_dynamic.py" ;;
+    wwm) echo -n "experiments/whole_word_masking.py" ;;
   esac
+  echo ":scale=$SCALE,data=$DATA${TASKS:+,tasks=$TASKS}"
 }
 # one PHASE EXPERIMENT POINT: one point's PHASE (a sweep --only=POINT, with $SWEEP_FLAGS),
 # logged; SIGTERM/SIGINT/SIGHUP are passed on to the sweep (which passes them on to its run:
@@ -82,7 +86,7 @@ one() {
   return $rc
 }
 export -f one spec
-export PY ROOT LOGS DATA SCALE DEADLINE
+export PY ROOT LOGS DATA SCALE DEADLINE TASKS
 export SWEEP_FLAGS="$*"
 
 # The runs of every experiment, one "EXPERIMENT POINT" a line (tools/replication/queue.py),
