@@ -19,8 +19,7 @@ test), and brown_pos as a token-level task with a lexical baseline (a per-word t
 Selection is on dev only: each run tries every lr of the grid (`grid.lr`: bert_jax.finetune
 keeps the lr with the best mean dev score and reports test there), the no-pretraining control
 the same grid. The reduced scales' models are tiny and pretrained for minutes, so their grid is
-far above the paper's 2e-5..5e-5 (from the tiny MLM+NSP point, 2 epochs at 1e-4 left
-rotten_tomatoes and vitaminc at the majority class).
+far above the paper's 2e-5..5e-5 (docs/replication/budget.md section 4).
 """
 
 from __future__ import annotations
