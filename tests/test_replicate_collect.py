@@ -5,6 +5,8 @@ import importlib.util
 import json
 import os
 
+import pytest
+
 from bert_jax import report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,3 +74,15 @@ def test_collect_copies_finished_runs_small_files_and_baselines(tmp_path):
   assert saved == {"dev": {"majority class": 40.0}, "test": {"majority class": 50.0}}
   md, _ = report.report(str(out / "table5"))
   assert "| task=mlm_nsp | 40.00 |" in md and "| baseline: majority class | – | 50.0 |" in md
+
+
+def test_splice_replaces_only_the_marked_block(tmp_path):
+  doc = tmp_path / "r.md"
+  doc.write_text(f"# T\n\nintro\n\n{collect.BEGIN}\nold\n{collect.END}\n\nafter\n")
+  collect.splice(str(doc), "## Verdicts\n\n| a |")
+  assert doc.read_text() == (
+    f"# T\n\nintro\n\n{collect.BEGIN}\n\n### Verdicts\n\n| a |\n\n{collect.END}\n\nafter\n"
+  )
+  (tmp_path / "none.md").write_text("no markers")
+  with pytest.raises(ValueError, match="none.md: no <!-- verdicts"):
+    collect.splice(str(tmp_path / "none.md"), "x")
