@@ -30,7 +30,7 @@ def test_the_queue_runs_in_two_lanes_then_links_and_reports(tmp_path, built_repl
     timeout=900,
   )  # fmt: skip
   assert r.returncode == 0, r.stdout + r.stderr
-  queue = (root / "logs" / "queue.txt").read_text().splitlines()
+  queue = (root / "logs" / "queue_pretrain.txt").read_text().splitlines()
   assert queue[:6] == [
     f"table5 task={t},seed={s}" for s in range(3) for t in ("mlm_nsp", "mlm")
   ]  # fmt: skip

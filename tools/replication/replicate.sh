@@ -110,8 +110,8 @@ stop_lanes() {
 lanes() {
   local phase=$1
   stamp "$phase: $LANES lanes (logs: $LOGS/$phase/, timeline: $LOGS/timeline.tsv)"
-  queue > "$LOGS/queue.txt"
-  xargs -P "$LANES" -L 1 bash -c 'one "$0" "$1" "$2"' "$phase" < "$LOGS/queue.txt" &
+  queue > "$LOGS/queue_$phase.txt"  # one per phase: two drivers may run side by side
+  xargs -P "$LANES" -L 1 bash -c 'one "$0" "$1" "$2"' "$phase" < "$LOGS/queue_$phase.txt" &
   local xargs_pid=$! rc=0
   # A signal to this script stops xargs (nothing more starts) and goes to every running sweep
   # (which passes it on to its run: it saves and exits 75).

@@ -74,7 +74,7 @@ rc=$?
   -o -name timeline.tsv \) -not -path '*/checkpoints/*' -not -path '*/seed_*/best/*' -print0 \
   | tar --null -cf - --files-from=- 2> /dev/null) | (mkdir -p "$OUT/replication" \
   && cd "$OUT/replication" && tar -xf -)
-left=$(grep -c . "$ROOT/logs/queue.txt" 2> /dev/null || echo 0)
+left=$(grep -c . "$ROOT/logs/queue_pretrain.txt" 2> /dev/null || echo 0)
 done_=$(find "$ROOT" -name sweep_done.json 2> /dev/null | wc -l)
 stamp "exit $rc; $done_ runs done of the queue's $left points and their fine-tuning; results in $OUT/replication"
 [[ $rc == 0 ]] && stamp "done" || stamp "left: rerun the same command to go on"
