@@ -39,7 +39,7 @@ PAPER = "masking"
 
 
 def _parse(arg):
-  return config_lib.parse_arg(arg, mode="static", scale="full", data="", seed=0, tasks="")
+  return config_lib.parse_arg(arg, mode="static", scale="full", data="", seed=0, tasks="", seeds=0)
 
 
 def get_config(arg=None):
@@ -58,7 +58,7 @@ def sweep(add, arg=None):
   # At the reduced scales the dynamic row is pretrained once (the budget goes to Table 5 and
   # 6): an observation, never a verdict. The static row is Table 5's baseline, every seed.
   full = _parse(arg).scale == "full"
-  for seed in range(config_lib.PRETRAINING_SEEDS):
+  for seed in range(_parse(arg).seeds or config_lib.PRETRAINING_SEEDS):
     for mode in MODES:
       if seed == 0 or full or mode == "static":
         add(mode=mode, seed=seed)

@@ -45,7 +45,7 @@ PAPER = "table5"
 
 
 def _parse(arg):
-  return config_lib.parse_arg(arg, task="mlm_nsp", scale="full", data="", seed=0, tasks="")
+  return config_lib.parse_arg(arg, task="mlm_nsp", scale="full", data="", seed=0, tasks="", seeds=0)
 
 
 def get_config(arg=None):
@@ -65,9 +65,9 @@ def get_config(arg=None):
   return config_lib.pretraining_seed(c, a.seed)
 
 
-def sweep(add):
-  # Seed by seed, so that an interrupted sweep has whole comparisons first.
-  for seed in range(config_lib.PRETRAINING_SEEDS):
+def sweep(add, arg=None):
+  # Seed by seed (`seeds=N`: the first N, default config_lib.PRETRAINING_SEEDS).
+  for seed in range(_parse(arg).seeds or config_lib.PRETRAINING_SEEDS):
     for task in TASKS:
       add(task=task, seed=seed)
 

@@ -71,7 +71,7 @@ def _baseline(scale: str) -> str:
 
 
 def _parse(arg):
-  return config_lib.parse_arg(arg, row="", scale="full", data="", seed=0, tasks="")
+  return config_lib.parse_arg(arg, row="", scale="full", data="", seed=0, tasks="", seeds=0)
 
 
 def get_config(arg=None):
@@ -99,7 +99,7 @@ SEEDED_ROWS = ("tiny", "L2_H256_A4")
 
 def sweep(add, arg=None):
   scale = _parse(arg).scale
-  for seed in range(config_lib.PRETRAINING_SEEDS):
+  for seed in range(_parse(arg).seeds or config_lib.PRETRAINING_SEEDS):
     for row in _rows(scale):
       if seed == 0 or scale == "full" or row in SEEDED_ROWS:
         add(row=row, seed=seed)

@@ -36,7 +36,9 @@ PAPER = "wwm"
 
 
 def _parse(arg):
-  return config_lib.parse_arg(arg, whole_word=False, scale="full", data="", seed=0, tasks="")
+  return config_lib.parse_arg(
+    arg, whole_word=False, scale="full", data="", seed=0, tasks="", seeds=0
+  )
 
 
 def get_config(arg=None):
@@ -50,7 +52,7 @@ def sweep(add, arg=None):
   # At the reduced scales the whole-word row is pretrained once (the budget goes to Table 5 and
   # 6): an observation, never a verdict. The pieces row is Table 5's baseline, every seed.
   full = _parse(arg).scale == "full"
-  for seed in range(config_lib.PRETRAINING_SEEDS):
+  for seed in range(_parse(arg).seeds or config_lib.PRETRAINING_SEEDS):
     for whole_word in (False, True):
       if seed == 0 or full or not whole_word:
         add(whole_word=whole_word, seed=seed)
