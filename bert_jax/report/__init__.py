@@ -12,13 +12,17 @@ perplexity and NSP accuracy.
 Fine-tuning: every `results.json` (written by bert_jax.finetune) is a fine-tuning run, laid
 out as `<root>/<point>/finetune/<task>/results.json` (a sweep: <point> is the pretraining
 run's workdir) or given directly (--root = a fine-tuning workdir, or a directory of them: the
-point is then the checkpoint the run started from, its `init`). The table is the paper's
-layout: one row per pretraining point (its ablated fields, its held-out MLM perplexity and
-accuracy), one column per task with the main metric's "mean ± std (n seeds)" x 100 on --split,
-and their average. `--paper` adds published rows under ours (Devlin et al. 2019's Table 5 or
-6; RoBERTa's static/dynamic masking; the BERT repository's whole-word masking) and a line per
-claim judged against the seed spread; published.COLUMNS says which paper column each of our
-stand-in tasks fills.
+point is then the checkpoint the run started from, its `init`). Points that differ only in
+their pretraining seed (`...,seed=S`) are one compared point. The table is the paper's layout:
+one row per compared point (its ablated fields, its held-out MLM perplexity and accuracy), one
+column per task with "mean ± sd (pretraining runs x fine-tuning seeds)" x 100 on --split (per
+pretraining run the mean of its fine-tuning seeds, at the lr chosen on dev), then a row per
+trivial baseline (baselines.py). `--paper` adds published rows under ours (Devlin et al.
+2019's Table 5 or 6; RoBERTa's static/dynamic masking; the BERT repository's whole-word
+masking) and a line per claim, judged by stats.py (a 95% Welch interval over pretraining runs,
+Holm-corrected over the report's lines); published.COLUMNS says which paper column each of
+our stand-in tasks fills. `--verdicts` judges every experiment's claims together
+(verdicts.py).
 
 The tables are printed as markdown and written, with plots (loss curves; per-task bars with
 std error bars; score vs model size when the points differ in size), to --root/report/. The
@@ -28,7 +32,10 @@ written and the command says the plots were skipped.
   runs.py       the runs below a root: pretraining (metrics.jsonl) and fine-tuning (results.json)
   tables.py     the pretraining table and the fine-tuning table in the paper's layout
   published.py  the paper's published numbers, as data
-  claims.py     the paper's claims judged against the seed spread
+  claims.py     the paper's claims as lines of two points' per-pretraining-run values
+  stats.py      the test every line goes through (Welch interval, Holm, TOST margin)
+  baselines.py  each task's trivial baselines (majority class, tag lookup, overlap sentence)
+  verdicts.py   the verdicts across experiments (--verdicts)
   plots.py      loss curves, per-task bars, score vs model size
   __main__.py   the command line
 """
