@@ -586,6 +586,9 @@ def test_verdicts_across_experiments_judge_every_line_once(tmp_path):
   for cfg in (sizes["row=tiny"][0], sizes["row=L2_H256_A4"][0]):
     cfg["model"].update(vocab_size=100, intermediate_size=4 * cfg["model"]["hidden_size"])
   _seeded_root(tmp_path / "table6", sizes)
+  # Pretrained, not fine-tuned yet: listed as missing.
+  _write_run(str(tmp_path / "table5"), "task=mlm,seed=3", _config(True, False, False),
+             [{"step": 20, "split": "eval", "mlm_perplexity": 40.0}])  # fmt: skip
   md = verdicts.summary(str(tmp_path))
   assert md == open(tmp_path / "report" / "verdicts.md").read().strip()
   rows = [ln for ln in md.splitlines() if ln.startswith("| table")]
@@ -602,7 +605,8 @@ def test_verdicts_across_experiments_judge_every_line_once(tmp_path):
     "| rotten_tomatoes (SST-2) accuracy | majority class 50.8 | table6/row=L2_H256_A4: 91.0 "
     "| yes |" in md
   )
-  assert "- table5: task=ltr has 1 of 3 pretraining runs" in md
+  assert "- table5: task=ltr fine-tuned for 1 of 3 pretraining runs" in md
+  assert "- table5: task=mlm fine-tuned for 3 of 4 pretraining runs" in md
   with pytest.raises(ValueError, match="none of table5, table6, masking, wwm below it"):
     verdicts.summary(str(tmp_path / "table5"))
   r = subprocess.run(

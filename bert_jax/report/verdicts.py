@@ -26,14 +26,23 @@ def _experiment(root: str, split: str):
   return runs, ft, columns, tables.arms(points)
 
 
-def _missing(name: str, columns, arms) -> list[str]:
+def _missing(name: str, runs, columns, arms) -> list[str]:
   """What an experiment's table lacks: pretraining runs, and tasks a point has no result for."""
   out = []
+  pretrained: dict[str, int] = {}
+  for r in runs:
+    arm = tables.split_seed(r.name)[0]
+    pretrained[arm] = pretrained.get(arm, 0) + 1
+  names = {a.name for a in arms}
+  for arm, n in pretrained.items():
+    if arm not in names:
+      out.append(f"{name}: {arm} pretrained ({n} runs), not yet fine-tuned")
   most = max((len(a.points) for a in arms), default=0)
   tasks = [c.task for c in columns]
   for a in arms:
-    if len(a.points) < most:
-      out.append(f"{name}: {a.name} has {len(a.points)} of {most} pretraining runs")
+    if len(a.points) < max(most, pretrained.get(a.name, 0)):
+      have = max(most, pretrained.get(a.name, 0))
+      out.append(f"{name}: {a.name} fine-tuned for {len(a.points)} of {have} pretraining runs")
     for t in tasks:
       if len(a.values(t)) < len(a.points) and not a.name.startswith("task=ltr_bilstm"):
         out.append(f"{name}: {a.name} has {t} for {len(a.values(t))} of {len(a.points)} runs")
@@ -63,7 +72,7 @@ def summary(root: str, split: str = "test") -> str:
       if key not in seen:
         seen.add(key)
         lines.append((name, ln))
-    missing += _missing(name, columns, arms)
+    missing += _missing(name, runs, columns, arms)
     for task, b in report_lib.task_baselines(ft, split).items():
       base.setdefault(task, {}).update(b)
     for c in columns:
