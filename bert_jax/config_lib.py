@@ -77,8 +77,24 @@ SCALED_LENGTH = 64
 SCALED_PREDICTIONS = 10  # 15% of 64
 # Pretraining steps per point: cpu, 12.3M tokens, where the MLM + NSP point passes the
 # count-based reference (docs/replication/budget.md); gpu, at least 20M tokens
-# (tools/replication/replicate_gpu.sh: one H100, 9 minutes; not yet run on a GPU).
+# (tools/replication/replicate_gpu.sh).
 SCALED_STEPS = {"cpu": 12_000, "gpu": 20_480}
+# Pretraining runs per compared point (an ablation's unit of variance: a verdict needs several;
+# bert_jax/report/stats.py calls one run inconclusive).
+PRETRAINING_SEEDS = 3
+
+
+def pretraining_seed(c: ml_collections.ConfigDict, seed: int) -> ml_collections.ConfigDict:
+  """`c` pretrained with seed `seed` (0: unchanged): what is random in a run that its data does
+  not fix, the initialisation (`seed`) and the order training sequences are read in
+  (`data.seed`), the two seeds MultiBERTs (Sellam et al. 2022) vary. The data (segmentation,
+  pairs, static masks) and the held-out eval masks stay those of every other seed, so every run
+  is scored on the same targets."""
+  if seed < 0:
+    raise ValueError(f"seed must be >= 0, not {seed}")
+  c.seed += seed
+  c.data.seed += seed
+  return c
 
 
 def scaled_base(scale: str) -> ml_collections.ConfigDict:

@@ -15,6 +15,10 @@ Presets:
   brown_pos        POS tagging (Brown tagset)                      token accuracy
   wnut16_ner       NER, BIO, 10 types                              entity F1 (seqeval)
   squadshifts      extractive QA: train new_wiki+nyt+reddit, evaluate amazon_reviews  F1, EM
+  squad_qnli       question + sentence, 2 classes: QNLI's construction from squadshifts
+                   (tools/tasks/make_squad_tasks.py; the replication's QNLI)   accuracy
+  squad_split      extractive QA on squadshifts with grouped train/dev/test (the same
+                   tool; the replication's SQuAD)                              F1, EM
   cola sst2 mrpc stsb qqp mnli mnli_mismatched qnli rte wnli   GLUE (TSV layout, glue_dir)
   glue_tfds/NAME   GLUE from a locally prepared TFDS glue/NAME (tfds_data_dir; never downloads)
   custom           JSONL/CSV/TSV/CoNLL files: --config.task.kind/train/dev/test/text_fields/
@@ -74,9 +78,12 @@ SHARED_FILES = {
     "SQuADShifts (Miller et al. 2020)",
   ),
 }
+# Tasks built by tools/tasks/make_squad_tasks.py (under data_root=DIR, its --output).
+BUILT = ("squad_qnli", "squad_split")
 GLUE = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "mnli_mismatched", "qnli", "rte", "wnli")
 SQUAD_TRAIN = ("new_wiki", "nyt", "reddit")
 SQUAD_EVAL = "amazon_reviews"
+SPLITS = ("train", "dev", "test")
 
 
 def _task(name: str, data_root: str, glue_dir: str) -> ml_collections.ConfigDict:
@@ -107,6 +114,12 @@ def _task(name: str, data_root: str, glue_dir: str) -> ml_collections.ConfigDict
       f"not include (the project's copy was made from {source}): set data_root=DIR to a folder "
       "holding them, or fine-tune finetune:custom on your own files (README: Task files)"
     )
+  if name in BUILT:
+    t.files_hint = (
+      f"the {name} preset reads {os.path.join(data_root, name)}/, built by "
+      "tools/tasks/make_squad_tasks.py --output=DIR from ../shared/data/tasks/squadshifts: set "
+      "data_root=DIR"
+    )
   split = lambda s: os.path.join(data_root, name, f"{s}.jsonl.gz")
   if name == "rotten_tomatoes":
     t.train, t.dev, t.test = split("train"), split("dev"), split("test")
@@ -125,6 +138,13 @@ def _task(name: str, data_root: str, glue_dir: str) -> ml_collections.ConfigDict
     # dev (selection) and test are the held-out domain's two halves would leak selection into
     # test; the paper selects on dev and reports dev: we do the same on the held-out domain.
     t.dev = t.test = path(SQUAD_EVAL)
+  elif name == "squad_qnli":
+    t.train, t.dev, t.test = split("train"), split("dev"), split("test")
+    t.text_fields = ("question", "sentence")
+    t.labels = ("entailment", "not_entailment")
+  elif name == "squad_split":
+    t.kind = "span_qa"
+    t.train, t.dev, t.test = (os.path.join(data_root, name, f"{s}.json.gz") for s in SPLITS)
   elif name in GLUE or name.startswith("glue_tfds/"):
     t.format = "glue" if name in GLUE else "tfds"
     t.name = name.split("/", 1)[-1]
@@ -136,7 +156,7 @@ def _task(name: str, data_root: str, glue_dir: str) -> ml_collections.ConfigDict
     t.metrics = (main, *(m for m in preset["metrics"] if m != main))
   elif name != "custom":
     raise ValueError(
-      f"unknown fine-tuning task {name!r}; known: {', '.join(SHARED + GLUE)}, "
+      f"unknown fine-tuning task {name!r}; known: {', '.join(SHARED + BUILT + GLUE)}, "
       "glue_tfds/NAME, custom"
     )
   return t

@@ -6,7 +6,8 @@ r"""Runs every point of an experiment: its pretraining, then its fine-tuning sui
       [--backend=local|slurm|tpu_vm] [--distributed] [--reuse=ROOT[,ROOT]] \
       [--deadline=UNIX_SECONDS|+SECONDS] [--sbatch='SBATCH OPTIONS'] [--sbatch_report='...']
 
---only takes a point's name or just its values (`--only=mlm`), several separated by ';'.
+--only takes a point's name, its values, or some of them (`--only=mlm`: every seed of
+task=mlm; `--only=mlm,0`), several separated by ';'.
 --config.KEY=VALUE goes to every pretraining run, --finetune.KEY=VALUE (as --config.KEY=VALUE)
 to every fine-tuning run. --stages picks what runs (default: all three); the report stage
 reports only once every run of the other stages is done (every stage's, when it runs alone;
@@ -237,7 +238,7 @@ def _selected(points: list[Point], only: str | None) -> list[Point]:
     return points
   chosen = []
   for want in only.split(";"):
-    match = [p for p in points if want in (p.name, _values(p.name))]
+    match = [p for p in points if _matches(want, p.name)]
     if not match:
       raise ValueError(f"--only={want}: no such point; points: {'; '.join(p.name for p in points)}")
     chosen += [p for p in match if p not in chosen]
@@ -247,6 +248,14 @@ def _selected(points: list[Point], only: str | None) -> list[Point]:
 def _values(name: str) -> str:
   """'task=mlm,scale=cpu' -> 'mlm,cpu': --only may name a point by its values alone."""
   return ",".join(item.split("=", 1)[1] for item in name.split(","))
+
+
+def _matches(want: str, name: str) -> bool:
+  """Whether --only's `want` names the point `name`: every comma-separated item of it is one of
+  the point's key=value items or values ('mlm' and 'task=mlm' name every seed of task=mlm)."""
+  items = name.split(",")
+  have = set(items) | {item.split("=", 1)[1] for item in items}
+  return want in (name, _values(name)) or set(want.split(",")) <= have
 
 
 STAGES = ("pretrain", "finetune", "report")

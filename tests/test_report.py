@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from bert_jax import report
-from bert_jax.report import claims, tables
 from bert_jax.report import runs as runs_lib
+from bert_jax.report import tables
 
 
 def _write_run(root, name, config, rows):
@@ -214,101 +214,117 @@ def finetune_root(sweep_root):
   return sweep_root
 
 
-def test_finetune_table_cells(finetune_root):
-  runs = runs_lib.find_runs(finetune_root)
-  # Fine-tuning seeds (seed_0/metrics.jsonl) are not pretraining runs.
-  assert [r.name for r in runs] == ["task=ltr", "task=mlm_nsp"]
-  ft = runs_lib.find_finetune_runs(finetune_root)
-  assert sorted((f.point, f.task) for f in ft) == [
-    ("task=ltr", "rotten_tomatoes"), ("task=ltr", "vitaminc"), ("task=mlm_nsp", "rotten_tomatoes"),
-    ("task=mlm_nsp", "squadshifts"), ("task=mlm_nsp", "vitaminc"),
-  ]  # fmt: skip
-  header, rows = tables.finetune_table(runs, ft)
-  # Tasks in the paper's column order: MNLI-m, SST-2, SQuAD.
+def _seeded_root(tmp_path, points, task="rotten_tomatoes", baseline=None):
+  """{point: (config, ppl, [[ft values] per pretraining seed])}: a sweep of seeded points."""
+  root = str(tmp_path)
+  for name, (config, ppl, per_seed) in points.items():
+    for seed, values in enumerate(per_seed):
+      point = f"{name},seed={seed}"
+      if config is not None:
+        _write_run(root, point, {**config, "seed": seed}, [
+          {"step": 20, "split": "eval", "mlm_perplexity": ppl[seed], "mlm_accuracy": 0.3},
+        ])  # fmt: skip
+      d = os.path.join(root, point, "finetune", task)
+      _write_results(d, task, "classification", "accuracy", values, init="")
+      if baseline:
+        with open(os.path.join(d, "results.json")) as f:
+          res = json.load(f)
+        res["baseline"] = {"name": "majority class", "test": {"accuracy": baseline}}
+        with open(os.path.join(d, "results.json"), "w") as f:
+          json.dump(res, f)
+  return root
+
+
+T5 = {
+  "task=mlm_nsp": (_config(True, True, False), [40.0, 42.0, 41.0],
+                   [[0.80, 0.82], [0.81, 0.81], [0.79, 0.80]]),
+  "task=mlm": (_config(True, False, False), [39.0, 41.0, 40.0],
+               [[0.70, 0.72], [0.71, 0.71], [0.69, 0.70]]),
+  "task=ltr": (_config(False, False, True), [0.0] * 3, [[0.60, 0.61]]),  # one pretraining run
+  "pretraining=none": (None, None, [[0.50, 0.52], [0.51, 0.53], [0.52, 0.50]]),
+}  # fmt: skip
+
+
+def test_finetune_table_pools_the_pretraining_seeds(tmp_path):
+  root = _seeded_root(tmp_path, T5, baseline=0.508)
+  runs = runs_lib.find_runs(root)
+  ft = runs_lib.find_finetune_runs(root)
+  assert len(ft) == 10 and "task=mlm,seed=2" in {r.name for r in runs}
+  header, rows = tables.finetune_table(runs, ft, baselines={"rotten_tomatoes": {"lookup": 1.0}})
   assert header == [
     "point", "objective.mlm", "objective.nsp", "objective.ltr", "MLM ppl", "MLM acc %",
-    "vitaminc (MNLI-m) accuracy", "rotten_tomatoes (SST-2) accuracy", "squadshifts (SQuAD) f1",
-    "average",
+    "rotten_tomatoes (SST-2) accuracy",
   ]  # fmt: skip
   by = {r[0]: dict(zip(header, r, strict=True)) for r in rows}
-  bert = by["task=mlm_nsp"]
-  assert bert["rotten_tomatoes (SST-2) accuracy"] == "84.1 ± 0.3 (5)"
-  assert bert["vitaminc (MNLI-m) accuracy"] == "60.0 ± 1.0 (3)"
-  assert bert["squadshifts (SQuAD) f1"] == "42.0 ± 2.0 (3)"
-  assert bert["average"] == "62.0"  # (60.0 + 84.1 + 42.0) / 3
-  assert bert["MLM ppl"] == "445.90" and bert["MLM acc %"] == "12.5"
-  assert bert["objective.nsp"] is True
-  ltr = by["task=ltr"]
-  assert ltr["rotten_tomatoes (SST-2) accuracy"] == "72.0 ± 2.0 (3)"
-  assert ltr["vitaminc (MNLI-m) accuracy"] == "50.0 ± 0.0 (1)"  # one seed: std 0
-  assert ltr["squadshifts (SQuAD) f1"] is None and ltr["average"] is None
-  assert ltr["MLM ppl"] is None  # an LTR model has no MLM perplexity
-  # The dev split: dev values (test - 0.01 here; SQuAD 51.0).
-  header, rows = tables.finetune_table(runs, ft, split="dev")
-  bert = dict(zip(header, rows[1], strict=True))
-  assert bert["rotten_tomatoes (SST-2) accuracy"] == "83.1 ± 0.3 (5)"
-  assert bert["squadshifts (SQuAD) f1"] == "51.0 ± 1.0 (3)"
+  # Per pretraining seed the mean of its 2 fine-tuning seeds (81, 81, 79.5), then their mean
+  # and sd over the 3 pretraining runs: 80.5 ± 0.87.
+  assert by["task=mlm_nsp"]["rotten_tomatoes (SST-2) accuracy"] == "80.5 ± 0.9 (3 x 2)"
+  assert by["task=mlm_nsp"]["MLM ppl"] == "41.00 ± 1.00"
+  assert by["task=ltr"]["rotten_tomatoes (SST-2) accuracy"] == "60.5 ± 0.0 (1 x 2)"
+  assert by["pretraining=none"]["rotten_tomatoes (SST-2) accuracy"] == "51.3 ± 0.6 (3 x 2)"
+  assert by["baseline: lookup"]["rotten_tomatoes (SST-2) accuracy"] == "1.0"
+  md, _ = report.report(root, paper="table5")
+  assert "| baseline: majority class | – | – | – | – | – | 50.8 |" in md
 
 
-def test_finetune_report_with_paper_rows_and_plots(finetune_root):
-  md, skipped = report.report(finetune_root, paper="table5")
-  assert skipped is None
-  pre, _, fine = md.partition("\n\n## Fine-tuning")
-  assert pre.startswith("## Pretraining\n\n| run |")
-  lines = fine.splitlines()
-  assert "Devlin et al. 2019 Table 5" in lines[0]
-  header = lines[2]
-  assert header.endswith(
-    "| squadshifts (SQuAD) f1 | QNLI (paper only) | MRPC (paper only) | average |"
-  )
+def test_claims_are_welch_intervals_over_pretraining_runs_holm_corrected(tmp_path):
+  from bert_jax.report import stats
+
+  root = _seeded_root(tmp_path, T5)
+  md, _ = report.report(root, paper="table5")
+  part = md.split("### The paper's claims at this scale (test; ")[1]
+  assert stats.TEST in part
+  lines = [ln for ln in part.splitlines() if ln.startswith("- ")]
+  assert len(lines) == 3 + 2  # the control against 3 points, then mlm vs ltr and NSP helps
+  got = {ln.split(": ", 1)[0]: ln.split(": ", 1)[1] for ln in lines}
+  nsp = got["- BERT-Base (MLM + NSP) beats No NSP (NSP helps), rotten_tomatoes (SST-2) accuracy"
+             " (task=mlm_nsp vs task=mlm)"]  # fmt: skip
+  a, b = [81.0, 81.0, 79.5], [71.0, 71.0, 69.5]
+  c = stats.welch(a, b)
+  assert nsp.startswith(f"reproduced: difference +10.0 [{c.low:+.1f}, {c.high:+.1f}] (3 vs 3 ")
+  # LTR has one pretraining run: never a verdict.
+  ltr = got["- No NSP (MLM) beats LTR & No NSP (the bidirectional LM matters), rotten_tomatoes "
+            "(SST-2) accuracy (task=mlm vs task=ltr)"]  # fmt: skip
   assert (
-    "| task=mlm_nsp | True | True | False | 445.90 | 12.5 | 60.0 ± 1.0 (3) | 84.1 ± 0.3 (5) "
-    "| 42.0 ± 2.0 (3) | – | – | 62.0 |"
-  ) in fine
-  # The paper's rows: MNLI-m, SST-2 and SQuAD under our stand-ins, QNLI and MRPC on their own.
-  assert "| paper: BERT-Base | – | – | – | – | – | 84.4 | 92.7 | 88.5 | 88.4 | 86.7 | – |" in fine
-  assert (
-    "| paper: LTR & No NSP | – | – | – | – | – | 82.1 | 92.1 | 77.8 | 84.3 | 77.5 | – |" in fine
+    ltr == "inconclusive (one pretraining run): difference +10.0 (3 vs 1 pretraining runs: "
+    "no interval)"
   )
-  out = os.path.join(finetune_root, "report")
-  assert open(os.path.join(out, "results.md")).read().strip() == md
-  for name in ("train_loss.png", "finetune_tasks.png"):
-    with open(os.path.join(out, name), "rb") as f:
-      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-  assert not os.path.exists(os.path.join(out, "finetune_vs_size.png"))  # one size only
-
-
-def _size_config(layers, hidden):
-  return {"model": {"num_layers": layers, "hidden_size": hidden, "num_heads": 2,
-                    "intermediate_size": 4 * hidden, "vocab_size": 100}}  # fmt: skip
+  premise = "- pretraining beats no pretraining (BERT's premise), rotten_tomatoes (SST-2) accuracy"
+  assert got[f"{premise} (task=mlm)"].startswith("reproduced: difference +19.2 [")
+  # Holm over the 3 lines with a p-value (not LTR's): the smallest raw p is multiplied by 3.
+  family = [stats.welch(a, b).p] + [
+    stats.welch(x, [51.0, 52.0, 51.0]).p for x in (a, b)
+  ]  # fmt: skip
+  assert f"Holm p = {3 * min(family):.3g})" in md
 
 
 def test_size_sweep_sorted_by_size_with_table6(tmp_path):
-  root = str(tmp_path)
-  ppl = {"row=big": 30.0, "row=small": 60.0}
-  for name, (layers, hidden) in (("row=big", (4, 64)), ("row=small", (1, 32))):
-    _write_run(root, name, _size_config(layers, hidden), [
-      {"step": 10, "split": "eval", "mlm_perplexity": ppl[name], "mlm_accuracy": 0.2},
-    ])  # fmt: skip
-    acc = [0.8, 0.82] if name == "row=big" else [0.7, 0.7]
-    _write_results(os.path.join(root, name, "finetune", "rotten_tomatoes"), "rotten_tomatoes",
-                   "classification", "accuracy", acc)  # fmt: skip
+  sizes = {
+    "row=small": (_size_config(1, 32), [60.0, 62.0, 61.0], [[0.70, 0.70]] * 3),
+    "row=big": (_size_config(4, 64), [30.0, 31.0, 32.0], [[0.80, 0.82], [0.81, 0.81], [0.8, 0.8]]),
+  }  # fmt: skip
+  root = _seeded_root(tmp_path, sizes)
   md, skipped = report.report(root, paper="table6")
   assert skipped is None
   fine = md.split("## Fine-tuning")[1]
   rows = [ln for ln in fine.splitlines() if ln.startswith("| row=") or ln.startswith("| paper")]
-  # Smallest model first (as Table 6), whatever the names sort to; then the paper's rows with
-  # their L/H/A in the size columns and LM perplexity in the ppl column.
-  assert rows[0].startswith("| row=small | 1 | 32 | 128 | 60.00 | 20.0 | 70.0 ± 0.0 (2) |")
-  assert rows[1].startswith("| row=big | 4 | 64 | 256 | 30.00 | 20.0 | 81.0 ± 1.4 (2) |")
-  assert rows[2] == "| paper: L=3 H=768 A=12 | 3 | 768 | – | 5.84 | – | 88.4 | 77.9 | 79.8 | – |"
-  assert len(rows) == 2 + 6
-  assert md.splitlines()[-2:] == [
-    "- held-out MLM perplexity falls monotonically with size: reproduced (60.00 > 30.00, "
-    "smallest model first; one pretraining run per size: no seed spread)",
-    "- bigger is better on rotten_tomatoes (SST-2) accuracy (largest vs smallest; means by size "
-    "70.0, 81.0): reproduced: difference +11.0, seed spread 1.4 (n = 2/2)",
-  ]
+  # Smallest model first (as Table 6), whatever the names sort to; then the paper's rows.
+  assert rows[0].startswith(
+    "| row=small | 1 | 32 | 128 | 61.00 ± 1.00 | 30.0 ± 0.0 | 70.0 ± 0.0 (3 x 2) |"
+  )
+  assert rows[1].startswith(
+    "| row=big | 4 | 64 | 256 | 31.00 ± 1.00 | 30.0 ± 0.0 | 80.7 ± 0.6 (3 x 2) |"
+  )
+  assert rows[2] == "| paper: L=3 H=768 A=12 | 3 | 768 | – | 5.84 | – | 88.4 | 77.9 | 79.8 |"
+  claims_ = [ln for ln in md.splitlines() if ln.startswith("- ")]
+  assert claims_[0].startswith(
+    "- held-out MLM perplexity falls with size (row=big vs row=small): reproduced: difference "
+    "-30.0 ["
+  )
+  assert claims_[1].startswith(
+    "- bigger is better, rotten_tomatoes (SST-2) accuracy (largest row=big vs smallest "
+    "row=small): reproduced: difference +10.7 ["
+  )
   assert tables.param_count(runs_lib.config_fields(_size_config(1, 32))) == (
     (100 + 512 + 2) * 32 + 2 * 32 + 4 * (32 * 32 + 32) + 4 * 32 + 2 * (32 * 128) + 128 + 32
     + 32 * 32 + 32
@@ -318,6 +334,13 @@ def test_size_sweep_sorted_by_size_with_table6(tmp_path):
   assert tables.param_count(bert_base) == 109_482_240  # transformers' BertModel(bert-base)
   with open(os.path.join(root, "report", "finetune_vs_size.png"), "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  with open(os.path.join(root, "report", "finetune_tasks.png"), "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def _size_config(layers, hidden):
+  return {"model": {"num_layers": layers, "hidden_size": hidden, "num_heads": 2,
+                    "intermediate_size": 4 * hidden, "vocab_size": 100}}  # fmt: skip
 
 
 def test_plain_finetune_workdir_and_grid(tmp_path):
@@ -329,16 +352,8 @@ def test_plain_finetune_workdir_and_grid(tmp_path):
                  [0.1, 0.1])  # fmt: skip
   md, _ = report.report(wd)
   assert md.startswith("## Fine-tuning (test;")
-  assert "| /m/mini | 85.0 ± 7.1 (2) | 85.0 |" in md
+  assert "| /m/mini | 85.0 ± 0.0 (1 x 2) |" in md
   assert "Pretraining" not in md and "lr=5e-05" not in md
-  # A directory of workdirs from two checkpoints, with a BIO tagging task.
-  _write_results(str(tmp_path / "ner"), "wnut16_ner", "tagging", "entity_f1", [0.25, 0.35],
-                 init="/m/base")  # fmt: skip
-  header, rows = tables.finetune_table([], runs_lib.find_finetune_runs(str(tmp_path)))
-  assert header == ["point", "MLM ppl", "MLM acc %", "rotten_tomatoes (SST-2) accuracy",
-                    "wnut16_ner entity_f1", "average"]  # fmt: skip
-  assert [r[0] for r in rows] == ["/m/base", "/m/mini"]
-  assert rows[0][4] == "30.0 ± 7.1 (2)" and rows[0][3] is None
   # An unfinished grid (points, no top-level results.json yet): the best on dev is shown,
   # its test numbers, and a note says so.
   grid = str(tmp_path / "grid")
@@ -346,7 +361,7 @@ def test_plain_finetune_workdir_and_grid(tmp_path):
     _write_results(os.path.join(grid, point), "vitaminc", "classification", "accuracy", test,
                    dev=dev, init="/m/x")  # fmt: skip
   md, _ = report.report(grid)
-  assert "| /m/x | 50.0 ± 0.0 (1) | 50.0 |" in md
+  assert "| /m/x | 50.0 ± 0.0 (1 x 1) |" in md
   assert md.endswith(
     f"- /m/x / vitaminc: 2 runs, the best on dev shown ({grid}/lr=5e-05/results.json)"
   )
@@ -365,105 +380,72 @@ def test_finetune_errors(tmp_path):
     report.report(str(tmp_path), paper="table9")
 
 
-def test_cli_paper_flag(finetune_root):
+def test_cli_paper_flag(tmp_path):
+  root = _seeded_root(tmp_path, T5)
   r = subprocess.run(
-    [sys.executable, "-m", "bert_jax.report", f"--root={finetune_root}", "--paper=table6",
-     "--split=dev"],
+    [sys.executable, "-m", "bert_jax.report", f"--root={root}", "--paper=table6", "--split=dev"],
     capture_output=True,
     text=True,
     timeout=120,
-  )  # fmt: skip
+  )
   assert r.returncode == 0, r.stderr
   assert "| paper: L=24 H=1024 A=16 |" in r.stdout and "## Fine-tuning (dev;" in r.stdout
 
 
-def test_table5_claims_against_the_seed_spread(finetune_root):
-  _write_run(finetune_root, "task=mlm", _config(True, False, False), [
-    {"step": 30, "split": "eval", "mlm_perplexity": 400.0, "mlm_accuracy": 0.13},
-  ])  # fmt: skip
-  ft = os.path.join(finetune_root, "task=mlm", "finetune")
-  _write_results(os.path.join(ft, "rotten_tomatoes"), "rotten_tomatoes", "classification",
-                 "accuracy", [0.80, 0.81, 0.82])  # fmt: skip
-  _write_results(os.path.join(ft, "vitaminc"), "vitaminc", "classification", "accuracy",
-                 [0.60, 0.62])  # fmt: skip
-  md, _ = report.report(finetune_root, paper="table5")
-  lines = md.split("### The paper's claims at this scale (test)")[1].strip().splitlines()[2:]
-  mlm_ltr = "- No NSP (MLM) beats LTR & No NSP (the bidirectional LM matters), "
-  nsp = "- BERT-Base (MLM + NSP) beats No NSP (NSP helps), "
-  assert lines == [
-    # The LTR point has one vitaminc seed: nothing to judge the difference by.
-    mlm_ltr + "vitaminc (MNLI-m) accuracy (task=mlm vs task=ltr): inconclusive: difference "
-    "+11.0, one seed (n = 2/1): no spread to judge it by",
-    # 81.0 ± 1.0 vs 72.0 ± 2.0: +9.0 > 2.0.
-    mlm_ltr + "rotten_tomatoes (SST-2) accuracy (task=mlm vs task=ltr): reproduced: difference "
-    "+9.0, seed spread 2.0 (n = 3/3)",
-    # 60.0 ± 1.0 vs 61.0 ± 1.4: within the spread.
-    nsp + "vitaminc (MNLI-m) accuracy (task=mlm_nsp vs task=mlm): inconclusive: difference "
-    "-1.0, seed spread 1.4 (n = 3/2)",
-    nsp + "rotten_tomatoes (SST-2) accuracy (task=mlm_nsp vs task=mlm): reproduced: difference "
-    "+3.1, seed spread 1.0 (n = 5/3)",
-  ]
-  assert claims.verdict({"mean": 50.0, "std": 1.0, "n": 3}, {"mean": 53.0, "std": 2.0, "n": 3}) == (
-    "not reproduced: difference -3.0, seed spread 2.0 (n = 3/3)"
-  )
-
-
 def test_masking_wwm_and_bilstm_claims(tmp_path):
-  root = str(tmp_path)
-
-  def point(name, masking, rt):
+  def masking(mode, whole_word=False):
     cfg = _config(True, True, False)
-    cfg["masking"] = masking
-    _write_run(root, name, cfg, [{"step": 30, "split": "eval", "mlm_perplexity": 400.0}])
-    _write_results(os.path.join(root, name, "finetune", "rotten_tomatoes"), "rotten_tomatoes",
-                   "classification", "accuracy", rt)  # fmt: skip
+    cfg["masking"] = {"mode": mode, "whole_word": whole_word}
+    return cfg
 
-  point("mode=static", {"mode": "static", "whole_word": False}, [0.80, 0.81, 0.82])
-  point("mode=dynamic", {"mode": "dynamic", "whole_word": False}, [0.795, 0.805, 0.815])
+  ppl = [40.0, 41.0, 42.0]
+  root = _seeded_root(tmp_path / "m", {
+    "mode=static": (masking("static"), ppl, [[0.80, 0.80], [0.81, 0.81], [0.82, 0.82]]),
+    "mode=dynamic": (masking("dynamic"), ppl, [[0.806, 0.806], [0.811, 0.811], [0.816, 0.816]]),
+  })  # fmt: skip
   md, _ = report.report(root, paper="masking")
   assert "RoBERTa) Table 1" in md and "| paper: dynamic (RoBERTa Table 1; SQuAD 2.0) |" in md
-  # 80.5 vs 81.0, spread 1.0: comparable, so the claim holds.
+  # +0.1 with sd 1.0 a side: its 90% interval's low end is above -1 only with far more runs.
   assert (
     "- dynamic masking is comparable to or better than static, rotten_tomatoes (SST-2) accuracy"
-    " (mode=dynamic vs mode=static): reproduced: difference -0.5, seed spread 1.0 (n = 3/3)"
+    " (mode=dynamic vs mode=static): inconclusive: difference +0.1 ["
   ) in md
-  worse, same = {"mean": 78.0, "std": 1.0, "n": 3}, {"mean": 80.5, "std": 1.0, "n": 3}
-  old = {"mean": 81.0, "std": 1.0, "n": 3}
-  assert claims.verdict(worse, old, comparable=True).startswith("not reproduced: difference -3.0")
-  assert claims.verdict(same, old, comparable=True).startswith("reproduced: difference -0.5")
-  assert claims.verdict(same, old).startswith("inconclusive: difference -0.5")
-  wwm = str(tmp_path / "wwm")
-  os.makedirs(wwm)
-  root = wwm
-  point("whole_word=False", {"mode": "static", "whole_word": False}, [0.80, 0.81, 0.82])
-  point("whole_word=True", {"mode": "static", "whole_word": True}, [0.70, 0.71, 0.72])
+  root = _seeded_root(tmp_path / "m2", {
+    "mode=static": (masking("static"), ppl, [[0.80, 0.80], [0.801, 0.801], [0.802, 0.802]]),
+    "mode=dynamic": (masking("dynamic"), ppl, [[0.801, 0.801], [0.802, 0.802], [0.803, 0.803]]),
+  })  # fmt: skip
+  md, _ = report.report(root, paper="masking")
+  assert "(mode=dynamic vs mode=static): comparable or better: difference +0.1 [" in md
+  wwm = _seeded_root(tmp_path / "w", {
+    "whole_word=False": (masking("static"), ppl, [[0.80, 0.80], [0.81, 0.81], [0.82, 0.82]]),
+    "whole_word=True": (masking("static", True), ppl, [[0.70, 0.70], [0.71, 0.71], [0.72, 0.72]]),
+  })  # fmt: skip
   md, _ = report.report(wwm, paper="wwm")
   assert (
     "whole-word masking beats masking WordPieces independently, rotten_tomatoes (SST-2) "
-    "accuracy (whole_word=True vs whole_word=False): not reproduced: difference -10.0"
+    "accuracy (whole_word=True vs whole_word=False): contradicted: difference -10.0 ["
   ) in md
 
 
-def test_bilstm_claim_is_squad_only(finetune_root):
-  for task, kind, metric, vals in (
-    ("squadshifts", "span_qa", "f1", [50.0, 52.0, 54.0]),
-    ("rotten_tomatoes", "classification", "accuracy", [0.5, 0.5, 0.5]),
-  ):
-    _write_results(os.path.join(finetune_root, "task=ltr_bilstm", "finetune", task), task, kind,
-                   metric, vals)  # fmt: skip
-  _write_results(os.path.join(finetune_root, "task=ltr", "finetune", "squadshifts"),
-                 "squadshifts", "span_qa", "f1", [40.0, 41.0, 42.0])  # fmt: skip
-  md, _ = report.report(finetune_root, paper="table5")
+def test_bilstm_claim_is_squad_only(tmp_path):
+  root = _seeded_root(tmp_path, {"task=ltr": T5["task=ltr"]})
+  for point, vals in (("task=ltr_bilstm,seed=0", [50.0, 52.0]), ("task=ltr,seed=0", [40.0, 41.0])):
+    _write_results(os.path.join(root, point, "finetune", "squad_split"), "squad_split",
+                   "span_qa", "f1", vals)  # fmt: skip
+  _write_results(os.path.join(root, "task=ltr_bilstm,seed=0", "finetune", "rotten_tomatoes"),
+                 "rotten_tomatoes", "classification", "accuracy", [0.5, 0.5])  # fmt: skip
+  md, _ = report.report(root, paper="table5")
   lines = [ln for ln in md.splitlines() if "BiLSTM" in ln and ln.startswith("- ")]
   assert lines == [
-    "- a BiLSTM on the LTR model improves SQuAD, squadshifts (SQuAD) f1 (task=ltr_bilstm vs "
-    "task=ltr): reproduced: difference +11.0, seed spread 2.0 (n = 3/3)"
+    "- a BiLSTM on the LTR model improves SQuAD, squad_split (SQuAD) f1 (task=ltr_bilstm vs "
+    "task=ltr): inconclusive (one pretraining run): difference +10.5 (1 vs 1 pretraining runs: "
+    "no interval)"
   ]
 
 
-def test_reference_tokens_control_and_deadline(tmp_path):
+def test_reference_tokens_and_deadline(tmp_path):
   """Each point's held-out accuracy beside its count-based reference, majority baseline and
-  tokens; the no-pretraining control judged against every point; what a deadline left."""
+  tokens; what a deadline left."""
   root = str(tmp_path)
   for name, (mlm, nsp), acc in (
     ("task=mlm_nsp", (True, True), 0.40),
@@ -476,11 +458,8 @@ def test_reference_tokens_control_and_deadline(tmp_path):
        "mlm_reference_accuracy": 0.35, "mlm_reference_accuracy_at_mask": 0.31,
        "mlm_majority_baseline": 0.06},
     ])  # fmt: skip
-  rt = {"task=mlm_nsp": [0.70, 0.72, 0.74], "task=mlm": [0.60, 0.61, 0.62],
-        "pretraining=none": [0.55, 0.56, 0.57]}  # fmt: skip
-  for point, values in rt.items():
-    _write_results(os.path.join(root, point, "finetune", "rotten_tomatoes"), "rotten_tomatoes",
-                   "classification", "accuracy", values, init="")  # fmt: skip
+    _write_results(os.path.join(root, name, "finetune", "rotten_tomatoes"), "rotten_tomatoes",
+                   "classification", "accuracy", [0.6, 0.7])  # fmt: skip
   with open(os.path.join(root, "deadline.json"), "w") as f:
     json.dump({"deadline": 1.0, "stopped": "task=ltr", "not_done": ["task=ltr"]}, f)
   md, _ = report.report(root, paper="table5")
@@ -497,17 +476,141 @@ def test_reference_tokens_control_and_deadline(tmp_path):
   ) in pre
   fine = md.split("## Fine-tuning")[1]
   assert "| MLM ppl | MLM acc % | MLM ref % | rotten_tomatoes (SST-2) accuracy |" in fine
-  assert "| task=mlm_nsp | True | 50.00 | 40.0 | 35.0 | 72.0 ± 2.0 (3) |" in fine
-  assert "| pretraining=none | – | – | – | – | 56.0 ± 1.0 (3) |" in fine
-  assert (
-    "- pretraining beats no pretraining (BERT's premise) on rotten_tomatoes (SST-2) accuracy, "
-    "against pretraining=none (56.0 ± 1.0): task=mlm reproduced: difference +5.0, seed spread "
-    "1.0 (n = 3/3); task=mlm_nsp reproduced: difference +16.0, seed spread 2.0 (n = 3/3)"
-  ) in fine
-  # The paper's claims leave the control out: NSP helps is judged between the two points.
-  assert "(task=mlm_nsp vs task=mlm): reproduced: difference +11.0" in fine
-  assert "pretraining=none vs" not in fine and "vs pretraining=none" not in fine
+  assert "| task=mlm_nsp | True | 50.00 | 40.0 | 35.0 | 65.0 ± 0.0 (1 x 2) |" in fine
   assert md.endswith(
     "## Not run: the sweep's deadline came first (deadline.json; rerun the sweep to finish)"
     "\n\n- task=ltr"
   )
+
+
+def test_lexical_baselines_on_known_inputs():
+  from bert_jax.report import baselines
+
+  train = [(["the", "dog", "runs"], ["AT", "NN", "VBZ"]), (["the", "run"], ["AT", "NN"]),
+           (["dog", "the"], ["VB", "AT"])]  # fmt: skip
+  # 'dog' -> NN (1 vs 1: the first seen), 'the' -> AT; unseen 'cat' -> AT (the most frequent).
+  test = [(["the", "dog", "cat"], ["AT", "NN", "NN"])]
+  assert baselines.tag_lookup_accuracy(train, test) == pytest.approx(2 / 3)
+  context = "The tower was finished in 1889. Gustave Eiffel built the tower. It is tall."
+  qs = [("Who built the tower?", context, ["Gustave Eiffel"]),
+        ("How tall is it?", context, ["tall"])]  # fmt: skip
+  # Q1: sentence 2 shares 'built' and 'tower' (sentence 1 only 'tower'; articles are dropped):
+  # "Gustave Eiffel built the tower." against "Gustave Eiffel": F1 = 2 * (2/4 * 1) / (2/4 + 1)
+  # = 2/3; Q2: "It is tall." against "tall": 2 * (1/3 * 1) / (1/3 + 1) = 0.5. On a tie the
+  # first sentence wins.
+  assert baselines.overlap_sentence_f1(qs) == pytest.approx(100 * (2 / 3 + 0.5) / 2)
+  tie = [("What was built?", "It was built. Gustave Eiffel built it.", ["Gustave Eiffel"])]
+  assert baselines.overlap_sentence_f1(tie) == 0.0
+
+
+# ----------------------------------------------------------------------------- the test
+
+
+def test_welch_interval_and_p_match_scipy_and_a_hand_computation():
+  from scipy import stats as st
+
+  from bert_jax.report import stats
+
+  a, b = [1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0]
+  c = stats.welch(a, b)
+  # By hand: means 2.5 and 4, variances 5/3 and 4, so se^2 = 5/12 + 4/3 = 1.75 and
+  # df = 1.75^2 / ((5/12)^2 / 3 + (4/3)^2 / 2) = 3.2347.
+  assert c.diff == pytest.approx(-1.5)
+  assert c.df == pytest.approx(3.0625 / (25 / 432 + 8 / 9), rel=1e-9)
+  t = st.t.ppf(0.975, c.df)
+  assert (c.low, c.high) == pytest.approx((-1.5 - t * 1.75**0.5, -1.5 + t * 1.75**0.5))
+  ref = st.ttest_ind(a, b, equal_var=False)
+  ci = ref.confidence_interval(0.95)
+  assert c.p == pytest.approx(ref.pvalue) and (c.low, c.high) == pytest.approx((ci.low, ci.high))
+  assert 0.2 < c.p < 0.4  # 3 vs 4 runs 1.5 apart: not a difference at 5%
+  one = stats.welch([5.0], [1.0, 2.0])  # one run: no interval
+  assert one.diff == pytest.approx(3.5) and one.high == float("inf") and one.p != one.p
+
+
+def test_holm_on_known_p_values():
+  from bert_jax.report import stats
+
+  # Sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> monotone
+  # 0.02, 0.03, 0.06, 0.06.
+  assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+  nan = float("nan")
+  out = stats.holm([0.02, nan, 0.04])  # nan is not in the family: m = 2
+  assert out[0] == pytest.approx(0.04) and out[2] == pytest.approx(0.04) and out[1] != out[1]
+  assert stats.holm([0.6, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_judge_verdicts():
+  from bert_jax.report import stats
+
+  clear = stats.Line("a beats b", [80.0, 81.0, 80.5], [70.0, 70.5, 71.0])
+  wrong = stats.Line("b beats a", [70.0, 70.5, 71.0], [80.0, 81.0, 80.5])
+  noisy = stats.Line("noisy", [50.0, 60.0, 55.0], [52.0, 58.0, 50.0])
+  single = stats.Line("one run", [90.0], [70.0, 71.0, 70.5])
+  ppl = stats.Line("perplexity falls", [40.0, 41.0, 40.5], [50.0, 51.0, 50.5], stats.LOWER)
+  same = stats.Line("comparable", [76.0, 76.2, 76.1], [76.1, 76.0, 76.3], stats.COMPARABLE)
+  worse = stats.Line(
+    "comparable or better", [74.0, 74.2, 74.1], [76.1, 76.0, 76.3], stats.COMPARABLE_OR_BETTER
+  )
+  lines = stats.judge([clear, wrong, noisy, single, ppl, same, worse])
+  assert [ln.verdict for ln in lines] == [
+    "reproduced", "contradicted", "inconclusive", "inconclusive (one pretraining run)",
+    "reproduced", "comparable", "inconclusive",
+  ]  # fmt: skip
+  # The family is the 6 lines with a p-value: Holm multiplies the smallest by 6.
+  raw = [stats.welch(ln.a, ln.b).p for ln in (clear, wrong, ppl)]
+  assert min(ln.p_adjusted for ln in (clear, wrong, ppl)) == pytest.approx(6 * min(raw))
+  assert clear.describe().startswith("reproduced: difference +10.0 [+")
+  assert "3 vs 3 pretraining runs, Holm p = " in clear.describe()
+  assert single.describe() == (
+    "inconclusive (one pretraining run): difference +19.5 (1 vs 3 pretraining runs: no interval)"
+  )
+  # A difference inside the spread of the runs is not reproduced however many lines there are.
+  assert stats.judge([stats.Line("x", [1.0, 3.0, 2.0], [0.0, 2.0, 1.0])])[0].verdict == (
+    "inconclusive"
+  )
+
+
+def test_verdicts_across_experiments_judge_every_line_once(tmp_path):
+  from bert_jax.report import stats, verdicts
+
+  _seeded_root(tmp_path / "table5", T5, baseline=0.508)
+  # Table 6 shares Table 5's baseline and control (the same values): their lines come once.
+  sizes = {
+    "row=tiny": (_config(True, True, False), [40.0, 42.0, 41.0], T5["task=mlm_nsp"][2]),
+    "row=L2_H256_A4": (
+      {**_config(True, True, False), "model": {"num_layers": 2, "hidden_size": 256}},
+      [30.0, 31.0, 32.0], [[0.9, 0.9], [0.91, 0.91], [0.92, 0.92]],
+    ),
+    "pretraining=none": T5["pretraining=none"],
+  }  # fmt: skip
+  for cfg in (sizes["row=tiny"][0], sizes["row=L2_H256_A4"][0]):
+    cfg["model"].update(vocab_size=100, intermediate_size=4 * cfg["model"]["hidden_size"])
+  _seeded_root(tmp_path / "table6", sizes)
+  # Pretrained, not fine-tuned yet: listed as missing.
+  _write_run(str(tmp_path / "table5"), "task=mlm,seed=3", _config(True, False, False),
+             [{"step": 20, "split": "eval", "mlm_perplexity": 40.0}])  # fmt: skip
+  md = verdicts.summary(str(tmp_path))
+  assert md == open(tmp_path / "report" / "verdicts.md").read().strip()
+  rows = [ln for ln in md.splitlines() if ln.startswith("| table")]
+  premise = [r for r in rows if "BERT's premise" in r]
+  # The control against mlm_nsp, mlm, ltr (table5) and the 256-wide row (table6): the tiny row's
+  # line is table5's mlm_nsp line again.
+  assert len(premise) == 4 and sum("row=L2_H256_A4 vs pretraining=none" in r for r in premise) == 1
+  family = [r for r in rows if not r.split(" | ")[6].startswith("–")]
+  assert f"{len(rows)} lines, Holm over all of them" in md and stats.TEST in md
+  assert len(family) == len(rows) - 2  # the ltr lines: one pretraining run, no p-value
+  size = next(r for r in rows if "bigger is better" in r)
+  assert "| row=L2_H256_A4 vs row=tiny | 3 vs 3 | +10.5 [" in size and "**reproduced**" in size
+  assert (
+    "| rotten_tomatoes (SST-2) accuracy | majority class 50.8 | table6/row=L2_H256_A4: 91.0 "
+    "| yes |" in md
+  )
+  assert "- table5: task=ltr fine-tuned for 1 of 3 pretraining runs" in md
+  assert "- table5: task=mlm fine-tuned for 3 of 4 pretraining runs" in md
+  with pytest.raises(ValueError, match="none of table5, table6, masking, wwm below it"):
+    verdicts.summary(str(tmp_path / "table5"))
+  r = subprocess.run(
+    [sys.executable, "-m", "bert_jax.report", f"--root={tmp_path}", "--verdicts"],
+    capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  assert r.returncode == 0 and r.stdout.startswith("## Verdicts (test split; "), r.stderr

@@ -1,6 +1,6 @@
 """The scripts that build real-data tasks from the shared sets (tools/tasks/make_mc_task.py,
-make_squad_subset.py, make_regression_task.py, make_brown_genre.py), on tiny hand-written
-inputs."""
+make_squad_subset.py, make_regression_task.py, make_brown_genre.py, make_squad_tasks.py), on
+tiny hand-written inputs."""
 
 import gzip
 import importlib
@@ -26,6 +26,7 @@ mc = _load("make_mc_task")
 subset = _load("make_squad_subset")
 regression = _load("make_regression_task")
 genre = _load("make_brown_genre")
+squad_tasks = _load("make_squad_tasks")
 
 CONTEXT = (
   "The tower was built in 1889 by Gustave Eiffel. It is 330 metres tall today. "
@@ -164,3 +165,85 @@ def test_brown_genre_names_a_file_that_is_not_gzip_or_utf8_and_writes_nothing(tm
     assert r.stderr.startswith(f"error: {test}: ") and what in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- make_squad_tasks
+
+
+def test_squad_qnli_pairs_a_question_with_its_answer_sentence_and_one_other():
+  stats = dict(questions=0, bad_offset=0, answer_across_sentences=0, no_other_sentence=0)
+  paragraph = _article()["paragraphs"][0]
+  rows, kept = squad_tasks.paragraph_rows(paragraph, stats)
+  assert stats == dict(questions=3, bad_offset=1, answer_across_sentences=0, no_other_sentence=0)
+  assert [q["id"] for q in kept] == ["q1", "q2"]
+  by_id = {r["id"]: r for r in rows}
+  assert by_id["q1-0"] == dict(
+    id="q1-0", question="Who built it?", sentence="The tower was built in 1889 by Gustave Eiffel.",
+    label="entailment",
+  )  # fmt: skip
+  assert by_id["q2-0"]["sentence"] == "It is 330 metres tall today."
+  for qid, answer in (("q1", "Gustave Eiffel"), ("q2", "330 metres")):
+    other = by_id[f"{qid}-1"]
+    assert other["label"] == "not_entailment" and answer not in other["sentence"]
+    assert other["sentence"] in [t for _, t in mc.sentences(CONTEXT)]
+  # Seeded by the question id: the same rows every run.
+  assert rows == squad_tasks.paragraph_rows(paragraph, dict(stats))[0]
+
+
+def test_squad_qnli_leaves_out_answers_across_sentences_and_lone_sentences():
+  stats = dict(questions=0, bad_offset=0, answer_across_sentences=0, no_other_sentence=0)
+  across = _qa("a", "?", "Eiffel. It is", CONTEXT.index("Eiffel"))
+  lone = {"context": "Only one sentence here, about Paris.", "qas": [_qa("b", "?", "Paris", 30)]}
+  assert squad_tasks.paragraph_rows({"context": CONTEXT, "qas": [across]}, stats) == ([], [])
+  assert squad_tasks.paragraph_rows(lone, stats) == ([], [])
+  assert stats["answer_across_sentences"] == 1 and stats["no_other_sentence"] == 1
+
+
+def _squadshifts(root, articles_per_domain=30):
+  d = root / "squadshifts"
+  d.mkdir(parents=True)
+  for domain in squad_tasks.DOMAINS:
+    articles = []
+    for i in range(articles_per_domain):
+      a = _article()
+      a["title"] = f"{domain}-{i}"
+      for q in a["paragraphs"][0]["qas"]:
+        q["id"] = f"{domain}-{i}-{q['id']}"
+      articles.append(a)
+    with gzip.open(d / f"{domain}_v1.0.json.gz", "wt", encoding="utf-8") as f:
+      json.dump({"version": "1.1", "data": articles}, f)
+
+
+def test_squad_tasks_no_group_straddles_splits_and_the_files_are_deterministic(tmp_path):
+  _squadshifts(tmp_path / "in")
+  out = tmp_path / "out"
+  for _ in range(2):
+    assert squad_tasks.main([f"--data_root={tmp_path / 'in'}", f"--output={out}"]) == 0
+    first = {p.name: p.read_bytes() for p in sorted((out / "squad_qnli").iterdir())}
+  assert squad_tasks.main([f"--data_root={tmp_path / 'in'}", f"--output={out}"]) == 0
+  assert first == {p.name: p.read_bytes() for p in sorted((out / "squad_qnli").iterdir())}
+  read = lambda p: [json.loads(ln) for ln in gzip.open(p, "rt")]
+  groups = {}
+  for split in ("train", "dev", "test"):
+    rows = read(out / "squad_qnli" / f"{split}.jsonl.gz")
+    squad = json.load(gzip.open(out / "squad_split" / f"{split}.json.gz", "rt"))
+    titles = {a["title"] for a in squad["data"]}
+    # new_wiki and nyt group by article; reddit by context (its one article is a collection).
+    for t in titles:
+      assert groups.setdefault(t, split) == split
+    qids = {q["id"] for a in squad["data"] for p in a["paragraphs"] for q in p["qas"]}
+    assert {r["id"].rsplit("-", 1)[0] for r in rows} == qids
+    assert [r["label"] for r in rows].count("entailment") == len(rows) // 2
+  assert set(groups.values()) == {"train", "dev", "test"}
+  meta = json.load(open(out / "squad_qnli" / "meta.json"))
+  assert meta["left_out"]["bad_offset"] == 90 and sum(meta["rows"].values()) == 2 * 180
+
+
+def test_squad_tasks_name_a_file_that_is_not_squad_json(tmp_path, capsys):
+  _squadshifts(tmp_path / "in", 1)
+  (tmp_path / "in" / "squadshifts" / "nyt_v1.0.json.gz").write_bytes(b"plain")
+  out = tmp_path / "out"
+  assert squad_tasks.main([f"--data_root={tmp_path / 'in'}", f"--output={out}"]) == 1
+  err = capsys.readouterr().err
+  assert err.startswith("make_squad_tasks.py: error: ") and "nyt_v1.0.json.gz" in err
+  assert len(err.strip().splitlines()) == 1 and not out.exists()

@@ -12,13 +12,17 @@ perplexity and NSP accuracy.
 Fine-tuning: every `results.json` (written by bert_jax.finetune) is a fine-tuning run, laid
 out as `<root>/<point>/finetune/<task>/results.json` (a sweep: <point> is the pretraining
 run's workdir) or given directly (--root = a fine-tuning workdir, or a directory of them: the
-point is then the checkpoint the run started from, its `init`). The table is the paper's
-layout: one row per pretraining point (its ablated fields, its held-out MLM perplexity and
-accuracy), one column per task with the main metric's "mean ± std (n seeds)" x 100 on --split,
-and their average. `--paper` adds published rows under ours (Devlin et al. 2019's Table 5 or
-6; RoBERTa's static/dynamic masking; the BERT repository's whole-word masking) and a line per
-claim judged against the seed spread; published.COLUMNS says which paper column each of our
-stand-in tasks fills.
+point is then the checkpoint the run started from, its `init`). Points that differ only in
+their pretraining seed (`...,seed=S`) are one compared point. The table is the paper's layout:
+one row per compared point (its ablated fields, its held-out MLM perplexity and accuracy), one
+column per task with "mean ± sd (pretraining runs x fine-tuning seeds)" x 100 on --split (per
+pretraining run the mean of its fine-tuning seeds, at the lr chosen on dev), then a row per
+trivial baseline (baselines.py). `--paper` adds published rows under ours (Devlin et al.
+2019's Table 5 or 6; RoBERTa's static/dynamic masking; the BERT repository's whole-word
+masking) and a line per claim, judged by stats.py (a 95% Welch interval over pretraining runs,
+Holm-corrected over the report's lines); published.COLUMNS says which paper column each of
+our stand-in tasks fills. `--verdicts` judges every experiment's claims together
+(verdicts.py).
 
 The tables are printed as markdown and written, with plots (loss curves; per-task bars with
 std error bars; score vs model size when the points differ in size), to --root/report/. The
@@ -28,7 +32,10 @@ written and the command says the plots were skipped.
   runs.py       the runs below a root: pretraining (metrics.jsonl) and fine-tuning (results.json)
   tables.py     the pretraining table and the fine-tuning table in the paper's layout
   published.py  the paper's published numbers, as data
-  claims.py     the paper's claims judged against the seed spread
+  claims.py     the paper's claims as lines of two points' per-pretraining-run values
+  stats.py      the test every line goes through (Welch interval, Holm, TOST margin)
+  baselines.py  each task's trivial baselines (majority class, tag lookup, overlap sentence)
+  verdicts.py   the verdicts across experiments (--verdicts)
   plots.py      loss curves, per-task bars, score vs model size
   __main__.py   the command line
 """
@@ -38,8 +45,30 @@ from __future__ import annotations
 import json
 import os
 
-from bert_jax.report import claims, plots, published, tables
+from bert_jax.report import baselines, claims, plots, published, stats, tables
 from bert_jax.report.runs import REPORT_DIR, FinetuneRun, Run, find_finetune_runs, find_runs
+
+
+def task_baselines(ft_runs: list[FinetuneRun], split: str) -> dict[str, dict[str, float]]:
+  """{task: {baseline: value}} from the first run of each task (every point of a report runs
+  the same task files)."""
+  out: dict[str, dict[str, float]] = {}
+  for r in ft_runs:
+    if r.task not in out:
+      out[r.task] = baselines.task_baselines(r.results, split, r.path)
+  return out
+
+
+def judged_lines(
+  runs: list[Run], ft_runs: list[FinetuneRun], split: str, paper: str | None
+) -> list[stats.Line]:
+  """The report's claim lines, judged (stats.judge: Holm over these lines)."""
+  columns, points = tables.finetune_points(runs, ft_runs, split)
+  return stats.judge(claims.claim_lines(paper, columns, tables.arms(points)))
+
+
+def line_markdown(ln: stats.Line) -> str:
+  return f"- {ln.text}: {ln.describe()}"
 
 
 def finetune_markdown(
@@ -48,10 +77,12 @@ def finetune_markdown(
   split: str = "test",
   paper: str | None = None,
 ) -> str:
-  md = tables.markdown(*tables.finetune_table(runs, ft_runs, split, paper))
+  base = task_baselines(ft_runs, split)
+  md = tables.markdown(*tables.finetune_table(runs, ft_runs, split, paper, base))
   title = (
-    f"## Fine-tuning ({split}; main metric x 100, mean ± std (n seeds); MLM ppl/acc: the "
-    "point's last held-out pretraining eval"
+    f"## Fine-tuning ({split}; main metric x 100, mean ± sd over pretraining runs of each "
+    "run's mean over its fine-tuning seeds (pretraining runs x fine-tuning seeds), at the lr "
+    "chosen on dev; MLM ppl/acc: the runs' last held-out pretraining eval"
   )
   if paper:
     title += f"; paper rows: {published.SOURCES[paper]}"
@@ -61,14 +92,11 @@ def finetune_markdown(
     if r.others
   ]
   md = f"{title})\n\n{md}" + ("\n" + "".join(notes) if notes else "")
-  columns, points = tables.finetune_points(runs, ft_runs, split)
-  lines = claims.claims(paper, columns, points) if paper else claims.control_lines(columns, points)
+  lines = judged_lines(runs, ft_runs, split, paper)
   if lines:
     md += (
-      f"\n\n### The paper's claims at this scale ({split})\n\nreproduced: the difference "
-      "in the claimed direction exceeds the larger seed std of the two; not reproduced: it "
-      "exceeds it in the other direction; inconclusive: within the seed spread (or one seed)."
-      "\n\n" + "\n".join(f"- {ln}" for ln in lines)
+      f"\n\n### The paper's claims at this scale ({split}; {len(lines)} lines)\n\n"
+      f"{stats.TEST}\n\n" + "\n".join(line_markdown(ln) for ln in lines)
     )
   return md
 

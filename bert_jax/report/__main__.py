@@ -1,5 +1,5 @@
-"""`python -m bert_jax.report --root=DIR [--paper=...] [--split=test|dev]` (see the package
-docstring)."""
+"""`python -m bert_jax.report --root=DIR [--paper=...] [--split=test|dev] [--verdicts]` (see the
+package docstring; --verdicts: bert_jax/report/verdicts.py)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,23 @@ _SPLIT = flags.DEFINE_enum(
   ["test", "dev"],
   "Fine-tuning split shown (test: measured at the best dev point).",
 )
+_VERDICTS = flags.DEFINE_bool(
+  "verdicts",
+  False,
+  "--root holds one sweep root per experiment (table5, table6, masking, wwm): write the "
+  "verdicts across them (report/verdicts.md).",
+)
 flags.mark_flags_as_required(["root"])
 
 
 def main(argv: list[str]) -> None:
   del argv
+  if _VERDICTS.value:
+    from bert_jax.report import verdicts
+
+    print(verdicts.summary(_ROOT.value, _SPLIT.value))
+    print(f"\nwritten: {os.path.join(_ROOT.value, REPORT_DIR, verdicts.VERDICTS)}")
+    return
   md, skipped = report(_ROOT.value, _PAPER.value, _SPLIT.value)
   print(md)
   out_dir = os.path.join(_ROOT.value, REPORT_DIR)

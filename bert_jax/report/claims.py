@@ -1,39 +1,28 @@
-"""The paper's claims, judged against the seed spread: a line per (claim, task)."""
+"""The paper's claims as lines of two compared points' per-pretraining-seed values, for
+bert_jax/report/stats.py to judge: a line per (claim, task)."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-from bert_jax.report import published
-from bert_jax.report.tables import Column, Point, param_count
+from bert_jax.report import published, stats
+from bert_jax.report.tables import Arm, Column, param_count
+
+# The no-pretraining control's rows (experiments/_downstream.py: control): the same suite
+# fine-tuned from random initialisations of the baseline's architecture, one row per baseline
+# seed (`pretraining=none,seed=S`), grouped as one compared point.
+CONTROL = "pretraining=none"
 
 
-def verdict(better: dict[str, float], worse: dict[str, float], comparable: bool = False) -> str:
-  """Whether `better` beats `worse` by more than the seed spread (the larger of the stds); with
-  `comparable`, whether it is at least as good up to the spread ("comparable or better": not
-  reproduced only when worse by more than the spread)."""
-  diff = better["mean"] - worse["mean"]
-  spread = max(better["std"], worse["std"])
-  n = f"n = {better['n']}/{worse['n']}"
-  if min(better["n"], worse["n"]) < 2:
-    return f"inconclusive: difference {diff:+.1f}, one seed ({n}): no spread to judge it by"
-  if comparable:
-    word = "not reproduced" if diff < -spread else "reproduced"
-  else:
-    word = "reproduced" if diff > spread else "not reproduced" if diff < -spread else "inconclusive"
-  return f"{word}: difference {diff:+.1f}, seed spread {spread:.1f} ({n})"
-
-
-def _pairwise(
+def _pairs(
   columns: list[Column],
-  role: dict[Any, Point],
+  role: dict[Any, Arm],
   pairs: tuple[tuple[Any, Any, str], ...],
-  judge: Any = verdict,
+  claim: str = stats.BETTER,
   only: str | None = None,
-) -> list[str]:
-  """A claim line per task column (or the `only` paper column) for each (better, worse) pair
-  of roles present."""
+) -> list[stats.Line]:
+  """A line per task column (or the `only` paper column) for each (a, b) pair of roles
+  present: the paper says a is better than b (or `claim`)."""
   lines = []
   for better, worse, text in pairs:
     if better not in role or worse not in role:
@@ -42,15 +31,17 @@ def _pairwise(
     for c in columns:
       if only and published.COLUMNS.get(c.task) != only:
         continue
-      if c.task in a.cells and c.task in b.cells:
+      if a.values(c.task) and b.values(c.task):
         where = f"{c.header} ({a.name} vs {b.name})"
-        lines.append(f"{text}, {where}: {judge(a.cells[c.task], b.cells[c.task])}")
+        about = (text, c.header, f"{a.name} vs {b.name}")
+        values = a.values(c.task), b.values(c.task)
+        lines.append(stats.Line(f"{text}, {where}", *values, claim, about))
   return lines
 
 
-def _objective(p: Point) -> str | None:
+def _objective(a: Arm) -> str | None:
   """Table 5's row of a point, from its pretraining config."""
-  mlm, nsp, ltr = (p.config.get(f"objective.{k}") for k in ("mlm", "nsp", "ltr"))
+  mlm, nsp, ltr = (a.config.get(f"objective.{k}") for k in ("mlm", "nsp", "ltr"))
   if ltr and not mlm:
     return "ltr"
   if mlm and not ltr:
@@ -58,43 +49,60 @@ def _objective(p: Point) -> str | None:
   return None
 
 
-# The no-pretraining control's row (experiments/_downstream.py): the same suite fine-tuned
-# from a random initialisation of the baseline's architecture.
-CONTROL = "pretraining=none"
-
-
-def control_lines(columns: list[Column], points: list[Point]) -> list[str]:
-  """Per task: each pretrained point against the no-pretraining control, by the seed spread."""
-  control = next((p for p in points if p.name == CONTROL), None)
+def control_lines(columns: list[Column], arms: list[Arm]) -> list[stats.Line]:
+  """Per task: each pretrained point against the no-pretraining control."""
+  control = next((a for a in arms if a.name == CONTROL), None)
   if control is None:
     return []
   lines = []
   for c in columns:
-    if c.task not in control.cells:
+    base = control.values(c.task)
+    if not base:
       continue
-    base = control.cells[c.task]
-    judged = [
-      f"{p.name} {verdict(p.cells[c.task], base)}"
-      for p in points
-      if p is not control and c.task in p.cells
-    ]
-    if judged:
-      lines.append(
-        f"pretraining beats no pretraining (BERT's premise) on {c.header}, against "
-        f"{CONTROL} ({base['mean']:.1f} ± {base['std']:.1f}): " + "; ".join(judged)
-      )
+    for a in arms:
+      if a is not control and a.values(c.task):
+        premise = "pretraining beats no pretraining (BERT's premise)"
+        text = f"{premise}, {c.header} ({a.name})"
+        about = (premise, c.header, f"{a.name} vs {CONTROL}")
+        lines.append(stats.Line(text, a.values(c.task), base, stats.BETTER, about))
   return lines
 
 
-def claims(paper: str, columns: list[Column], points: list[Point]) -> list[str]:
-  """One line per (claim, task): the paper's claim and its verdict on our numbers."""
-  lines = control_lines(columns, points)
-  points = [p for p in points if p.name != CONTROL]
+def _table6(columns: list[Column], arms: list[Arm]) -> list[stats.Line]:
+  with_size = [(n, a) for a in arms if (n := param_count(a.config)) is not None]
+  sized = [a for _, a in sorted(with_size, key=lambda t: t[0])]
+  if len(sized) < 2:
+    return []
+  lines = []
+  small, large = sized[0], sized[-1]
+  # Held-out MLM perplexity falls with size: every step up, and the largest against the smallest.
+  steps = list(zip(sized, sized[1:], strict=False))
+  if len(sized) > 2:
+    steps.append((small, large))
+  for lo, hi in steps:
+    if lo.lm("mlm_perplexity") and hi.lm("mlm_perplexity"):
+      claim = "held-out MLM perplexity falls with size"
+      about = (claim, "held-out MLM perplexity", f"{hi.name} vs {lo.name}")
+      ppl = hi.lm("mlm_perplexity"), lo.lm("mlm_perplexity")
+      lines.append(stats.Line(f"{claim} ({hi.name} vs {lo.name})", *ppl, stats.LOWER, about))
+  for c in columns:
+    if large.values(c.task) and small.values(c.task):
+      text = f"bigger is better, {c.header} (largest {large.name} vs smallest {small.name})"
+      about = ("bigger is better", c.header, f"{large.name} vs {small.name}")
+      values = large.values(c.task), small.values(c.task)
+      lines.append(stats.Line(text, *values, stats.BETTER, about))
+  return lines
+
+
+def claim_lines(paper: str | None, columns: list[Column], arms: list[Arm]) -> list[stats.Line]:
+  """The report's lines, unjudged: the control's, then the paper's claims."""
+  lines = control_lines(columns, arms)
+  arms = [a for a in arms if a.name != CONTROL]
   if paper == "table5":
-    role = {_objective(p): p for p in points if _objective(p)}
+    role = {_objective(a): a for a in arms if _objective(a)}
     # The "+ BiLSTM" row has no pretraining of its own: found by its name.
-    role.update(("ltr_bilstm", p) for p in points if "bilstm" in p.name)
-    lines += _pairwise(
+    role.update(("ltr_bilstm", a) for a in arms if "bilstm" in a.name)
+    lines += _pairs(
       columns,
       role,
       (
@@ -102,54 +110,20 @@ def claims(paper: str, columns: list[Column], points: list[Point]) -> list[str]:
         ("mlm_nsp", "mlm", "BERT-Base (MLM + NSP) beats No NSP (NSP helps)"),
       ),
     )
-    lines += _pairwise(
+    lines += _pairs(
       columns,
       role,
       (("ltr_bilstm", "ltr", "a BiLSTM on the LTR model improves SQuAD"),),
       only="SQuAD",
     )
   elif paper == "masking":
-    role = {p.config.get("masking.mode"): p for p in points}
+    role = {a.config.get("masking.mode"): a for a in arms if a.points[0].pretrain}
     text = "dynamic masking is comparable to or better than static"
-    judge = functools.partial(verdict, comparable=True)
-    lines += _pairwise(columns, role, (("dynamic", "static", text),), judge=judge)
+    lines += _pairs(columns, role, (("dynamic", "static", text),), stats.COMPARABLE_OR_BETTER)
   elif paper == "wwm":
-    role = {bool(p.config.get("masking.whole_word")): p for p in points if p.pretrain}
+    role = {bool(a.config.get("masking.whole_word")): a for a in arms if a.points[0].pretrain}
     text = "whole-word masking beats masking WordPieces independently"
-    lines += _pairwise(columns, role, ((True, False, text),))
+    lines += _pairs(columns, role, ((True, False, text),))
   elif paper == "table6":
-    with_size = [(n, p) for p in points if (n := param_count(p.config)) is not None]
-    sized = [p for _, p in sorted(with_size, key=lambda t: t[0])]
-    if len(sized) < 2:
-      return lines
-    ppl = [p.pretrain.last("eval").get("mlm_perplexity") if p.pretrain else None for p in sized]
-    if all(v is not None for v in ppl):
-      falls = all(b < a for a, b in zip(ppl, ppl[1:], strict=False))
-      values = (" > " if falls else ", ").join(f"{v:.2f}" for v in ppl)
-      lines.append(
-        "held-out MLM perplexity falls monotonically with size: "
-        + ("reproduced" if falls else "not reproduced")
-        + f" ({values}, smallest model first; one pretraining run per size: no seed spread)"
-      )
-    for c in columns:
-      have = [p for p in sized if c.task in p.cells]
-      if len(have) < 2:
-        continue
-      cells = [p.cells[c.task] for p in have]
-      # Monotone within the spread: no step down beyond its pair's spread, and the largest
-      # model beats the smallest by more than theirs.
-      head = verdict(cells[-1], cells[0])
-      dips = [
-        f"{have[i].name} -> {have[i + 1].name}"
-        for i in range(len(cells) - 1)
-        if cells[i + 1]["mean"] < cells[i]["mean"] - max(cells[i]["std"], cells[i + 1]["std"])
-      ]
-      if dips and head.startswith("reproduced"):
-        head = "inconclusive" + head[len("reproduced") :]
-      means = ", ".join(f"{x['mean']:.1f}" for x in cells)
-      extra = f"; drops beyond the spread at {', '.join(dips)}" if dips else ""
-      lines.append(
-        f"bigger is better on {c.header} (largest vs smallest; means by size {means}{extra}): "
-        + head
-      )
+    lines += _table6(columns, arms)
   return lines

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from bert_jax.report.runs import FinetuneRun, Run
-from bert_jax.report.tables import finetune_points, param_count, train_loss
+from bert_jax.report.tables import finetune_points, param_count, pooled, train_loss
 
 
 def _pyplot() -> Any:
@@ -79,6 +79,7 @@ def plot_finetune(
   finetune_vs_size.png (points of different sizes): score and MLM perplexity vs parameters."""
   plt = _pyplot()
   columns, points = finetune_points(runs, ft_runs, split)
+  points = pooled(points)  # a bar per compared point: its pretraining runs pooled
   columns = [c for c in columns if any(c.task in p.cells for p in points)]
   written = []
   if not columns:  # no run has this split's numbers yet
@@ -98,7 +99,7 @@ def plot_finetune(
       alpha=0.8,
     )
     ax.set_xticks(list(x), [p.name for p in have], rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(f"{col.metric} (%), mean ± std over seeds")
+    ax.set_ylabel(f"{col.metric} (%), mean ± sd over pretraining runs")
     ax.grid(axis="y", alpha=0.3)
     # Zoom on the spread: the differences between points, against the seeds' std, are what
     # the figure is for; the title says when the axis does not start at 0.
@@ -110,7 +111,8 @@ def plot_finetune(
     zoomed = f"\n(y axis zoomed: starts at {bottom:.1f})" if bottom > 0 else ""
     ax.set_title(col.header + zoomed, fontsize=10)
   seeds = sorted({p.cells[c.task]["n"] for c in columns for p in points if c.task in p.cells})
-  fig.suptitle(f"fine-tuning, {split} split ({'/'.join(map(str, seeds))} seeds)")
+  runs_ = "/".join(map(str, seeds))
+  fig.suptitle(f"fine-tuning, {split} split ({runs_} pretraining runs, fine-tuning seeds nested)")
   fig.tight_layout()
   written.append(_save(plt, fig, os.path.join(out_dir, "finetune_tasks.png")))
 
@@ -134,7 +136,7 @@ def plot_finetune(
           label=f"{col.header}",
         )
     _size_axis(ax, [n / 1e6 for n, _ in sized])
-    ax.set_ylabel("score (%), mean ± std over seeds")
+    ax.set_ylabel("score (%), mean ± sd over pretraining runs")
     ax.set_title(f"fine-tuning score vs model size ({split})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

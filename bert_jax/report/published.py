@@ -11,6 +11,8 @@ COLUMNS = {
   "vitaminc": "MNLI-m",
   "mnli": "MNLI-m",
   "squadshifts": "SQuAD",
+  "squad_split": "SQuAD",
+  "squad_qnli": "QNLI",
   "squad": "SQuAD",
   "qnli": "QNLI",
   "mrpc": "MRPC",

@@ -12,8 +12,9 @@ from bert_jax.report import published
 from bert_jax.report.runs import FinetuneRun, Run
 
 REF = "mlm_reference_accuracy"  # bert_jax/ngram_reference.py's, in a final eval row
-# Config fields that differ between runs without being an ablation.
-_IGNORED_FIELDS = ("data.dir", "init_from")
+# Config fields that differ between runs without being an ablation (a pretraining seed's own:
+# config_lib.pretraining_seed).
+_IGNORED_FIELDS = ("data.dir", "init_from", "seed", "data.seed")
 
 
 def ablated_fields(runs: list[Run]) -> list[str]:
@@ -210,15 +211,107 @@ def finetune_points(
   return columns, rows
 
 
-def _stat_cell(c: dict[str, float] | None) -> str | None:
-  return None if c is None else f"{c['mean']:.1f} ± {c['std']:.1f} ({c['n']})"
+SEED = "seed"  # the point key of a pretraining seed (experiments: config_lib.pretraining_seed)
+
+
+def split_seed(name: str) -> tuple[str, int | None]:
+  """'task=mlm,seed=2' -> ('task=mlm', 2); a name without a seed -> (name, None)."""
+  rest, seed = [], None
+  for item in name.split(","):
+    key, _, value = item.partition("=")
+    if key == SEED and value.isdigit():
+      seed = int(value)
+    else:
+      rest.append(item)
+  return ",".join(rest) or name, seed
+
+
+@dataclass
+class Arm:
+  """A compared point: its pretraining runs (one Point per pretraining seed)."""
+
+  name: str
+  points: list[Point]
+
+  @property
+  def config(self) -> dict[str, Any]:
+    return self.points[0].config
+
+  def values(self, task: str) -> list[float]:
+    """Per pretraining seed: the mean of its fine-tuning seeds on `task`."""
+    return [p.cells[task]["mean"] for p in self.points if task in p.cells]
+
+  def finetune_seeds(self, task: str) -> list[int]:
+    return [p.cells[task]["n"] for p in self.points if task in p.cells]
+
+  def lm(self, metric: str) -> list[float]:
+    """Per pretraining seed: the last held-out eval's `metric`."""
+    return [
+      p.pretrain.last("eval")[metric]
+      for p in self.points
+      if p.pretrain and metric in p.pretrain.last("eval")
+    ]
+
+
+def arms(points: list[Point]) -> list[Arm]:
+  """The points grouped by everything but their pretraining seed, in the points' order."""
+  out: dict[str, Arm] = {}
+  for p in points:
+    name, _ = split_seed(p.name)
+    out.setdefault(name, Arm(name, [])).points.append(p)
+  return list(out.values())
+
+
+def pooled(points: list[Point]) -> list[Point]:
+  """One Point per compared point (arms): each task's cell the mean and sd over pretraining
+  seeds of their fine-tuning seeds' means, n the pretraining runs; pretrain its first run."""
+  out = []
+  for a in arms(points):
+    cells = {}
+    for task in {t for p in a.points for t in p.cells}:
+      mean, sd = mean_sd(a.values(task))
+      cells[task] = {"mean": mean, "std": sd, "n": len(a.values(task))}
+    out.append(Point(a.name, a.config, a.points[0].pretrain, cells))
+  return out
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+  n = len(values)
+  mean = sum(values) / n
+  sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+  return mean, sd
+
+
+def arm_cell(arm: Arm, task: str) -> str | None:
+  """'84.1 ± 0.3 (3 x 2)': the mean and sd over pretraining seeds of their fine-tuning seeds'
+  means, with the number of pretraining runs x fine-tuning seeds each."""
+  values = arm.values(task)
+  if not values:
+    return None
+  mean, sd = mean_sd(values)
+  ft = sorted(set(arm.finetune_seeds(task)))
+  return f"{mean:.1f} ± {sd:.1f} ({len(values)} x {'/'.join(map(str, ft))})"
+
+
+def _lm_cell(values: list[float], scale: float, digits: int) -> str | None:
+  if not values:
+    return None
+  mean, sd = mean_sd([v * scale for v in values])
+  return f"{mean:.{digits}f}" + (f" ± {sd:.{digits}f}" if len(values) > 1 else "")
 
 
 def finetune_table(
-  runs: list[Run], ft_runs: list[FinetuneRun], split: str = "test", paper: str | None = None
+  runs: list[Run],
+  ft_runs: list[FinetuneRun],
+  split: str = "test",
+  paper: str | None = None,
+  baselines: dict[str, dict[str, float]] | None = None,
 ) -> tuple[list[str], list[list[Any]]]:
-  """(header, rows) of the paper-layout table: cells are strings ("84.1 ± 0.3 (5)") or None."""
+  """(header, rows) of the paper-layout table, one row per compared point (its pretraining
+  seeds pooled): cells are strings ("84.1 ± 0.3 (3 x 2)") or None; then a row per trivial
+  baseline (`baselines`: {task: {name: value}}) and the paper's rows."""
   columns, points = finetune_points(runs, ft_runs, split)
+  groups = arms(points)
   fields = ablated_fields([p.pretrain for p in points if p.pretrain])
   if paper and paper not in published.TABLES:
     raise ValueError(f"--paper={paper}: one of {', '.join(published.TABLES)}")
@@ -230,23 +323,32 @@ def finetune_table(
   with_ref = any(p.pretrain and REF in p.pretrain.last("eval") for p in points)
   header = ["point", *fields, "MLM ppl", "MLM acc %", *(["MLM ref %"] if with_ref else [])]
   header += [c.header for c in columns]
-  header += [f"{k} (paper only)" for k in extra] + ["average"]
+  header += [f"{k} (paper only)" for k in extra]
   rows = []
-  for p in points:
-    ev = p.pretrain.last("eval") if p.pretrain else {}
-    ppl, acc, ref = ev.get("mlm_perplexity"), ev.get("mlm_accuracy"), ev.get(REF)
-    cells = [p.cells.get(c.task) for c in columns]
-    avg = f"{sum(c['mean'] for c in cells) / len(cells):.1f}" if cells and all(cells) else None
+  for a in groups:
     rows.append(
       [
-        p.name,
-        *(p.config.get(k) for k in fields),
-        None if ppl is None else f"{ppl:.2f}",
-        None if acc is None else f"{100 * acc:.1f}",
-        *([None if ref is None else f"{100 * ref:.1f}"] if with_ref else []),
-        *(_stat_cell(c) for c in cells),
+        a.name,
+        *(a.config.get(k) for k in fields),
+        _lm_cell(a.lm("mlm_perplexity"), 1, 2),
+        _lm_cell(a.lm("mlm_accuracy"), 100, 1),
+        *([_lm_cell(a.lm(REF), 100, 1)] if with_ref else []),
+        *(arm_cell(a, c.task) for c in columns),
         *(None for _ in extra),
-        avg,
+      ]
+    )
+  names = sorted({n for b in (baselines or {}).values() for n in b})
+  for name in names:
+    cells = [(baselines or {}).get(c.task, {}).get(name) for c in columns]
+    rows.append(
+      [
+        f"baseline: {name}",
+        *(None for _ in fields),
+        None,
+        None,
+        *([None] if with_ref else []),
+        *(None if v is None else f"{v:.1f}" for v in cells),
+        *(None for _ in extra),
       ]
     )
   for label, config, values in paper_rows:
@@ -260,7 +362,6 @@ def finetune_table(
         *([None] if with_ref else []),
         *(_fmt_paper(values.get(published.COLUMNS.get(c.task, ""))) for c in columns),
         *(_fmt_paper(values.get(k)) for k in extra),
-        None,
       ]
     )
   return header, rows

@@ -65,10 +65,12 @@ def paper_points(scan_layers: bool = True, only: str | None = None) -> list[FitP
     if only and experiment not in only.split(","):
       continue
     module = _load(path)
-    for p in sweep.expand(path, "scale=full"):
+    # One pretraining seed: the seeds' configs differ only in their seeds (the same program).
+    for p in sweep.expand(path, "scale=full,seeds=1"):
       config = module.get_config(p.arg)
       config.model.scan_layers = scan_layers
-      out.append(FitPoint(experiment, p.name, config))
+      name = ",".join(i for i in p.name.split(",") if not i.startswith("seed="))
+      out.append(FitPoint(experiment, name, config))
   if out:
     largest = max(out, key=lambda p: (p.config.model.hidden_size, p.config.model.num_layers))
     phase2 = config_lib.pretraining_phase(largest.config.copy_and_resolve_references(), 2)
