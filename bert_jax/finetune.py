@@ -404,8 +404,19 @@ def run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
 
 def _peer_lost(workdir: str, config, lock) -> None:
   """After a lost peer, before the process ends: the run's record and the lock (process 0)."""
-  preemption_lib.write_status(workdir, 0, config.seeds, True, state="peer_lost")
+  done = sum(
+    os.path.exists(os.path.join(workdir, f"seed_{k}", SEED_RESULT)) for k in range(config.seeds)
+  )
+  write_status(workdir, "peer_lost", done, config.seeds)
   lock.release()
+
+
+def write_status(workdir: str, state: str, seeds_done: int, seeds: int) -> None:
+  """run_status.json as pretraining's (`launch/sweep.py` reads its `state`: finished,
+  preempted, peer_lost) with what a fine-tuning run counts: its finished seeds of `seeds`."""
+  if jax.process_index() == 0:
+    record = {"state": state, "seeds_done": int(seeds_done), "seeds": int(seeds)}
+    files.write_atomic(os.path.join(workdir, preemption_lib.STATUS_FILE), json.dumps(record))
 
 
 @dataclasses.dataclass
@@ -495,7 +506,7 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
       config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, rules, preempt
     )
     if res.get("preempted"):
-      preemption_lib.write_status(workdir, k, config.seeds, True)
+      write_status(workdir, "preempted", k, config.seeds)
       loop.console(f"Preempted in seed {k}: rerun the same command to resume")
       return {"preempted": True}
     seeds.append(res)
@@ -529,7 +540,7 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
   }
   if jax.process_index() == 0:
     files.write_atomic(os.path.join(workdir, RESULTS), json.dumps(results, indent=2) + "\n")
-  preemption_lib.write_status(workdir, config.seeds, config.seeds, False)
+  write_status(workdir, "finished", config.seeds, config.seeds)
   if states["test"] == "absent":
     loop.console(f"{task.name} test: no test split (config.task.test is empty): dev only")
   elif states["test"] == "unlabelled":
@@ -562,6 +573,12 @@ def _baseline(task: tasks_lib.Task, data: dict, seeds: list[dict]) -> dict[str, 
       s: metrics.at_or_below(base, [r[s] for r in seeds], s, task.main_metric) for s in evals
     }
   return base
+
+
+def seed_label(k: int, seeds: int) -> str:
+  """Seed k as every message names it: numbered from 0 as its seed_<k>/ directory, the
+  results' seed lists and at_or_below ('seed 2 [0-4]': the third of seeds 0 to 4)."""
+  return f"seed {k}" + (f" [0-{seeds - 1}]" if seeds > 1 else "")
 
 
 def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, rules, preempt):
@@ -675,7 +692,7 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
     nonfinite=config.opt.nonfinite,
     max_consecutive_skips=config.opt.max_consecutive_skips,
     describe=lambda step, _: f"epoch {(step - 1) // per_epoch + 1}/{config.opt.epochs}",
-    label=f"seed {k + 1}/{config.seeds}",
+    label=seed_label(k, config.seeds),
   )
   with loop.closing(ckpt, logger):
     result = loop.run(job, state, start_step, window)

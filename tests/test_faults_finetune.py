@@ -7,6 +7,7 @@ of best/ left goes with the next one."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,3 +184,38 @@ def test_sigterm_during_an_eval_stops_it_and_the_rerun_evaluates_again(tmp_path)
     assert _rows(seed_dir / "metrics.jsonl", split) == _rows(
       tmp_path / "full" / "seed_0" / "metrics.jsonl", split
     )
+
+
+@pytest.mark.slow
+def test_seeds_are_numbered_from_0_everywhere_and_run_status_counts_seeds(tmp_path):
+  """46, first hour 4 and 6: the progress line named seed_0/ 'seed 1/2' and run_status.json
+  said "step"/"total_steps" for finished seeds of seeds. Seeds are numbered from 0 in every
+  message as in the directories and results.json; the record counts seeds_done of seeds."""
+  train, dev, test = _splits(tmp_path, sentiment)
+  fields = {"task.train": train, "task.dev": dev, "task.test": test}
+  wd = tmp_path / "run"
+  cmd = _cmd(wd, "custom,seeds=2,size=tiny", **fields)
+  p = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  out = []
+  for line in iter(p.stdout.readline, b""):
+    out.append(line.decode())
+    if "seed 1 [0-1] | step 3/" in out[-1]:
+      p.send_signal(signal.SIGTERM)
+      break
+  rest, err = p.communicate(timeout=600)
+  out.append(rest.decode())
+  assert p.returncode == 75, err[-2000:]
+  assert "Preempted in seed 1: rerun the same command to resume" in "".join(out)
+  status = json.loads((wd / "run_status.json").read_text())
+  assert status == {"state": "preempted", "seeds_done": 1, "seeds": 2}
+  r = _run(cmd)
+  assert r.returncode == 0, r.stderr[-2000:]
+  lines = "".join(out).splitlines() + r.stdout.splitlines()
+  progress = [ln for ln in lines if " | step " in ln]
+  labels = {ln.split(" | ")[0].split("] ", 1)[-1] for ln in progress}
+  assert labels == {"seed 0 [0-1]", "seed 1 [0-1]"}, progress[:3]
+  assert re.search(r"^seed 1: resumed at step \d+$", r.stdout, re.M), r.stdout[-2000:]
+  assert sorted(p.name for p in wd.glob("seed_*")) == ["seed_0", "seed_1"]
+  assert [s["seed"] for s in json.loads((wd / "results.json").read_text())["seeds"]] == [0, 1]
+  status = json.loads((wd / "run_status.json").read_text())
+  assert status == {"state": "finished", "seeds_done": 2, "seeds": 2}
