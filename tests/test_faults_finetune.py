@@ -219,3 +219,26 @@ def test_seeds_are_numbered_from_0_everywhere_and_run_status_counts_seeds(tmp_pa
   assert [s["seed"] for s in json.loads((wd / "results.json").read_text())["seeds"]] == [0, 1]
   status = json.loads((wd / "run_status.json").read_text())
   assert status == {"state": "finished", "seeds_done": 2, "seeds": 2}
+
+
+@pytest.mark.slow
+def test_json_boolean_and_0_1_labels_are_two_classes(tmp_path):
+  """46, fault 8: labels given as JSON booleans in some rows and as 0/1 in others became 4
+  classes (["0", "1", "False", "True"], accuracy 0.25); true is the class 1, false 0."""
+  rng = np.random.default_rng(0)
+
+  def rows(n):
+    out = []
+    for i, r in enumerate(sentiment(rng, n)):
+      positive = r["label"] == "pos"
+      out.append({"sentence": r["sentence"], "label": positive if i % 2 else int(positive)})
+    return out
+
+  paths = [_write(tmp_path / f"{s}.jsonl.gz", rows(n)) for s, n in (("train", 192), ("dev", 64))]
+  wd = tmp_path / "run"
+  r = _run(_cmd(wd, **LEARNS, **{"task.train": paths[0], "task.dev": paths[1]}))
+  assert r.returncode == 0, r.stderr[-2000:]
+  res = json.loads((wd / "results.json").read_text())
+  assert res["labels"] == ["0", "1"]
+  assert res["dev"]["accuracy"]["mean"] > 0.85
+  assert json.loads((wd / "seed_0" / "best" / "task.json").read_text())["labels"] == ["0", "1"]

@@ -424,6 +424,10 @@ def _label(value: Any, spec: kinds.Kind, name: str, source: str) -> str | float:
     if isinstance(value, bool) or not math.isfinite(out):
       raise ValueError(f"{source}: regression label {name!r}={value!r} is not a finite number")
     return out
+  if isinstance(value, bool) and not spec.choices:
+    # JSON true/false are the classes 1/0 (as in Python, true == 1): a column that mixes them
+    # with 0/1 holds two classes, not four ("0", "1", "False", "True").
+    return str(int(value))
   if isinstance(value, bool | int | str):
     return str(value)
   if isinstance(value, float) and value.is_integer():
