@@ -52,6 +52,7 @@ from bert_jax import (
   optim,
   params_tree,
   resume,
+  trees,
 )
 from bert_jax import model as model_lib
 from bert_jax import preemption as preemption_lib
@@ -65,6 +66,18 @@ from bert_jax.tasks import kinds
 RESULTS = "results.json"
 SEED_RESULT = "result.json"
 BEST = "best"
+INPUTS = "inputs.json"  # the run's inputs by content (fingerprint_inputs), checked on a rerun
+# Config keys that name where an input lies: when inputs.json says its content is unchanged, a
+# new path to it is no change (as pretraining's data.dir).
+INPUT_PATHS = (
+  "init",
+  "task.train",
+  "task.dev",
+  "task.test",
+  "task.glue_dir",
+  "task.tfds_data_dir",
+  "data.vocab",  # the tokenizer: its fingerprint is compared
+)
 SPLITS = ("train", "dev", "test")
 # BertConfig fields a fine-tuning config may set on top of the checkpoint's architecture.
 RUN_FIELDS = (
@@ -180,34 +193,125 @@ def optimizer_config(config: ml_collections.ConfigDict, steps_per_epoch: int) ->
   return opt
 
 
-def check_config(path: str, config_json: dict, allow_changes: str) -> None:
-  """A rerun in the same workdir must be the same config (it resumes that run): a change is
-  refused with one line unless `resume_allow_changes` lists it; logging may change."""
+def check_workdir(
+  workdir: str, config_json: dict, inputs: dict[str, Any], allow_changes: str
+) -> None:
+  """A rerun in the same workdir must be the same config on the same inputs (it resumes that
+  run, and its seeds are averaged together): a config change is refused with one line unless
+  `resume_allow_changes` lists it (logging may change); a changed input (`inputs.json`: the
+  task files' contents, the init checkpoint's step and weights, the tokenizer) always is. An
+  input's path is not compared when its content is: the same file elsewhere is no change."""
+  path = os.path.join(workdir, "config.json")
+  inputs_path = os.path.join(workdir, INPUTS)
+  recorded = os.path.exists(inputs_path)
   if os.path.exists(path):
     stored = files.read_json(path)  # an empty or torn file: one line naming it
+    if recorded:
+      check_inputs(workdir, files.read_json(inputs_path, keys=("task", "init")), inputs)
     diffs = {
       k: v
       for k, v in resume.compare({"config": stored}, config_json, {}).items()
-      if not k.startswith("log.") and not resume.allows(k, allow_changes)
+      if not k.startswith("log.")
+      and not resume.allows(k, allow_changes)
+      and not (recorded and resume.allows(k, ",".join(INPUT_PATHS)))
     }
     if diffs:
       raise ValueError(
-        f"{os.path.dirname(path)} holds a run of another config "
+        f"{workdir} holds a run of another config "
         f"({resume.format_changes(diffs)}): use "
         "another --workdir, or allow it with --config.resume_allow_changes=FIELD"
+      )
+    if not recorded:
+      loop.console(
+        f"{inputs_path}: recorded now (the run was started by a version that did not record "
+        "its inputs: the seeds finished before are not checked against them)"
       )
   else:
     # Seed checkpoints with no config.json beside them (deleted, or recreated by a save that
     # outlived a removal) would resume a run whose config nothing can check.
-    workdir = os.path.dirname(path)
     orphans = sorted(glob.glob(os.path.join(workdir, "seed_*", "checkpoints", "*")))
     if orphans:
       raise ValueError(
         f"{workdir} holds seed checkpoints ({os.path.relpath(orphans[0], workdir)}) but no "
         "config.json to check them against: remove them or use another --workdir"
       )
-    if jax.process_index() == 0:
+  if jax.process_index() == 0:
+    if not recorded:
+      files.write_atomic(inputs_path, json.dumps(inputs, indent=2) + "\n")
+    if not os.path.exists(path):
       files.write_atomic(path, json.dumps(config_json, indent=2) + "\n")
+
+
+def fingerprint_inputs(config: ml_collections.ConfigDict, tokenizer, ck) -> dict[str, Any]:
+  """What the run reads besides its config, by content: each split's files and their sha256,
+  the init checkpoint (`ck`, or None for a random init) with its step and the sha256 of its
+  weights, the tokenizer's fingerprint. Written to `inputs.json` and results.json."""
+  from bert_jax import corpus
+  from bert_jax.tasks import readers
+
+  task = {}
+  for split in SPLITS:
+    paths = readers.split_files(config.task, split)
+    if paths:
+      task[split] = {"files": paths, "sha256": corpus.content_sha256(paths)}
+  init = None
+  if ck is not None:
+    init = {
+      "path": config.init,
+      "format": ck.format,
+      "step": ck.step,
+      "params_sha256": params_sha256(ck.params),
+    }
+  return {"task": task, "init": init, "tokenizer": tokenizer.fingerprint}
+
+
+def params_sha256(params: Any) -> str:
+  """sha256 over every weight's name, dtype, shape and bytes (layer-stacked or not alike)."""
+  import hashlib
+
+  import numpy as np
+
+  h = hashlib.sha256()
+  flat = trees.flatten(params_tree.to_layout(params, False))
+  for name in sorted(flat):
+    x = np.ascontiguousarray(flat[name])
+    h.update(f"{name} {x.dtype} {x.shape}\n".encode())
+    h.update(memoryview(x).cast("B"))
+  return h.hexdigest()
+
+
+def check_inputs(workdir: str, stored: dict[str, Any], now: dict[str, Any]) -> None:
+  """One line naming every input of `workdir`'s run that changed since it started."""
+  short = lambda d, key: (d or {}).get(key, "none")[:12] if (d or {}).get(key) else "none"
+  changes = []
+  for split in SPLITS:
+    a, b = stored["task"].get(split), now["task"].get(split)
+    if short(a, "sha256") != short(b, "sha256"):
+      where = ",".join((b or a)["files"])
+      changes.append(f"task.{split} {where} (sha256 {short(a, 'sha256')} -> {short(b, 'sha256')})")
+  if stored.get("tokenizer") != now.get("tokenizer"):
+    changes.append(
+      f"the tokenizer (fingerprint {str(stored.get('tokenizer'))[:12]} -> "
+      f"{str(now.get('tokenizer'))[:12]})"
+    )
+  a, b = stored.get("init"), now.get("init")
+  hint = ""
+  if short(a, "params_sha256") != short(b, "params_sha256"):
+    steps = ""
+    if a and b and a.get("step") != b.get("step"):
+      steps = f"step {a.get('step')} -> {b.get('step')}, "
+      if a.get("format") == "workdir" and a.get("step") is not None:
+        hint = f" (--config.init={a['path']}/checkpoints/{a['step']} if that step is kept)"
+    changes.append(
+      f"config.init {(b or a)['path'] or '(random)'} ({steps}weights sha256 "
+      f"{short(a, 'params_sha256')} -> {short(b, 'params_sha256')})"
+    )
+  if changes:
+    raise ValueError(
+      f"{workdir} holds a run on other inputs, and its seeds would mix both: "
+      f"{'; '.join(changes)} (then -> now); restore them{hint}, or start afresh with another "
+      f"--workdir (or after removing {workdir})"
+    )
 
 
 def validate(config: ml_collections.ConfigDict, mesh) -> None:
@@ -431,6 +535,7 @@ class Prepared:
   counts: dict
   truncated: dict
   offsets: dict
+  inputs: dict
 
 
 def prepare(config: ml_collections.ConfigDict) -> Prepared:
@@ -440,7 +545,7 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
   validate(config, mesh)
   check_task_files(config.task)
   cfg, tokenizer = model_config(config)
-  init_params = None
+  init_params = ck = None
   if config.init:
     ck = loader.load_checkpoint(config.init, like=cfg)  # host arrays, placed per seed below
     tokenizer = ck.tokenizer
@@ -485,8 +590,9 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
       f"features: hidden states {info['layers']} of every row in {info['seconds']:.1f}s "
       f"({info['bytes'] / 2**20:.0f} MiB, {config.features.dtype})"
     )
+  inputs = fingerprint_inputs(config, tokenizer, ck)
   return Prepared(
-    mesh, rules, cfg, tokenizer, init_params, task, data, counts, truncated, extra_info
+    mesh, rules, cfg, tokenizer, init_params, task, data, counts, truncated, extra_info, inputs
   )
 
 
@@ -496,7 +602,7 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
   counts, truncated, extra_info = prep.counts, prep.truncated, prep.offsets
 
   config_json = ckpt_lib.to_json(config.to_dict())
-  check_config(os.path.join(workdir, "config.json"), config_json, config.resume_allow_changes)
+  check_workdir(workdir, config_json, prep.inputs, config.resume_allow_changes)
   # The config is this workdir's: from here the previous run's record no longer describes it.
   preemption_lib.clear_status(workdir)
   states = {s: split_state(data[s]) for s in SPLITS}
@@ -527,6 +633,8 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
       "seeds": config.seeds,
     },
     "data": {**counts, "truncated": truncated, **({"offsets": extra_info} if extra_info else {})},
+    # What the seeds read, by content (inputs.json): task files, the init's step and weights.
+    "inputs": prep.inputs,
     # Each split absent, unlabelled (predictions in seed_<k>/predictions_<split>.jsonl, no
     # metrics) or labelled.
     "splits": states,

@@ -8,6 +8,7 @@ of best/ left goes with the next one."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -242,3 +243,72 @@ def test_json_boolean_and_0_1_labels_are_two_classes(tmp_path):
   assert res["labels"] == ["0", "1"]
   assert res["dev"]["accuracy"]["mean"] > 0.85
   assert json.loads((wd / "seed_0" / "best" / "task.json").read_text())["labels"] == ["0", "1"]
+
+
+def _snapshot(root):
+  return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_a_resume_on_changed_inputs_is_refused_naming_them(tmp_path, tiny_data_dir):
+  """46, fault 4: after seed 0, with the dev file edited in place and the init run trained
+  further, the rerun resumed without a word and averaged seed 0 on the old dev with seed 1
+  on the new one. The task files (by content) and the init checkpoint (its step and weights)
+  are recorded (inputs.json, results.json); a change refuses the resume in one line naming it,
+  with nothing written; the same content under another path resumes."""
+  from test_train import _main_cmd
+
+  init = tmp_path / "pretrained"
+  for steps in (2, 4):  # trained, then trained further
+    cmd = _main_cmd(init, tiny_data_dir, steps, ["--config.ckpt.keep=3"])
+    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    if steps == 2:
+      train, dev, test = _splits(tmp_path, sentiment, (64, 32, 32))
+      wd = tmp_path / "run"
+      fields = {"task.train": train, "task.dev": dev, "task.test": test, "init": init}
+      r = _run(_cmd(wd, "custom,seeds=2,size=tiny", **fields))
+      assert r.returncode == 0, r.stderr[-2000:]
+      first = json.loads((wd / "results.json").read_text())
+      # As a preemption after seed 0 leaves it.
+      shutil.rmtree(wd / "seed_1")
+      for name in ("results.json", "run_status.json"):
+        (wd / name).unlink()
+  recorded = json.loads((wd / "inputs.json").read_text())
+  assert first["inputs"] == recorded and recorded["init"]["step"] == 2
+  assert recorded["init"]["format"] == "workdir" and recorded["init"]["path"] == str(init)
+  assert recorded["task"]["dev"]["files"] == [dev]
+
+  # The init run trained further (step 4): refused, naming the steps and the one it began at.
+  before = _snapshot(wd)
+  line = _one_line(_run(_cmd(wd, "custom,seeds=2,size=tiny", **fields)))
+  sha = recorded["init"]["params_sha256"][:12]
+  assert re.fullmatch(
+    rf"finetune: error: {wd} holds a run on other inputs, and its seeds would mix both: "
+    rf"config.init {init} \(step 2 -> 4, weights sha256 {sha} -> [0-9a-f]{{12}}\) \(then -> "
+    rf"now\); restore them \(--config.init={init}/checkpoints/2 if that step is kept\), or start "
+    rf"afresh with another --workdir \(or after removing {wd}\)",
+    line,
+  ), line
+  assert _snapshot(wd) == before
+
+  # The dev file edited in place as well: both named.
+  old_dev = open(dev, "rb").read()
+  _write(dev, sentiment(np.random.default_rng(5), 20))
+  line = _one_line(_run(_cmd(wd, "custom,seeds=2,size=tiny", **fields)))
+  dev_sha = recorded["task"]["dev"]["sha256"][:12]
+  assert f": task.dev {dev} (sha256 {dev_sha} -> " in line and "config.init " in line, line
+  assert _snapshot(wd) == before
+
+  # The old dev back, and the step the run began at under its own path: the same inputs by
+  # content, so the run resumes seed 1 and ends as it first did.
+  open(dev, "wb").write(old_dev)
+  step2 = {**fields, "init": init / "checkpoints" / "2"}
+  r = _run(_cmd(wd, "custom,seeds=2,size=tiny", **step2))
+  assert r.returncode == 0, r.stderr[-2000:]
+  res = json.loads((wd / "results.json").read_text())
+  assert res["inputs"]["init"]["step"] == 2 and res["inputs"]["task"] == recorded["task"]
+  assert res["inputs"]["init"]["params_sha256"] == recorded["init"]["params_sha256"]
+  assert res["data"]["dev"] == 32
+  strip = lambda r: [{k: v for k, v in s.items() if k != "train_seconds"} for s in r["seeds"]]
+  assert strip(res) == strip(first)

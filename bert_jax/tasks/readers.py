@@ -223,6 +223,30 @@ def has_split(task: Any, split: str) -> bool:
   return _get(task, "format", "auto") in ("glue", "tfds") or bool(_get(task, split, ""))
 
 
+def split_files(task: Any, split: str) -> list[str]:
+  """The files the task's `split` is read from ([] for none), in reading order: a GLUE preset's
+  file under glue_dir, every file of a prepared TFDS dataset, a SQuAD split's comma-separated
+  files, or the file task.<split> names. What a resume fingerprints (finetune)."""
+  if not has_split(task, split):
+    return []
+  fmt = _get(task, "format", "auto")
+  if fmt == "glue":
+    preset = glue_preset(task)
+    return [
+      _get(task, split, "")
+      or os.path.join(os.fspath(_get(task, "glue_dir", "")), preset["dir"], preset["files"][split])
+    ]
+  if fmt == "tfds":
+    root = _tfds_version_dir(os.path.join(_tfds_data_dir(task), "glue", glue_preset(task)["tfds"]))
+    if root is None:
+      return []
+    return sorted(os.path.join(d, name) for d, _, names in os.walk(root) for name in names)
+  path = os.fspath(_get(task, split, ""))
+  if kinds.get(_get(task, "kind", "classification")).examples == "squad":
+    return [p for p in path.split(",") if p]
+  return [path]
+
+
 def read_split(task: Any, split: str) -> list[Example]:
   """The examples of `split` ("train" | "dev" | "test") of `task` (config.task), in file order.
 
@@ -600,15 +624,19 @@ def _tfds_version_dir(root: str) -> str | None:
   return os.path.join(root, ".".join(map(str, max(versions))))
 
 
-def _read_tfds(task: Any, split: str, limit: int) -> tuple[str, list[Example]]:
-  """A locally prepared TFDS glue/<config> (array_record). Never downloads."""
-  preset = glue_preset(task)
-  config = preset["tfds"]
-  data_dir = os.fspath(
+def _tfds_data_dir(task: Any) -> str:
+  return os.fspath(
     _get(task, "tfds_data_dir", "")
     or os.environ.get("TFDS_DATA_DIR", "")
     or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
   )
+
+
+def _read_tfds(task: Any, split: str, limit: int) -> tuple[str, list[Example]]:
+  """A locally prepared TFDS glue/<config> (array_record). Never downloads."""
+  preset = glue_preset(task)
+  config = preset["tfds"]
+  data_dir = _tfds_data_dir(task)
   root = os.path.join(data_dir, "glue", config)
   version_dir = _tfds_version_dir(root)
   if version_dir is None:
