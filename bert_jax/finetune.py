@@ -35,6 +35,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import jax
@@ -108,6 +109,36 @@ def model_config(config: ml_collections.ConfigDict) -> tuple[model_lib.BertConfi
     return cfg, tokenizer_lib.load_tokenizer(vocab)
   _, stored = loader.read_config(config.init)
   return dataclasses.replace(stored, **run), None
+
+
+def ran_config(config: ml_collections.ConfigDict, cfg: model_lib.BertConfig) -> dict[str, Any]:
+  """The config as JSON with config.model as it ran: a checkpoint's architecture replaces the
+  size fields (config.json, results.json and the seeds' checkpoints record what ran)."""
+  out = ckpt_lib.to_json(config.to_dict())
+  out["model"] = ckpt_lib.to_json({k: getattr(cfg, k, v) for k, v in config.model.items()})
+  return out
+
+
+def size_override_error(config: ml_collections.ConfigDict, overridden: Iterable[str]) -> str:
+  """The one line for `--config.model.FIELD` flags that a checkpoint's architecture would
+  silently replace ('' when there is none; `overridden`: the config keys set on the command
+  line): only RUN_FIELDS apply on top of `config.init`, and a size field that equals the
+  checkpoint's is no contradiction."""
+  keys = [k.split(".", 1)[1] for k in overridden if k.startswith("model.")]
+  keys = [k for k in keys if k not in RUN_FIELDS and k in config.model]
+  if not config.init or not keys:
+    return ""
+  _, stored = loader.read_config(config.init)
+  wrong = [k for k in keys if getattr(stored, k, None) != config.model[k]]
+  if not wrong:
+    return ""
+  flags = ", ".join(f"--config.model.{k}={config.model[k]}" for k in wrong)
+  theirs = ", ".join(f"{k}={getattr(stored, k, None)}" for k in wrong)
+  return (
+    f"{flags}: config.init={config.init} is a model with {theirs}, and fine-tuning runs the "
+    f"checkpoint's architecture: drop the flag (on top of a checkpoint only "
+    f"{', '.join('model.' + k for k in RUN_FIELDS)} apply)"
+  )
 
 
 def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_lib.Task, dict]:
@@ -601,7 +632,7 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
   task, data, init_params = prep.task, prep.data, prep.init_params
   counts, truncated, extra_info = prep.counts, prep.truncated, prep.offsets
 
-  config_json = ckpt_lib.to_json(config.to_dict())
+  config_json = ran_config(config, prep.cfg)
   check_workdir(workdir, config_json, prep.inputs, config.resume_allow_changes)
   # The config is this workdir's: from here the previous run's record no longer describes it.
   preemption_lib.clear_status(workdir)
@@ -739,7 +770,7 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
     )
     p_eval = sh.jit_eval(make_eval_step(model, task), mesh, state_sh["params"])
   logger = loop.MetricLogger(seed_dir, start_step)
-  config_json = ckpt_lib.to_json(config.to_dict())
+  config_json = ran_config(config, cfg)
   main = task.main_metric
   run_start = time.perf_counter()
 
@@ -896,6 +927,9 @@ def run() -> None:
   resume); 1 an error a user can fix (one line); 2 a bad flag or config."""
   import sys
 
+  from absl import flags
+  from ml_collections.config_flags import config_flags
+
   from bert_jax import cli
 
   f = _define_flags()
@@ -906,8 +940,12 @@ def run() -> None:
       jax.config.update("jax_num_cpu_devices", f["num_cpu_devices"].value)
     if f["distributed"].value:
       multihost.initialize("finetune")
+    config = f["config"].value
+    error = size_override_error(config, config_flags.get_override_values(flags.FLAGS["config"]))
+    if error:  # a flag that contradicts the checkpoint: a bad flag
+      cli.fail("finetune", error, 2)
     try:
-      result = finetune(f["config"].value, f["workdir"].value)
+      result = finetune(config, f["workdir"].value)
     except Exception:
       multihost.wait_for_lost_peer()  # a lost peer ends the process in one line, exit 75
       raise

@@ -162,7 +162,9 @@ def get_config(arg=None):
   c.task = _task(a.task, a.data_root, a.glue_dir)
 
   # The checkpoint's architecture wins; dropout, dtype, kernels, dropout_rng, attention_impl,
-  # scan_layers and remat_policy apply on top of it (the other fields only shape a random init).
+  # scan_layers and remat_policy apply on top of it (the other fields only shape a random init;
+  # a --config.model flag that contradicts the checkpoint is refused; config.json records the
+  # model that ran).
   c.model = base.model
   c.model.dtype = "float32"
   c.head = ml_collections.ConfigDict(dict(bilstm=False))  # Table 5's "+ BiLSTM" row

@@ -312,3 +312,53 @@ def test_a_resume_on_changed_inputs_is_refused_naming_them(tmp_path, tiny_data_d
   assert res["data"]["dev"] == 32
   strip = lambda r: [{k: v for k, v in s.items() if k != "train_seconds"} for s in r["seeds"]]
   assert strip(res) == strip(first)
+
+
+def _params_dir(path):
+  """A randomly initialised tiny BERT (2 layers, hidden 128) as a params dir with BERT's vocab."""
+  import jax
+  import jax.numpy as jnp
+
+  from bert_jax import hf_io, params_tree
+  from bert_jax import model as model_lib
+  from bert_jax import tokenizer as tokenizer_lib
+  from bert_jax.tasks import Task
+
+  cfg = model_lib.config_for_size("tiny", vocab_size=30522, max_position_embeddings=64)
+  model = Task("t", "classification", ("a", "b"), ("accuracy",)).model(cfg)
+  ids = jnp.zeros((1, 8), jnp.int32)
+  params = model.init({"params": jax.random.key(0)}, ids, ids, jnp.ones_like(ids))["params"]
+  tok = tokenizer_lib.load_tokenizer(tokenizer_lib.default_vocab_path())
+  hf_io.save_params_dir(path, cfg, params_tree.unbox_to_numpy(params)["bert"], tokenizer=tok)
+  return path
+
+
+@pytest.mark.slow
+def test_a_size_override_that_contradicts_the_init_checkpoint(tmp_path):
+  """46, "Also": with an init checkpoint, --config.model.num_layers=4 was ignored while
+  config.json recorded it. A flag that contradicts the checkpoint is one line (exit 2, nothing
+  written); one that agrees runs; config.json records the model that ran."""
+  init = _params_dir(tmp_path / "init")
+  train, dev, _ = _splits(tmp_path, sentiment, (64, 32, 32))
+  fields = {"task.train": train, "task.dev": dev, "init": init}
+  wd = tmp_path / "run"
+  r = _run(_cmd(wd, **fields, **{"model.num_layers": 4, "model.hidden_dropout_prob": 0.0}))
+  assert r.returncode == 2, r.stderr[-2000:]
+  lines = [ln for ln in r.stderr.splitlines() if ln.startswith("finetune: ")]
+  assert lines == [
+    f"finetune: error: --config.model.num_layers=4: config.init={init} is a model with "
+    "num_layers=2, and fine-tuning runs the checkpoint's architecture: drop the flag (on top of "
+    "a checkpoint only model.hidden_dropout_prob, model.attention_dropout_prob, model.dtype, "
+    "model.param_dtype, model.kernels, model.dropout_rng, model.attention_impl, "
+    "model.scan_layers, model.remat_policy apply)"
+  ], r.stderr[-2000:]
+  assert not wd.exists()
+  # The preset's own size (base: 12 layers, hidden 768) is no flag: the checkpoint's runs, and
+  # config.json says so; a flag equal to the checkpoint's value is no contradiction.
+  r = _run(_cmd(wd, "custom,seeds=1", **fields, **{"model.num_layers": 2}))
+  assert r.returncode == 0, r.stderr[-2000:]
+  model = json.loads((wd / "config.json").read_text())["model"]
+  assert (model["num_layers"], model["hidden_size"], model["num_heads"]) == (2, 128, 2)
+  results = json.loads((wd / "results.json").read_text())
+  assert results["config"]["model"] == model
+  assert json.loads((wd / "seed_0" / "best" / "bert_config.json").read_text())["num_layers"] == 2
