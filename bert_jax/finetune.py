@@ -215,11 +215,37 @@ def check_task_files(task: Any) -> None:
     raise ValueError(f"task {task.name}: no dev split (config.task.dev) to select on")
 
 
-def optimizer_config(config: ml_collections.ConfigDict, steps_per_epoch: int) -> Any:
-  """config.opt with total_steps = epochs x steps per epoch and warmup_steps from
-  warmup_fraction (the paper's 10%)."""
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """How long every seed of a point trains: `epochs` (opt.epochs, or more when they would be
+  fewer than opt.min_steps steps) of `per_epoch` steps, dev every `eval_every` steps."""
+
+  per_epoch: int
+  epochs: int
+  eval_every: int
+
+  @property
+  def total_steps(self) -> int:
+    return self.epochs * self.per_epoch
+
+
+def schedule(config: ml_collections.ConfigDict, train_rows: int) -> Schedule:
+  """A small training set at the paper's recipe is a handful of steps (60 rows, batch 32, 3
+  epochs: 6) and learns nothing: epochs are raised until a run takes opt.min_steps steps, and
+  dev is then evaluated as often as opt.epochs asked for (every few epochs)."""
+  per_epoch = math.ceil(train_rows / config.data.batch_size)
+  epochs = max(int(config.opt.epochs), math.ceil(config.opt.get("min_steps", 0) / per_epoch))
+  every_epochs = math.ceil(epochs / config.opt.epochs)
+  return Schedule(per_epoch, epochs, config.eval.every_steps or every_epochs * per_epoch)
+
+
+def optimizer_config(
+  config: ml_collections.ConfigDict, steps_per_epoch: int, epochs: int | None = None
+) -> Any:
+  """config.opt with total_steps = epochs (default opt.epochs; a schedule's) x steps per epoch
+  and warmup_steps from warmup_fraction (the paper's 10%)."""
   opt = ml_collections.ConfigDict(config.opt.to_dict())
-  opt.total_steps = int(config.opt.epochs) * steps_per_epoch
+  opt.total_steps = int(epochs or config.opt.epochs) * steps_per_epoch
   opt.warmup_steps = int(round(config.opt.warmup_fraction * opt.total_steps))
   return opt
 
@@ -637,6 +663,16 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
   # The config is this workdir's: from here the previous run's record no longer describes it.
   preemption_lib.clear_status(workdir)
   states = {s: split_state(data[s]) for s in SPLITS}
+  plan = schedule(config, len(data["train"][1].rows))
+  if plan.epochs > config.opt.epochs:
+    loop.console(
+      f"{len(data['train'][1].rows)} training rows at batch {config.data.batch_size} are "
+      f"{plan.per_epoch} step{'s' if plan.per_epoch > 1 else ''} an epoch: {config.opt.epochs} "
+      f"epochs would be {config.opt.epochs * plan.per_epoch} steps, fewer than "
+      f"opt.min_steps={config.opt.min_steps}, so each seed trains {plan.epochs} epochs "
+      f"({plan.total_steps} steps), dev every {plan.eval_every} steps "
+      "(--config.opt.min_steps=0 keeps opt.epochs)"
+    )
   seeds = []
   for k in range(config.seeds):
     res = run_seed(
@@ -662,6 +698,9 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
       "epochs": config.opt.epochs,
       "max_seq_length": config.data.max_seq_length,
       "seeds": config.seeds,
+      # What each seed ran: opt.epochs, or more to reach opt.min_steps (schedule).
+      "epochs_run": plan.epochs,
+      "steps": plan.total_steps,
     },
     "data": {**counts, "truncated": truncated, **({"offsets": extra_info} if extra_info else {})},
     # What the seeds read, by content (inputs.json): task files, the init's step and weights.
@@ -677,6 +716,9 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
     "baseline": _baseline(task, data, seeds),
     "config": config_json,
   }
+  warning = learned_nothing(results, task.main_metric, config, plan)
+  if warning:
+    results["warnings"] = [warning]
   if jax.process_index() == 0:
     files.write_atomic(os.path.join(workdir, RESULTS), json.dumps(results, indent=2) + "\n")
   write_status(workdir, "finished", config.seeds, config.seeds)
@@ -698,7 +740,26 @@ def _run_point(config, workdir: str, prep: Prepared, preempt) -> dict[str, Any]:
         f"seed{'s' if s['n'] != 1 else ''})"
         + metrics.baseline_note(base, split, task.main_metric, low, s["n"])
       )
+  if warning:
+    loop.console(f"warning: {warning}")
   return {**results, "preempted": False}
+
+
+def learned_nothing(results: dict, metric: str, config, plan: Schedule) -> str:
+  """The warning for a run whose every seed is at or below the baseline on dev (a model that
+  learned nothing scores as well), naming the recipe and what to change; '' otherwise."""
+  base = results["baseline"]
+  low, n = base.get("at_or_below", {}).get("dev", []), len(results["seeds"])
+  if not n or len(low) < n:
+    return ""
+  who = "the seed" if n == 1 else f"all {n} seeds"
+  return (
+    f"{who} scored dev {metric} at or below the {base['name']} "
+    f"({base['dev'][metric]:.4f}): nothing measurable was learned in {plan.total_steps} steps "
+    f"at lr {config.opt.lr:g}, batch {config.data.batch_size}; try a larger lr "
+    f"(--config.opt.lr=1e-4), a smaller batch (--config.data.batch_size=8) or more steps "
+    f"(--config.opt.epochs, --config.opt.min_steps)"
+  )
 
 
 def _baseline(task: tasks_lib.Task, data: dict, seeds: list[dict]) -> dict[str, Any]:
@@ -730,10 +791,9 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
   seed = config.seed + k
   rows = data["train"][1].rows
   batch_size = config.data.batch_size
-  per_epoch = math.ceil(len(rows) / batch_size)
-  opt = optimizer_config(config, per_epoch)
-  total_steps = opt.total_steps
-  eval_every = config.eval.every_steps or per_epoch
+  plan = schedule(config, len(rows))
+  per_epoch, total_steps, eval_every = plan.per_epoch, plan.total_steps, plan.eval_every
+  opt = optimizer_config(config, per_epoch, plan.epochs)
   run_cfg = model_lib.resolve_kernels(cfg, mesh.devices.flat[0].platform)
   if features_lib.enabled(config):
     model = features_lib.model(config, run_cfg, task)
@@ -830,7 +890,7 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
     examples_per_step=batch_size,
     nonfinite=config.opt.nonfinite,
     max_consecutive_skips=config.opt.max_consecutive_skips,
-    describe=lambda step, _: f"epoch {(step - 1) // per_epoch + 1}/{config.opt.epochs}",
+    describe=lambda step, _: f"epoch {(step - 1) // per_epoch + 1}/{plan.epochs}",
     label=seed_label(k, config.seeds),
   )
   with loop.closing(ckpt, logger):

@@ -184,6 +184,9 @@ def get_config(arg=None):
   del c.opt.warmup_steps, c.opt.total_steps
   c.opt.lr = 3e-5
   c.opt.epochs = 3
+  # A small training set gets more epochs, so that a seed trains at least this many steps (60
+  # rows at batch 32 are 2 steps an epoch: 3 epochs, 6 steps, learned nothing); 0: opt.epochs.
+  c.opt.min_steps = 100
   c.opt.warmup_fraction = 0.1
   if c.task.kind == "span_qa":  # the paper's SQuAD v1.1 recipe (Section 4.2)
     c.opt.lr, c.opt.epochs = 5e-5, 2

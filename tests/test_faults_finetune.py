@@ -362,3 +362,42 @@ def test_a_size_override_that_contradicts_the_init_checkpoint(tmp_path):
   results = json.loads((wd / "results.json").read_text())
   assert results["config"]["model"] == model
   assert json.loads((wd / "seed_0" / "best" / "bert_config.json").read_text())["num_layers"] == 2
+
+
+@pytest.mark.slow
+def test_a_small_set_trains_min_steps_and_a_run_that_learned_nothing_says_so(tmp_path):
+  """46, first hour 1: 60 rows at the defaults (batch 32, 3 epochs) were 6 steps and learned
+  nothing, without a word. Epochs are raised to reach opt.min_steps (100: 50 epochs, dev
+  every 17), said in the log and recorded; when every seed is at or below the baseline on dev
+  (here lr 0 and a one-class dev, whose majority class scores 1.0) a warning names the fix."""
+  rng = np.random.default_rng(0)
+  rows = sentiment(rng, 60)
+  majority = max(("pos", "neg"), key=[r["label"] for r in rows].count)
+  train = _write(tmp_path / "train.jsonl.gz", rows)
+  dev = _write(tmp_path / "dev.jsonl.gz", [{**r, "label": majority} for r in sentiment(rng, 16)])
+  wd = tmp_path / "run"
+  defaults = {"data.batch_size": 32, "opt.epochs": 3, "opt.min_steps": 100, "opt.lr": 0.0}
+  r = _run(
+    _cmd(wd, "custom,seeds=1,size=tiny", **{**defaults, "task.train": train, "task.dev": dev})
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert (
+    "60 training rows at batch 32 are 2 steps an epoch: 3 epochs would be 6 steps, fewer than "
+    "opt.min_steps=100, so each seed trains 50 epochs (100 steps), dev every 34 steps "
+    "(--config.opt.min_steps=0 keeps opt.epochs)"
+  ) in r.stdout
+  res = json.loads((wd / "results.json").read_text())
+  assert {k: res["recipe"][k] for k in ("epochs", "epochs_run", "steps")} == {
+    "epochs": 3,
+    "epochs_run": 50,
+    "steps": 100,
+  }
+  assert [row["step"] for row in _rows(wd / "seed_0" / "metrics.jsonl", "dev")] == [34, 68, 100]
+  warning = (
+    "the seed scored dev accuracy at or below the majority class (1.0000): nothing "
+    "measurable was learned in 100 steps at lr 0, batch 32; try a larger lr "
+    "(--config.opt.lr=1e-4), a smaller batch (--config.data.batch_size=8) or more steps "
+    "(--config.opt.epochs, --config.opt.min_steps)"
+  )
+  assert res["warnings"] == [warning]
+  assert f"warning: {warning}" in r.stdout.splitlines()
