@@ -314,6 +314,7 @@ FINETUNING: dict[str, Rule] = {
   "data.vocab": Str(),
   **_within("opt", OPT),
   "opt.epochs": Int(1),
+  "opt.min_steps": Int(0, note="0: opt.epochs whatever the training set's size"),
   "opt.warmup_fraction": Float(0, 1, high_open=True),
   "grid.lr": Tuple(OPT["lr"]),
   "grid.batch_size": Tuple(Int(1)),

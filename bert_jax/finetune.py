@@ -44,6 +44,7 @@ import ml_collections
 
 from bert_jax import checkpoints as ckpt_lib
 from bert_jax import (
+  config_schema,
   files,
   hf_io,
   input_pipeline,
@@ -119,26 +120,25 @@ def ran_config(config: ml_collections.ConfigDict, cfg: model_lib.BertConfig) -> 
   return out
 
 
-def size_override_error(config: ml_collections.ConfigDict, overridden: Iterable[str]) -> str:
-  """The one line for `--config.model.FIELD` flags that a checkpoint's architecture would
-  silently replace ('' when there is none; `overridden`: the config keys set on the command
-  line): only RUN_FIELDS apply on top of `config.init`, and a size field that equals the
-  checkpoint's is no contradiction."""
+def check_size_overrides(config: ml_collections.ConfigDict, overridden: Iterable[str]) -> None:
+  """A ConfigError (exit 2) for `--config.model.FIELD` flags that a checkpoint's architecture
+  would silently replace (`overridden`: the config keys set on the command line): only
+  RUN_FIELDS apply on top of `config.init`, and a size field equal to the checkpoint's is no
+  contradiction."""
   keys = [k.split(".", 1)[1] for k in overridden if k.startswith("model.")]
   keys = [k for k in keys if k not in RUN_FIELDS and k in config.model]
   if not config.init or not keys:
-    return ""
+    return
   _, stored = loader.read_config(config.init)
   wrong = [k for k in keys if getattr(stored, k, None) != config.model[k]]
-  if not wrong:
-    return ""
-  flags = ", ".join(f"--config.model.{k}={config.model[k]}" for k in wrong)
-  theirs = ", ".join(f"{k}={getattr(stored, k, None)}" for k in wrong)
-  return (
-    f"{flags}: config.init={config.init} is a model with {theirs}, and fine-tuning runs the "
-    f"checkpoint's architecture: drop the flag (on top of a checkpoint only "
-    f"{', '.join('model.' + k for k in RUN_FIELDS)} apply)"
-  )
+  if wrong:
+    flags = ", ".join(f"--config.model.{k}={config.model[k]}" for k in wrong)
+    theirs = ", ".join(f"{k}={getattr(stored, k, None)}" for k in wrong)
+    raise config_schema.ConfigError(
+      f"{flags}: config.init={config.init} is a model with {theirs}, and fine-tuning runs the "
+      f"checkpoint's architecture: drop the flag (on top of a checkpoint only "
+      f"{', '.join('model.' + k for k in RUN_FIELDS)} apply)"
+    )
 
 
 def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_lib.Task, dict]:
@@ -372,29 +372,26 @@ def check_inputs(workdir: str, stored: dict[str, Any], now: dict[str, Any]) -> N
 
 
 def validate(config: ml_collections.ConfigDict, mesh) -> None:
+  """The config against the devices (a ConfigError: exit 2, before the workdir is made); its
+  fields alone are config_schema.check_finetuning's."""
   dp = sh.data_parallel_size(mesh)
   for name, b in (
     ("data.batch_size", config.data.batch_size),
     ("data.eval_batch_size", config.data.eval_batch_size),
   ):
     if b % dp:
-      raise ValueError(
+      raise config_schema.ConfigError(
         f"config.{name}={b} is not divisible by the data-parallel size {dp} "
         f"(mesh data x fsdp = {dict(mesh.shape)})"
       )
     if b % jax.process_count():
-      raise ValueError(f"config.{name}={b} is not divisible by {jax.process_count()} hosts")
-  if config.opt.grad_accum_steps < 1 or config.data.batch_size % config.opt.grad_accum_steps:
-    raise ValueError(
-      f"config.data.batch_size={config.data.batch_size} is not divisible by "
-      f"opt.grad_accum_steps={config.opt.grad_accum_steps}"
-    )
+      raise config_schema.ConfigError(
+        f"config.{name}={b} is not divisible by {jax.process_count()} hosts"
+      )
   if (config.data.batch_size // config.opt.grad_accum_steps) % dp:
-    raise ValueError(
+    raise config_schema.ConfigError(
       "the micro-batch (batch_size / grad_accum_steps) is not divisible by the data-parallel size"
     )
-  if config.opt.nonfinite not in ("stop", "skip"):
-    raise ValueError(f"config.opt.nonfinite must be 'stop' or 'skip', not {config.opt.nonfinite!r}")
 
 
 # ----------------------------------------------------------------------------- steps
@@ -552,6 +549,7 @@ def run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
       f"--workdir={workdir}: fine-tuning writes its best/ params dir and predictions with "
       "local file APIs; use a local (or gcsfuse-mounted) directory"
     )
+  config_schema.check_finetuning(config)  # the CLI checked it already; a library call too
   with preemption_lib.Preemption() as preempt:
     prep = prepare(config)
     os.makedirs(workdir, exist_ok=True)
@@ -1001,9 +999,7 @@ def run() -> None:
     if f["distributed"].value:
       multihost.initialize("finetune")
     config = f["config"].value
-    error = size_override_error(config, config_flags.get_override_values(flags.FLAGS["config"]))
-    if error:  # a flag that contradicts the checkpoint: a bad flag
-      cli.fail("finetune", error, 2)
+    check_size_overrides(config, config_flags.get_override_values(flags.FLAGS["config"]))
     try:
       result = finetune(config, f["workdir"].value)
     except Exception:
@@ -1014,7 +1010,12 @@ def run() -> None:
     if result.get("preempted"):
       sys.exit(preemption_lib.EXIT_PREEMPTED)
 
-  cli.run(main, "finetune", compilation_cache=True)
+  cli.run(
+    main,
+    "finetune",
+    compilation_cache=True,
+    check=lambda: config_schema.check_finetuning(f["config"].value),
+  )
 
 
 if __name__ == "__main__":

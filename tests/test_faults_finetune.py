@@ -369,14 +369,14 @@ def test_a_small_set_trains_min_steps_and_a_run_that_learned_nothing_says_so(tmp
   """46, first hour 1: 60 rows at the defaults (batch 32, 3 epochs) were 6 steps and learned
   nothing, without a word. Epochs are raised to reach opt.min_steps (100: 50 epochs, dev
   every 17), said in the log and recorded; when every seed is at or below the baseline on dev
-  (here lr 0 and a one-class dev, whose majority class scores 1.0) a warning names the fix."""
+  (here lr 1e-9 and a one-class dev, whose majority class scores 1.0) a warning names the fix."""
   rng = np.random.default_rng(0)
   rows = sentiment(rng, 60)
   majority = max(("pos", "neg"), key=[r["label"] for r in rows].count)
   train = _write(tmp_path / "train.jsonl.gz", rows)
   dev = _write(tmp_path / "dev.jsonl.gz", [{**r, "label": majority} for r in sentiment(rng, 16)])
   wd = tmp_path / "run"
-  defaults = {"data.batch_size": 32, "opt.epochs": 3, "opt.min_steps": 100, "opt.lr": 0.0}
+  defaults = {"data.batch_size": 32, "opt.epochs": 3, "opt.min_steps": 100, "opt.lr": 1e-9}
   r = _run(
     _cmd(wd, "custom,seeds=1,size=tiny", **{**defaults, "task.train": train, "task.dev": dev})
   )
@@ -395,9 +395,31 @@ def test_a_small_set_trains_min_steps_and_a_run_that_learned_nothing_says_so(tmp
   assert [row["step"] for row in _rows(wd / "seed_0" / "metrics.jsonl", "dev")] == [34, 68, 100]
   warning = (
     "the seed scored dev accuracy at or below the majority class (1.0000): nothing "
-    "measurable was learned in 100 steps at lr 0, batch 32; try a larger lr "
+    "measurable was learned in 100 steps at lr 1e-09, batch 32; try a larger lr "
     "(--config.opt.lr=1e-4), a smaller batch (--config.data.batch_size=8) or more steps "
     "(--config.opt.epochs, --config.opt.min_steps)"
   )
   assert res["warnings"] == [warning]
   assert f"warning: {warning}" in r.stdout.splitlines()
+
+
+def test_a_bad_config_value_is_one_line_exit_2_before_anything_is_written(tmp_path):
+  """46, fault 2 for fine-tuning: config_schema.check_finetuning runs on the parsed flags (exit
+  2, nothing written), and a library call of finetune() runs it too."""
+  train, dev, _ = _splits(tmp_path, sentiment, (16, 8, 8))
+  wd = tmp_path / "run"
+  fields = {"task.train": train, "task.dev": dev}
+  for key, value, message in (
+    ("opt.min_steps", -1, "config.opt.min_steps=-1: must be an integer >= 0"),
+    ("opt.lr", 0.0, "config.opt.lr=0.0: must be a number > 0"),
+  ):
+    r = _run(_cmd(wd, **fields, **{key: value}))
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("finetune: ")]
+    assert len(lines) == 1 and lines[0].startswith(f"finetune: error: {message}"), lines
+    assert not wd.exists()
+  c = finetune_config.get_config("custom,seeds=1,size=tiny")
+  c.task.train, c.task.dev, c.opt.min_steps = train, dev, -1
+  with pytest.raises(ValueError, match=r"^config.opt.min_steps=-1: must be an integer >= 0"):
+    finetune.finetune(c, str(wd))
+  assert not wd.exists()
