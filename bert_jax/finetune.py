@@ -753,10 +753,10 @@ def learned_nothing(results: dict, metric: str, config, plan: Schedule) -> str:
   who = "the seed" if n == 1 else f"all {n} seeds"
   return (
     f"{who} scored dev {metric} at or below the {base['name']} "
-    f"({base['dev'][metric]:.4f}): nothing measurable was learned in {plan.total_steps} steps "
-    f"at lr {config.opt.lr:g}, batch {config.data.batch_size}; try a larger lr "
-    f"(--config.opt.lr=1e-4), a smaller batch (--config.data.batch_size=8) or more steps "
-    f"(--config.opt.epochs, --config.opt.min_steps)"
+    f"({base['dev'][metric]:.4f}): nothing measurable was learned in {plan.total_steps} steps; "
+    f"try a larger --config.opt.lr (now {config.opt.lr:g}), a smaller --config.data.batch_size "
+    f"(now {config.data.batch_size}) or more steps (--config.opt.epochs, now "
+    f"{config.opt.epochs}, or --config.opt.min_steps, now {config.opt.get('min_steps', 0)})"
   )
 
 

@@ -395,9 +395,9 @@ def test_a_small_set_trains_min_steps_and_a_run_that_learned_nothing_says_so(tmp
   assert [row["step"] for row in _rows(wd / "seed_0" / "metrics.jsonl", "dev")] == [34, 68, 100]
   warning = (
     "the seed scored dev accuracy at or below the majority class (1.0000): nothing "
-    "measurable was learned in 100 steps at lr 1e-09, batch 32; try a larger lr "
-    "(--config.opt.lr=1e-4), a smaller batch (--config.data.batch_size=8) or more steps "
-    "(--config.opt.epochs, --config.opt.min_steps)"
+    "measurable was learned in 100 steps; try a larger --config.opt.lr (now 1e-09), a smaller "
+    "--config.data.batch_size (now 32) or more steps (--config.opt.epochs, now 3, or "
+    "--config.opt.min_steps, now 100)"
   )
   assert res["warnings"] == [warning]
   assert f"warning: {warning}" in r.stdout.splitlines()
