@@ -405,7 +405,8 @@ def test_convert_and_finetune_init_fall_back_past_an_empty_newest_step(trained4,
   (checkpoints.load_newest, inside loader.load_checkpoint)."""
   from test_finetune import _splits, finetune_config, sentiment
 
-  from bert_jax import finetune, loader
+  from bert_jax import loader
+  from bert_jax.finetune import inputs as ft_inputs
 
   wd = _copy(trained4, tmp_path)
   (wd / "checkpoints" / "12").mkdir()
@@ -423,7 +424,7 @@ def test_convert_and_finetune_init_fall_back_past_an_empty_newest_step(trained4,
   c.task.train, c.task.dev, c.task.test = _splits(tmp_path, sentiment, (32, 16, 16))
   c.init = str(wd)
   c.data.max_seq_length = 16
-  prep = finetune.prepare(c)
+  prep = ft_inputs.prepare(c)
   assert prep.cfg.hidden_size == 32 and prep.tokenizer.vocab_size == 30522
   for a, b in zip(jax.tree.leaves(prep.init_params), jax.tree.leaves(step4["bert"]), strict=True):
     np.testing.assert_array_equal(np.asarray(a), b)

@@ -16,6 +16,10 @@ import numpy as np
 import pytest
 
 from bert_jax import config_lib, finetune
+from bert_jax.finetune import data as ft_data
+from bert_jax.finetune import grid as ft_grid
+from bert_jax.finetune import inputs as ft_inputs
+from bert_jax.finetune import seed as ft_seed
 from bert_jax.tasks import batches, kinds
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -340,7 +344,7 @@ def test_glue_presets_read_the_glue_layout(name, kind, main, labels):
 
   c = finetune_config.get_config(f"{name},glue_dir={REPO}/tests/fixtures/tasks/glue")
   tok = tokenizer_lib.WordPieceTokenizer.from_file(tokenizer_lib.default_vocab_path())
-  task, data = finetune.load_task_data(c, tok)
+  task, data = ft_data.load_task_data(c, tok)
   assert (task.kind, task.main_metric) == (kind, main)
   assert set(task.labels) == set(labels)
   assert data["train"][1].rows and data["dev"][1].rows
@@ -364,7 +368,7 @@ def test_grid_selects_the_best_mean_dev_point(tmp_path, monkeypatch):
       "recipe": {"lr": c.opt.lr},
     }
 
-  monkeypatch.setattr(finetune, "run_point", fake_run_point)
+  monkeypatch.setattr(ft_grid, "run_point", fake_run_point)
   c = finetune_config.get_config("custom,grid=True")
   res = finetune.finetune(c, str(tmp_path))
   assert len(seen) == 18 and len({s[3] for s in seen}) == 18
@@ -409,10 +413,10 @@ def test_a_small_training_set_trains_at_least_min_steps(rows, batch, epochs, min
   c = finetune_config.get_config("custom")
   assert c.opt.min_steps == 100 and (c.opt.lr, c.data.batch_size, c.opt.epochs) == (3e-5, 32, 3)
   c.data.batch_size, c.opt.epochs, c.opt.min_steps = batch, epochs, min_steps
-  plan = finetune.schedule(c, rows)
+  plan = ft_seed.schedule(c, rows)
   assert (plan.per_epoch, plan.epochs, plan.eval_every) == want
   assert plan.total_steps == want[0] * want[1] >= min(min_steps, want[0] * want[1])
-  opt = finetune.optimizer_config(c, plan.per_epoch, plan.epochs)
+  opt = ft_seed.optimizer_config(c, plan.per_epoch, plan.epochs)
   assert (opt.total_steps, opt.warmup_steps) == (plan.total_steps, round(0.1 * plan.total_steps))
 
 
@@ -420,7 +424,7 @@ def test_a_small_training_set_trains_at_least_min_steps(rows, batch, epochs, min
 def test_every_preset_builds(task):
   c = finetune_config.get_config(f"{task},size=tiny")
   assert c.task.kind in kinds.KINDS
-  cfg, tok = finetune.model_config(c)
+  cfg, tok = ft_inputs.model_config(c)
   assert cfg.num_layers == 2 and tok.vocab_size == cfg.vocab_size
 
 
