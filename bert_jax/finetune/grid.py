@@ -71,42 +71,31 @@ def run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
   config_schema.check_finetuning(config)  # the CLI checked it already; a library call too
   with preemption_lib.Preemption() as preempt:
     prep = inputs.prepare(config)
-    config_json = workdir_lib.ran_config(config, prep.cfg)
-    run = seed.seed_run(config, workdir, prep, config_json)
+    run = seed.seed_run(config, workdir, prep)
     os.makedirs(workdir, exist_ok=True)
     with preemption_lib.WorkdirLock(workdir) as lock:
       unregister = multihost.on_cleanup(lambda: workdir_lib.peer_lost(run, lock))
       try:
-        return _run_point(run, config.resume_allow_changes, preempt)
+        workdir_lib.check_workdir(
+          workdir, run.config_json, prep.inputs, config.resume_allow_changes
+        )
+        # The config is this workdir's: from here the previous record no longer describes it.
+        preemption_lib.clear_status(workdir)
+        if run.plan.epochs > config.opt.epochs:
+          loop.console(seed.more_epochs(run, config.opt.epochs, config.opt.min_steps))
+        seeds = []
+        for k in range(run.seeds):
+          res = seed.run_seed(run, k, preempt)
+          if res.get("preempted"):
+            workdir_lib.write_status(workdir, "preempted", k, run.seeds)
+            loop.console(f"Preempted in seed {k}: rerun the same command to resume")
+            return {"preempted": True}
+          seeds.append(res)
+        out, summary = workdir_lib.point_results(run, seeds)
+        workdir_lib.write(workdir, out)
+        workdir_lib.write_status(workdir, "finished", run.seeds, run.seeds)
+        for line in summary:
+          loop.console(line)
+        return {**out, "preempted": False}
       finally:
         unregister()
-
-
-def _run_point(run: seed.SeedRun, allow_changes: str, preempt) -> dict[str, Any]:
-  workdir, plan = run.workdir, run.plan
-  workdir_lib.check_workdir(workdir, run.config_json, run.prep.inputs, allow_changes)
-  # The config is this workdir's: from here the previous run's record no longer describes it.
-  preemption_lib.clear_status(workdir)
-  opt = run.config_json["opt"]
-  if plan.epochs > opt["epochs"]:
-    loop.console(
-      f"{len(run.prep.data['train'].rows)} training rows at batch {run.batch_size} are "
-      f"{plan.per_epoch} step{'s' if plan.per_epoch > 1 else ''} an epoch: {opt['epochs']} "
-      f"epochs would be {opt['epochs'] * plan.per_epoch} steps, fewer than "
-      f"opt.min_steps={opt['min_steps']}, so each seed trains {plan.epochs} epochs "
-      f"({plan.total_steps} steps), dev every {plan.eval_every} steps "
-      "(--config.opt.min_steps=0 keeps opt.epochs)"
-    )
-  seeds = []
-  for k in range(run.seeds):
-    res = seed.run_seed(run, k, preempt)
-    if res.get("preempted"):
-      workdir_lib.write_status(workdir, "preempted", k, run.seeds)
-      loop.console(f"Preempted in seed {k}: rerun the same command to resume")
-      return {"preempted": True}
-    seeds.append(res)
-  out = workdir_lib.point_results(run, seeds)
-  workdir_lib.write(workdir, out)
-  workdir_lib.write_status(workdir, "finished", run.seeds, run.seeds)
-  workdir_lib.summarize(workdir, out)
-  return {**out, "preempted": False}

@@ -15,7 +15,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import config_schema, hf_io, loader, loop, trees
+from bert_jax import config_schema, hf_io, loader, loop
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax import tasks as tasks_lib
@@ -141,23 +141,23 @@ class TaskHead:
 
 def prepare(config: ml_collections.ConfigDict) -> Prepared:
   """The mesh, the model config, the checkpoint's weights and tokenizer, the encoded splits."""
+  run = run_fields(config)
   mesh = sh.make_mesh(config.mesh.shape)
   rules = sh.rules_from_config(config.mesh.rules)
   validate(config, mesh)
   data_lib.check_task_files(config.task)
   init_params = init = None
   if config.init:
-    run = run_fields(config)
     # Host arrays in the run's layer layout, placed on the mesh per seed.
     ck = loader.load_checkpoint(config.init, scan_layers=run.get("scan_layers"))
     cfg, tokenizer = dataclasses.replace(ck.config, **run), ck.tokenizer
-    init_params = ck.params["bert"] if "bert" in ck.params else ck.params
-    init = {"path": config.init, "format": ck.format, "step": ck.step}
-    init["params_sha256"] = params_sha256(ck.params)
     if tokenizer is None:
       if not config.data.vocab:
         raise ValueError(f"config.init={config.init} has no tokenizer: set config.data.vocab")
       tokenizer = tokenizer_lib.WordPieceTokenizer.from_file(config.data.vocab)
+    init_params = ck.params["bert"] if "bert" in ck.params else ck.params
+    init = {"path": config.init, "format": ck.format, "step": ck.step}
+    init["params_sha256"] = params_sha256(ck.params)
   else:
     cfg, tokenizer = random_init(config)
   if tokenizer.vocab_size != cfg.vocab_size:
@@ -205,9 +205,9 @@ def params_sha256(params: Any) -> str:
   """sha256 over every weight's name, dtype, shape and bytes (in the run's layer layout,
   model.scan_layers)."""
   h = hashlib.sha256()
-  flat = trees.flatten(params)
-  for name in sorted(flat):
-    x = np.ascontiguousarray(flat[name])
-    h.update(f"{name} {x.dtype} {x.shape}\n".encode())
+  leaves, _ = jax.tree_util.tree_flatten_with_path(params)
+  for path, leaf in sorted((jax.tree_util.keystr(p), x) for p, x in leaves):
+    x = np.ascontiguousarray(leaf)
+    h.update(f"{path} {x.dtype} {x.shape}\n".encode())
     h.update(memoryview(x).cast("B"))
   return h.hexdigest()

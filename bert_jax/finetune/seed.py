@@ -68,66 +68,6 @@ def optimizer_config(
   return opt
 
 
-@dataclasses.dataclass(frozen=True)
-class SeedRun:
-  """What every seed of a point trains with: the prepared inputs, the model, the schedule and
-  the recipe's values (so that a seed reads no config)."""
-
-  prep: Prepared
-  workdir: str
-  model: Any  # the head's model (prep.head): the task's FinetuneModel, or a feature tagger
-  plan: Schedule
-  opt: ml_collections.ConfigDict  # config.opt with the schedule's total and warmup steps
-  seeds: int
-  base_seed: int  # seed k uses base_seed + k
-  batch_size: int
-  eval_batch_size: int
-  bucket_lengths: tuple[int, ...]
-  grad_accum_steps: int
-  nonfinite: str
-  max_consecutive_skips: int
-  log_every: int
-  ckpt_keep: int
-  async_save: bool
-  config_json: dict[str, Any]  # the config as it ran, in each checkpoint's metadata
-  best_info: dict[str, Any]  # best/'s task.json
-
-
-def seed_run(
-  config: ml_collections.ConfigDict, workdir: str, prep: Prepared, config_json: dict[str, Any]
-) -> SeedRun:
-  """The config's values a seed needs, read once for every seed of the point."""
-  run_cfg = model_lib.resolve_kernels(prep.cfg, prep.mesh.devices.flat[0].platform)
-  plan = schedule(config, len(prep.data["train"].rows))
-  task = prep.task
-  return SeedRun(
-    prep=prep,
-    workdir=workdir,
-    model=prep.head.make_model(run_cfg, prep.task),
-    plan=plan,
-    opt=optimizer_config(config, plan.per_epoch, plan.epochs),
-    seeds=config.seeds,
-    base_seed=config.seed,
-    batch_size=config.data.batch_size,
-    eval_batch_size=config.data.eval_batch_size,
-    bucket_lengths=batches_lib.buckets(config),
-    grad_accum_steps=config.opt.grad_accum_steps,
-    nonfinite=config.opt.nonfinite,
-    max_consecutive_skips=config.opt.max_consecutive_skips,
-    log_every=config.log.every_steps,
-    ckpt_keep=config.ckpt.keep,
-    async_save=config.ckpt.async_save,
-    config_json=config_json,
-    best_info={
-      "kind": task.kind,
-      "labels": list(task.labels),
-      "task": task.name,
-      "max_seq_length": config.data.max_seq_length,
-      "bilstm": bool(config.head.bilstm),
-    },
-  )
-
-
 # ----------------------------------------------------------------------------- steps
 
 
@@ -224,6 +164,101 @@ def evaluate(
 # ----------------------------------------------------------------------------- a seed
 
 
+@dataclasses.dataclass(frozen=True)
+class SeedRun:
+  """What every seed of a point trains with, built once for all of them: the prepared inputs,
+  the schedule, the recipe's values (a seed reads no config) and the jitted init, train and
+  eval steps (traced and compiled once per point, not per seed)."""
+
+  prep: Prepared
+  workdir: str
+  plan: Schedule
+  seeds: int
+  base_seed: int  # seed k uses base_seed + k
+  batch_size: int
+  eval_batch_size: int
+  bucket_lengths: tuple[int, ...]
+  nonfinite: str
+  max_consecutive_skips: int
+  log_every: int
+  ckpt_keep: int
+  async_save: bool
+  config_json: dict[str, Any]  # the config as it ran, in each checkpoint's metadata
+  best_info: dict[str, Any]  # best/'s task.json
+  learning_rate: Callable[[int], Any]  # the schedule, for the log
+  init: Callable[[Any], Any]  # rng -> the train state, materialised sharded
+  abstract: Any  # the train state's shapes, dtypes and shardings (restores read into it)
+  p_train: Callable[..., Any]  # (state, batch, rng) -> (state, metrics)
+  p_eval: Callable[..., Any]  # (params, batch) -> per-row predictions, loss sum and count
+
+
+def ran_config(config: ml_collections.ConfigDict, cfg: model_lib.BertConfig) -> dict[str, Any]:
+  """The config as JSON with config.model as it ran: a checkpoint's architecture replaces the
+  size fields (config.json, results.json and the seeds' checkpoints record what ran)."""
+  out = ckpt_lib.to_json(config.to_dict())
+  out["model"] = ckpt_lib.to_json({k: getattr(cfg, k, v) for k, v in config.model.items()})
+  return out
+
+
+def seed_run(config: ml_collections.ConfigDict, workdir: str, prep: Prepared) -> SeedRun:
+  """The config's values a seed needs and its jitted steps, once for every seed of the point."""
+  task, mesh, rules = prep.task, prep.mesh, prep.rules
+  plan = schedule(config, len(prep.data["train"].rows))
+  opt = optimizer_config(config, plan.per_epoch, plan.epochs)
+  tx = optim.make_optimizer(opt)
+  learning_rate = optim.learning_rate_schedule(opt)
+  run_cfg = model_lib.resolve_kernels(prep.cfg, mesh.devices.flat[0].platform)
+  model = prep.head.make_model(run_cfg, task)
+  train_step = make_train_step(model, tx, task, config.opt.grad_accum_steps)
+  eval_step = make_eval_step(model, task)
+  init_fn = state_init_fn(model, tx, min(8, prep.cfg.max_position_embeddings))
+  shardings, abstract = sh.abstract_sharded(init_fn, mesh, rules, jax.random.key(0))
+  with sh.mesh_context(mesh, rules):
+    p_train = sh.jit_step(train_step, mesh, shardings)
+    p_eval = sh.jit_eval(eval_step, mesh, shardings["params"])
+  return SeedRun(
+    prep=prep,
+    workdir=workdir,
+    plan=plan,
+    seeds=config.seeds,
+    base_seed=config.seed,
+    batch_size=config.data.batch_size,
+    eval_batch_size=config.data.eval_batch_size,
+    bucket_lengths=batches_lib.buckets(config),
+    nonfinite=config.opt.nonfinite,
+    max_consecutive_skips=config.opt.max_consecutive_skips,
+    log_every=config.log.every_steps,
+    ckpt_keep=config.ckpt.keep,
+    async_save=config.ckpt.async_save,
+    config_json=ran_config(config, prep.cfg),
+    best_info={
+      "kind": task.kind,
+      "labels": list(task.labels),
+      "task": task.name,
+      "max_seq_length": config.data.max_seq_length,
+      "bilstm": bool(config.head.bilstm),
+    },
+    learning_rate=learning_rate,
+    init=sh.sharded_init(init_fn, shardings),
+    abstract=abstract,
+    p_train=p_train,
+    p_eval=p_eval,
+  )
+
+
+def more_epochs(run: SeedRun, epochs: int, min_steps: int) -> str:
+  """The line that says a small training set trains more epochs than opt.epochs."""
+  plan = run.plan
+  return (
+    f"{len(run.prep.data['train'].rows)} training rows at batch {run.batch_size} are "
+    f"{plan.per_epoch} step{'s' if plan.per_epoch > 1 else ''} an epoch: {epochs} "
+    f"epochs would be {epochs * plan.per_epoch} steps, fewer than "
+    f"opt.min_steps={min_steps}, so each seed trains {plan.epochs} epochs "
+    f"({plan.total_steps} steps), dev every {plan.eval_every} steps "
+    "(--config.opt.min_steps=0 keeps opt.epochs)"
+  )
+
+
 def seed_label(k: int, seeds: int) -> str:
   """Seed k as every message names it: numbered from 0 as its seed_<k>/ directory, the
   results' seed lists and at_or_below ('seed 2 [0-4]': the third of seeds 0 to 4)."""
@@ -241,33 +276,31 @@ def run_seed(run: SeedRun, k: int, preempt) -> dict[str, Any]:
     return files.read_json(done, keys=("dev", "test"))
   os.makedirs(seed_dir, exist_ok=True)
   seed, label = run.base_seed + k, seed_label(k, run.seeds)
-  tx = optim.make_optimizer(run.opt)
-  learning_rate = optim.learning_rate_schedule(run.opt)
-  train_step = make_train_step(run.model, tx, task, run.grad_accum_steps)
-  eval_step = make_eval_step(run.model, task)
-  init_fn = state_init_fn(run.model, tx, min(8, prep.cfg.max_position_embeddings))
   init_rng, step_rng = jax.random.split(jax.random.key(seed))
-  state, state_sh, abstract = sh.init_sharded(init_fn, mesh, prep.rules, init_rng)
   with sh.mesh_context(mesh, prep.rules):
-    p_train = sh.jit_step(train_step, mesh, state_sh)
-    p_eval = sh.jit_eval(eval_step, mesh, state_sh["params"])
+    state = run.init(init_rng)
   ckpt = ckpt_lib.Checkpointer(
     os.path.join(seed_dir, "checkpoints"),
     keep=run.ckpt_keep,
     every_steps=plan.eval_every,
     async_save=run.async_save,
   )
-  restored = ckpt.restore_latest(abstract)
+  restored = ckpt.restore_latest(run.abstract)
   best: dict[str, Any] = {"step": 0, "dev": None, "test": {}}
   window: dict[str, float] = {}
+
+  def save(step: int, state: Any, window: dict[str, float]) -> None:
+    meta = {"best": best, "config": run.config_json, "pending_metrics": window}
+    ckpt.save(step, state, None, meta, force=True)
+
   if restored is not None:
     start_step, state, meta = restored
     best, window = meta["best"], meta.get("pending_metrics", {})
     loop.console(f"seed {k}: resumed at step {start_step}")
   else:
     start_step = 0
-    if prep.init_params is not None and "bert" in abstract["params"]:
-      placed = params_tree.place(prep.init_params, abstract["params"]["bert"])
+    if prep.init_params is not None and "bert" in run.abstract["params"]:
+      placed = params_tree.place(prep.init_params, run.abstract["params"]["bert"])
       state = {**state, "params": {**state["params"], "bert": placed}}
   logger = loop.MetricLogger(seed_dir, start_step)
   main = task.main_metric
@@ -275,7 +308,7 @@ def run_seed(run: SeedRun, k: int, preempt) -> dict[str, Any]:
 
   def evaluate_split(split: str, params: Any) -> tuple[dict[str, float], dict[str, list]]:
     return evaluate(
-      p_eval,
+      run.p_eval,
       params,
       task,
       data[split],
@@ -312,22 +345,18 @@ def run_seed(run: SeedRun, k: int, preempt) -> dict[str, Any]:
       msg += "  (best so far)"
     loop.console(msg)
 
-  def save(step: int, state: Any, window: dict[str, float]) -> None:
-    meta = {"best": best, "config": run.config_json, "pending_metrics": window}
-    ckpt.save(step, state, None, meta, force=True)
-
   train_batches = batches_lib.train_batches(
     data["train"].rows, seed, run.batch_size, start_step, run.bucket_lengths, tokenizer.pad_id
   )
   job = loop.Job(
-    step_fn=p_train,
+    step_fn=run.p_train,
     batches=map(batches_lib.host_slice, train_batches),
     preemption=preempt,
     mesh=mesh,
     rng=step_rng,
     total_steps=plan.total_steps,
     logger=logger,
-    learning_rate=learning_rate,
+    learning_rate=run.learning_rate,
     evaluate=evaluate_and_select,
     save=save,
     log_every=run.log_every,

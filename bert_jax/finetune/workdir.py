@@ -15,11 +15,8 @@ import os
 from typing import Any
 
 import jax
-import ml_collections
 
-from bert_jax import checkpoints as ckpt_lib
 from bert_jax import files, loop, resume
-from bert_jax import model as model_lib
 from bert_jax import preemption as preemption_lib
 from bert_jax import tasks as tasks_lib
 from bert_jax.finetune import data as data_lib
@@ -41,14 +38,6 @@ INPUT_PATHS = (
   "task.tfds_data_dir",
   "data.vocab",  # the tokenizer: its fingerprint is compared
 )
-
-
-def ran_config(config: ml_collections.ConfigDict, cfg: model_lib.BertConfig) -> dict[str, Any]:
-  """The config as JSON with config.model as it ran: a checkpoint's architecture replaces the
-  size fields (config.json, results.json and the seeds' checkpoints record what ran)."""
-  out = ckpt_lib.to_json(config.to_dict())
-  out["model"] = ckpt_lib.to_json({k: getattr(cfg, k, v) for k, v in config.model.items()})
-  return out
 
 
 def check_workdir(
@@ -154,8 +143,10 @@ def write_status(workdir: str, state: str, seeds_done: int, seeds: int) -> None:
 # ----------------------------------------------------------------------------- results
 
 
-def point_results(run: SeedRun, seeds: list[dict[str, Any]]) -> dict[str, Any]:
-  """results.json's content for the finished `seeds` of `run`."""
+def point_results(run: SeedRun, seeds: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+  """results.json's content for the finished `seeds` of `run`, and the run's last lines (what
+  the test split was, each split's main metric beside its baseline, the nothing-learned
+  warning)."""
   prep, plan, config = run.prep, run.plan, run.config_json
   task, data = prep.task, prep.data
   tested = [s["test"] for s in seeds if s["test"]]  # none: no test split, or unlabelled
@@ -190,10 +181,12 @@ def point_results(run: SeedRun, seeds: list[dict[str, Any]]) -> dict[str, Any]:
     "baseline": baseline(task, data, seeds),
     "config": config,
   }
+  lines = summary(run.workdir, results)
   warning = learned_nothing(results, run)
   if warning:
     results["warnings"] = [warning]
-  return results
+    lines.append(f"warning: {warning}")
+  return results, lines
 
 
 def baseline(task: tasks_lib.Task, data: data_lib.Splits, seeds: list[dict]) -> dict[str, Any]:
@@ -229,26 +222,25 @@ def write(workdir: str, results: dict[str, Any]) -> None:
     files.write_atomic(os.path.join(workdir, RESULTS), json.dumps(results, indent=2) + "\n")
 
 
-def summarize(workdir: str, results: dict[str, Any]) -> None:
-  """The run's last lines: what the test split was, each split's main metric over the seeds
-  beside its baseline, and the nothing-learned warning."""
+def summary(workdir: str, results: dict[str, Any]) -> list[str]:
+  """What the test split was, and each split's main metric over the seeds beside its baseline."""
   name, main, states = results["task"], results["main_metric"], results["splits"]
+  lines = []
   if states["test"] == "absent":
-    loop.console(f"{name} test: no test split (config.task.test is empty): dev only")
+    lines.append(f"{name} test: no test split (config.task.test is empty): dev only")
   elif states["test"] == "unlabelled":
-    loop.console(
+    lines.append(
       f"{name} test: unlabelled, so no metrics: each seed's predictions at its best dev "
       f"point are in {workdir}/seed_<k>/predictions_test.jsonl"
     )
+  base = results["baseline"]
   for split in ("dev", "test"):
     s = results[split].get(main)
     if s:
-      base = results["baseline"]
       low = base.get("at_or_below", {}).get(split, [])
-      loop.console(
+      lines.append(
         f"{name} {split} {main}: {s['mean']:.4f} ± {s['std']:.4f} "
         f"(median {s['median']:.4f}, min {s['min']:.4f}, max {s['max']:.4f}, {s['n']} "
         f"seed{'s' if s['n'] != 1 else ''})" + metrics.baseline_note(base, split, main, low, s["n"])
       )
-  for warning in results.get("warnings", ()):
-    loop.console(f"warning: {warning}")
+  return lines
