@@ -71,7 +71,7 @@ setuptools.setup(
   entry_points={
     "console_scripts": [
       "bert_jax_train=bert_jax.main:run",
-      "bert_jax_finetune=bert_jax.finetune:run",
+      "bert_jax_finetune=bert_jax.finetune.__main__:run",
       "bert_jax_create_data=bert_jax.create_data:run",
       "bert_jax_train_tokenizer=bert_jax.train_tokenizer:run",
       "bert_jax_convert=bert_jax.convert:run",

@@ -25,7 +25,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from bert_jax import cli
+from bert_jax import cli, config_schema
 
 GiB = 1024**3
 
@@ -320,7 +320,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-  cli.run(main, "aot")
+  cli.run(main, "aot", check=lambda: config_schema.check_pretraining(_CONFIG.value))
 
 
 if __name__ == "__main__":

@@ -136,6 +136,10 @@ class Checkpointer:
     async_save: bool = True,
     read_only: bool = False,
   ):
+    if keep < 1 or every_steps < 1:  # orbax would keep no checkpoint, or divide by zero
+      raise ValueError(
+        f"a Checkpointer keeps >= 1 steps every >= 1 steps, not keep={keep}, every={every_steps}"
+      )
     self.directory = checkpoint_dir(directory)
     self.mngr = ocp.CheckpointManager(
       self.directory,

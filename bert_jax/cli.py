@@ -12,9 +12,11 @@ An entry module defines its absl flags at module level (only entry modules defin
 `cli.run` gives every command the same behaviour:
 - `--help` prints the command's docstring and its own flags and exits 0 (`--helpfull`: every
   flag of every library);
-- a bad flag, extra arguments, or a config file that does not load (missing file, unknown key,
-  wrong type, bad :ARG) ends in one line `PROG: error: ...` and exit status 2, before anything
-  is created or computed;
+- a bad flag, extra arguments, a config file that does not load (missing file, unknown key,
+  wrong type, bad :ARG) or a value the command's `check` refuses (bert_jax.config_schema: a
+  choice, a range) ends in one line `PROG: error: ...` and exit status 2, before anything is
+  created or computed; so does a `config_schema.ConfigError` raised later (a config that does
+  not fit the devices or the data, found before anything is written);
 - an error the user can cause at run time (bad input files, paths, configs: ValueError,
   OSError, ImportError for a missing extra, FloatingPointError) ends in one line
   `PROG: error: ...` and exit status 1. BERT_JAX_TRACEBACK=1 shows the traceback instead.
@@ -45,7 +47,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections.config_flags import config_flags, tuple_parser
 
-from bert_jax import compile_cache
+from bert_jax import compile_cache, config_schema
 
 # Errors whose message is all a user needs; anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, OSError, ImportError, FloatingPointError)
@@ -239,7 +241,9 @@ def config_error(error: BaseException, argv: list[str], resolved: list[str]) -> 
   return one_line(error)
 
 
-def _flags_parser(prog: str, main: Callable) -> Callable[[list[str]], list[str]]:
+def _flags_parser(
+  prog: str, main: Callable, check: Callable[[], None] | None = None
+) -> Callable[[list[str]], list[str]]:
   def parse(argv: list[str]) -> list[str]:
     _help(main, argv)
     try:
@@ -259,6 +263,11 @@ def _flags_parser(prog: str, main: Callable) -> Callable[[list[str]], list[str]]
       fail(prog, config_error(e, argv, args), 2)
     if len(rest) > 1:
       fail(prog, f"unexpected arguments: {' '.join(rest[1:])}", 2)
+    if check is not None:
+      try:
+        check()
+      except ValueError as e:
+        fail(prog, e, 2)
     return rest
 
   return parse
@@ -280,9 +289,16 @@ def check_flag(holder: flags.FlagHolder, check: Callable[[Any], object]) -> None
   flags.register_validator(name, validate)
 
 
-def run(main: Callable[[list[str]], None], prog: str, compilation_cache: bool = False) -> None:
+def run(
+  main: Callable[[list[str]], None],
+  prog: str,
+  compilation_cache: bool = False,
+  check: Callable[[], None] | None = None,
+) -> None:
   """`app.run(main)` with one-line errors (see the module docstring); with `compilation_cache`,
-  a `--compilation_cache_dir` flag and JAX's persistent compilation cache (`compile_cache`)."""
+  a `--compilation_cache_dir` flag and JAX's persistent compilation cache (`compile_cache`).
+  `check()` runs once the flags are parsed, before anything else: a ValueError it raises (e.g.
+  `config_schema.check_pretraining(CONFIG.value)`) ends the command with status 2."""
   cache_dir = compile_cache.define_flag() if compilation_cache else None
   if cache_dir is not None:  # --help lists it with the command's own flags
     flags.FLAGS.register_key_flag_for_module(_flag_module(main), flags.FLAGS[cache_dir.name])
@@ -296,9 +312,13 @@ def run(main: Callable[[list[str]], None], prog: str, compilation_cache: bool = 
       main(argv)
     except BrokenPipeError:
       _closed_pipe()
+    except config_schema.ConfigError as e:
+      if os.environ.get("BERT_JAX_TRACEBACK"):
+        raise
+      fail(prog, e, 2)
     except USER_ERRORS as e:
       if os.environ.get("BERT_JAX_TRACEBACK"):
         raise
       fail(prog, e)
 
-  app.run(guarded, flags_parser=_flags_parser(prog, main))
+  app.run(guarded, flags_parser=_flags_parser(prog, main, check))

@@ -18,7 +18,7 @@ import sys
 
 from absl import flags
 
-from bert_jax import cli, files, pretraining_data
+from bert_jax import cli, config_schema, files, pretraining_data
 
 _INPUT = flags.DEFINE_string(
   "input", None, "Comma-separated globs of .txt/.gz files (a sentence a line)."
@@ -75,6 +75,8 @@ _RECORDS_PER_SHARD = flags.DEFINE_integer(
 )
 _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace a dataset already in --output_dir.")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Progress bar on stderr.")
+flags.mark_flags_as_required(["output_dir"])
+flags.mark_flags_as_mutual_exclusive(["input", "tfds_name"], required=True)
 
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -115,15 +117,9 @@ def main(argv: list[str]) -> None:
   print(pretraining_data.format_summary(summary), file=sys.stderr)
 
 
-def _build() -> dict:
-  return pretraining_data.build(
-    _INPUT.value,
-    _OUTPUT_DIR.value or "",
-    vocab=_VOCAB.value,
-    tfds_name=_TFDS_NAME.value,
-    tfds_data_dir=_TFDS_DATA_DIR.value,
-    tfds_split=_TFDS_SPLIT.value,
-    tfds_text_key=_TFDS_TEXT_KEY.value,
+def _options() -> dict:
+  """The build options the flags give (each checked by config_schema.check_data_build)."""
+  return dict(
     max_seq_length=_MAX_SEQ_LENGTH.value,
     max_predictions_per_seq=_MAX_PREDICTIONS.value,
     masked_lm_prob=_MASKED_LM_PROB.value,
@@ -142,8 +138,21 @@ def _build() -> dict:
   )
 
 
+def _build() -> dict:
+  return pretraining_data.build(
+    _INPUT.value,
+    _OUTPUT_DIR.value or "",
+    vocab=_VOCAB.value,
+    tfds_name=_TFDS_NAME.value,
+    tfds_data_dir=_TFDS_DATA_DIR.value,
+    tfds_split=_TFDS_SPLIT.value,
+    tfds_text_key=_TFDS_TEXT_KEY.value,
+    **_options(),
+  )
+
+
 def run() -> None:
-  cli.run(main, "create_data")
+  cli.run(main, "create_data", check=lambda: config_schema.check_data_build(_options()))
 
 
 if __name__ == "__main__":

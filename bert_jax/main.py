@@ -15,7 +15,7 @@ import sys
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bert_jax import cli
+from bert_jax import cli, config_schema
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
@@ -96,7 +96,12 @@ def show_fill_mask(workdir: str, texts: list[str], top_k: int = 3) -> None:
 
 
 def run() -> None:
-  cli.run(main, "main", compilation_cache=True)
+  cli.run(
+    main,
+    "main",
+    compilation_cache=True,
+    check=lambda: config_schema.check_pretraining(_CONFIG.value),
+  )
 
 
 if __name__ == "__main__":

@@ -109,8 +109,11 @@ def build(
     raise ValueError("--output_dir is required")
   if (input is None) == (tfds_name is None):
     raise ValueError("give exactly one of --input and --tfds_name")
-  if records_per_shard < 1:
-    raise ValueError(f"--records_per_shard must be >= 1, got {records_per_shard}")
+  from bert_jax import config_schema
+
+  config_schema.check_data_build(
+    {"num_workers": num_workers, "records_per_shard": records_per_shard}
+  )
   opts = sequences.Options(
     vocab=os.path.abspath(vocab) if vocab else default_vocab_path(),
     max_seq_length=max_seq_length,
@@ -426,10 +429,11 @@ def build_options(config) -> dict[str, Any]:
   }
 
 
-def check_source(config) -> None:
+def check_source(config, workdir: str | None = None) -> None:
   """One line, before a run creates anything, when its data cannot be read: `config.data.dir`
   without metadata.json or on an object store, `config.data.input` matching no file, or
-  neither set."""
+  neither set; with `workdir`, also a `<workdir>/data` that cannot be built there (an object
+  store)."""
   from bert_jax import files
 
   if config.data.dir and files.is_remote(config.data.dir):
@@ -444,9 +448,38 @@ def check_source(config) -> None:
         "python -m bert_jax.create_data"
       )
     return
+  if workdir is not None and files.is_remote(workdir):
+    raise ValueError(
+      f"workdir {workdir} is on an object store, where <workdir>/data cannot be built "
+      "(ArrayRecord reads local files only): build config.data.input with python -m "
+      "bert_jax.create_data into a local directory on every host and set config.data.dir to it"
+    )
   if not config.data.input:
     raise ValueError("set config.data.dir (a create_data output) or config.data.input (text)")
   corpus.expand_inputs(config.data.input, "--config.data.input")
+
+
+def planned_metadata(config, workdir: str) -> dict[str, Any]:
+  """The metadata.json a run will train on, known before anything is built: that of
+  `config.data.dir` or of an existing `<workdir>/data`; else what `ensure_built` will build
+  (its tokenizer's kind and size, the length, NSP), for the checks of the config against its
+  data before anything is written."""
+  from bert_jax import tokenizer as tokenizer_lib
+  from bert_jax.input_pipeline import read_metadata
+
+  data_dir = config.data.dir or os.path.join(workdir, "data")
+  if os.path.isfile(os.path.join(data_dir, "metadata.json")):
+    return read_metadata(data_dir)
+  if config.data.train_vocab_size:
+    tok = {"kind": "wordpiece", "vocab_size": int(config.data.train_vocab_size)}
+  else:
+    t = tokenizer_lib.load_tokenizer(config.data.vocab or tokenizer_lib.default_vocab_path())
+    tok = {"kind": t.kind, "vocab_size": int(t.vocab_size)}
+  return {
+    "tokenizer": tok,
+    "max_seq_length": int(config.data.max_seq_length),
+    "nsp": bool(config.objective.nsp),
+  }
 
 
 def ensure_built(config, workdir: str) -> str:
@@ -465,17 +498,11 @@ def ensure_built(config, workdir: str) -> str:
   """
   import jax
 
-  from bert_jax import files, resume, tokenizer_training
+  from bert_jax import resume, tokenizer_training
   from bert_jax import tokenizer as tokenizer_lib
   from bert_jax.input_pipeline import read_metadata
 
-  if not config.data.dir and files.is_remote(workdir):
-    raise ValueError(
-      f"workdir {workdir} is on an object store, where <workdir>/data cannot be built "
-      "(ArrayRecord reads local files only): build config.data.input with python -m "
-      "bert_jax.create_data into a local directory on every host and set config.data.dir to it"
-    )
-  check_source(config)
+  check_source(config, workdir)
   if config.data.dir:
     return config.data.dir
   data_dir = os.path.join(workdir, "data")
@@ -494,13 +521,7 @@ def ensure_built(config, workdir: str) -> str:
     }
     resume.check_built_data(read_metadata(data_dir), wanted, data_dir)
     return data_dir
-  if n_vocab and config.data.vocab:
-    raise ValueError("set config.data.vocab or config.data.train_vocab_size, not both")
-  if n_vocab and n_vocab != config.model.vocab_size:
-    raise ValueError(
-      f"config.data.train_vocab_size={n_vocab} but config.model.vocab_size="
-      f"{config.model.vocab_size}: set both to the same number"
-    )
+  # config_schema.check_pretraining has checked data.vocab, train_vocab_size and model.vocab_size.
   if jax.process_index() == 0:
     vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
     if n_vocab:

@@ -48,21 +48,11 @@ class Options:
     return "nsp_pairs" if self.nsp else self.packing
 
   def validate(self) -> None:
-    if not 8 <= self.max_seq_length <= 65535:
-      raise ValueError(f"--max_seq_length must be in [8, 65535], got {self.max_seq_length}")
-    if self.dupe_factor < 1:
-      raise ValueError(f"--dupe_factor must be >= 1, got {self.dupe_factor}")
-    if not 0.0 <= self.short_seq_prob <= 1.0:
-      raise ValueError(f"--short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
-    if not 0.0 <= self.eval_fraction < 1.0:
-      raise ValueError(f"--eval_fraction must be in [0, 1), got {self.eval_fraction}")
-    if not self.nsp and self.packing not in ("full_sentences", "doc_sentences"):
-      raise ValueError(f"--packing must be full_sentences or doc_sentences, got {self.packing!r}")
-    if not 0 < self.max_predictions_per_seq <= self.max_seq_length:
-      raise ValueError(
-        f"--max_predictions_per_seq must be in [1, max_seq_length], got "
-        f"{self.max_predictions_per_seq}"
-      )
+    """Each option's type and range: bert_jax.config_schema (a ConfigError names the flag)."""
+    from bert_jax import config_schema
+
+    options = {k: v for k, v in dataclasses.asdict(self).items() if k != "vocab"}
+    config_schema.check_data_build(options)
 
 
 def seeded_rng(*parts) -> random.Random:

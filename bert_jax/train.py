@@ -26,6 +26,7 @@ from etils import epath
 
 from bert_jax import checkpoints as ckpt_lib
 from bert_jax import (
+  config_schema,
   files,
   input_pipeline,
   loader,
@@ -42,6 +43,7 @@ from bert_jax import model as model_lib
 from bert_jax import preemption as preemption_lib
 from bert_jax import sharding as sh
 from bert_jax import tokenizer as tokenizer_lib
+from bert_jax.config_schema import ConfigError
 
 # Per-chip peak dense bf16 FLOP/s by device kind, for MFU on accelerators. On CPU set
 # config.log.peak_flops (the benchmark measures it).
@@ -79,42 +81,53 @@ def model_and_optimizer(
 
 
 def validate(config: ml_collections.ConfigDict, mesh, metadata: dict) -> None:
-  """One-line errors, before any compute, for settings that cannot work together."""
+  """The config against the devices (`mesh`) and its data (`metadata`: metadata.json, or
+  `pretraining_data.planned_metadata` before the data is built): a ConfigError (exit status 2)
+  before anything is written. Each field on its own: config_schema.check_pretraining."""
   dp = sh.data_parallel_size(mesh)
   b, accum = config.data.batch_size, config.opt.grad_accum_steps
-  if accum < 1:
-    raise ValueError(f"config.opt.grad_accum_steps must be >= 1, got {accum}")
-  if b % accum:
-    raise ValueError(f"config.data.batch_size={b} is not divisible by grad_accum_steps={accum}")
   if (b // accum) % dp:
-    raise ValueError(
+    raise ConfigError(
       f"micro-batch {b // accum} (config.data.batch_size={b} / grad_accum_steps={accum}) is not "
       f"divisible by the data-parallel size {dp} (mesh data x fsdp = {dict(mesh.shape)})"
     )
   if b % jax.process_count():
-    raise ValueError(f"config.data.batch_size={b} is not divisible by {jax.process_count()} hosts")
+    raise ConfigError(f"config.data.batch_size={b} is not divisible by {jax.process_count()} hosts")
+  eval_b = config.eval.batch_size
+  if eval_b and (eval_b % dp or eval_b % jax.process_count()):
+    raise ConfigError(
+      f"config.eval.batch_size={eval_b} is not divisible by the data-parallel size {dp} (mesh "
+      f"data x fsdp = {dict(mesh.shape)}) and the {jax.process_count()} hosts"
+    )
   tok = metadata["tokenizer"]
   if tok["vocab_size"] != config.model.vocab_size:
-    raise ValueError(
+    raise ConfigError(
       f"config.model.vocab_size={config.model.vocab_size} does not match the data's tokenizer "
       f"({tok['kind']}, vocab_size={tok['vocab_size']})"
     )
   if metadata["max_seq_length"] > config.model.max_position_embeddings:
-    raise ValueError(
+    raise ConfigError(
       f"data max_seq_length {metadata['max_seq_length']} exceeds "
       f"config.model.max_position_embeddings={config.model.max_position_embeddings}"
     )
   if config.data.dir and metadata["max_seq_length"] != config.data.max_seq_length:
-    raise ValueError(
+    raise ConfigError(
       f"config.data.max_seq_length={config.data.max_seq_length} but {config.data.dir} was built "
       f"with max_seq_length={metadata['max_seq_length']}"
     )
   if config.objective.nsp and not metadata["nsp"]:
-    raise ValueError("config.objective.nsp=True but the data was built without NSP pairs")
-  if config.opt.nonfinite not in ("stop", "skip"):
-    raise ValueError(f"config.opt.nonfinite must be 'stop' or 'skip', not {config.opt.nonfinite!r}")
+    raise ConfigError("config.objective.nsp=True but the data was built without NSP pairs")
   if config.objective.ltr and config.masking.mode == "dynamic":
     logging.warning("masking.mode is ignored by the LTR objective")
+
+
+def make_run_mesh(config: ml_collections.ConfigDict):
+  """The mesh of `config.mesh.shape` on this job's devices; a shape the devices cannot take
+  is a ConfigError."""
+  try:
+    return sh.make_mesh(config.mesh.shape)
+  except ValueError as e:
+    raise ConfigError(f"config.mesh.shape: {e}") from None
 
 
 # ----------------------------------------------------------------------------- steps
@@ -286,13 +299,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   packages, is one line before any compute). A signal before the first step (building data,
   training a vocab, restoring) raises `preemption.Preempted`, the lock released."""
   workdir = str(files.as_dir(workdir, "workdir"))
-  pretraining_data.check_source(config)  # unreadable data: one line, nothing created
+  # Every config and data mistake is one line before anything is created.
+  config_schema.check_pretraining(config)
+  pretraining_data.check_source(config, workdir)  # unreadable data
+  mesh = make_run_mesh(config)
+  validate(config, mesh, pretraining_data.planned_metadata(config, workdir))
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   try:
     with preemption_lib.Preemption() as preempt, preemption_lib.WorkdirLock(workdir) as lock:
       unregister = multihost.on_cleanup(lambda: _peer_lost(workdir, config, lock))
       try:
-        return _train_and_evaluate(config, workdir, preempt)
+        return _train_and_evaluate(config, workdir, mesh, preempt)
       finally:
         unregister()
   except preemption_lib.ReadOnlyWorkdir as e:  # only taking the lock raises it
@@ -314,8 +331,7 @@ def _peer_lost(workdir: str, config, lock) -> None:
   lock.release()
 
 
-def _train_and_evaluate(config, workdir: str, preempt) -> dict[str, Any]:
-  mesh = sh.make_mesh(config.mesh.shape)
+def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
   rules = sh.rules_from_config(config.mesh.rules)
   data_dir = pretraining_data.ensure_built(config, workdir)
   metadata = input_pipeline.read_metadata(data_dir)

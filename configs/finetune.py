@@ -182,7 +182,9 @@ def get_config(arg=None):
   c.task = _task(a.task, a.data_root, a.glue_dir)
 
   # The checkpoint's architecture wins; dropout, dtype, kernels, dropout_rng, attention_impl,
-  # scan_layers and remat_policy apply on top of it (the other fields only shape a random init).
+  # scan_layers and remat_policy apply on top of it (the other fields only shape a random init;
+  # a --config.model flag that contradicts the checkpoint is refused; config.json records the
+  # model that ran).
   c.model = base.model
   c.model.dtype = "float32"
   c.head = ml_collections.ConfigDict(dict(bilstm=False))  # Table 5's "+ BiLSTM" row
@@ -202,6 +204,9 @@ def get_config(arg=None):
   del c.opt.warmup_steps, c.opt.total_steps
   c.opt.lr = 3e-5
   c.opt.epochs = 3
+  # A small training set gets more epochs, so that a seed trains at least this many steps (60
+  # rows at batch 32 are 2 steps an epoch: 3 epochs, 6 steps, learned nothing); 0: opt.epochs.
+  c.opt.min_steps = 100
   c.opt.warmup_fraction = 0.1
   if c.task.kind == "span_qa":  # the paper's SQuAD v1.1 recipe (Section 4.2)
     c.opt.lr, c.opt.epochs = 5e-5, 2

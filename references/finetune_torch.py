@@ -448,7 +448,7 @@ def make_model(args: argparse.Namespace, labels: Sequence[str]) -> torch.nn.Modu
 
 
 def warmup_steps(args: argparse.Namespace, total_steps: int) -> int:
-  """round(warmup_fraction x total), as bert_jax.finetune.optimizer_config."""
+  """round(warmup_fraction x total), as bert_jax.finetune.seed.optimizer_config."""
   return int(round(args.warmup_fraction * total_steps))
 
 

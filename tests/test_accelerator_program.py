@@ -162,7 +162,8 @@ def test_finetuning_config_sets_dropout_rng_and_attention_on_a_checkpoint(tmp_pa
   """A fine-tuning config's dropout_rng and attention_impl apply on top of a checkpoint's
   architecture (as dtype and kernels do); a checkpoint of an earlier version storing
   attention_impl='fused' (today's 'auto') still reads."""
-  from bert_jax import finetune, hf_io, loader
+  from bert_jax import hf_io, loader
+  from bert_jax.finetune import inputs as ft_inputs
 
   spec = importlib.util.spec_from_file_location("finetune_config", f"{REPO}/configs/finetune.py")
   finetune_configs = importlib.util.module_from_spec(spec)
@@ -175,7 +176,7 @@ def test_finetuning_config_sets_dropout_rng_and_attention_on_a_checkpoint(tmp_pa
   c = finetune_configs.get_config("custom,seeds=1,size=tiny")
   c.init = str(tmp_path)
   c.model.dropout_rng, c.model.attention_impl = "rbg", "explicit_lowp"
-  cfg, _ = finetune.model_config(c)
+  cfg, _ = ft_inputs.model_config(c)
   assert (cfg.dropout_rng, cfg.attention_impl) == ("rbg", "explicit_lowp")
   assert cfg.hidden_size == 128 and cfg.num_layers == 2
 

@@ -138,7 +138,7 @@ def test_help_lists_the_commands_flags(module, form):
   `python -m bert_jax.X` or as the installed console script (absl's own --help lists no flag
   there: it looks them up under the script's path)."""
   script, flag = OWN_FLAG[module]
-  path = f"{module}.__main__" if module in ("benchmark", "report") else module
+  path = f"{module}.__main__" if module in ("benchmark", "finetune", "report") else module
   assert f"bert_jax_{script}=bert_jax.{path}:run" in (ROOT / "setup.py").read_text()
   if form == "python -m":
     r = _run("-m", f"bert_jax.{module}", "--help")

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from bert_jax import config_lib, objectives, optim, train
+from bert_jax import config_lib, config_schema, objectives, optim, train
 from bert_jax import sharding as sh
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,7 +78,10 @@ def _flat(c, prefix=""):
 
 
 def _check_buildable(c):
-  """What train.py derives from a config, without data: fails on a rotten config."""
+  """What train.py derives from a config, without data: fails on a rotten config (a field out
+  of its range or without a rule in config_schema too)."""
+  config_schema.check_pretraining(c)
+  assert config_schema.unchecked_fields(c, config_schema.PRETRAINING) == []
   cfg = train.bert_config(c)
   objectives.Objective.from_config(c)
   optim.make_optimizer(c.opt)

@@ -195,7 +195,9 @@ def test_auto_built_data_not_reused_with_other_options(tmp_path):
     num_workers=1,
     progress=False,
   )
-  cmd = _main_cmd(wd, "", 2, ["--config.data.input=" + c.data.input, "--config.data.dupe_factor=2"])
+  extra = ["--config.data.input=" + c.data.input, "--config.data.dupe_factor=2"]
+  # The data was built with BERT's vocab (local.py would train one of its own).
+  cmd = _main_cmd(wd, "", 2, [*extra, "--config.data.train_vocab_size=0"])
   cmd.remove("--config.data.dir=")
   r = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
   line = _error(r)
@@ -403,7 +405,8 @@ def test_convert_and_finetune_init_fall_back_past_an_empty_newest_step(trained4,
   (checkpoints.load_newest, inside loader.load_checkpoint)."""
   from test_finetune import _splits, finetune_config, sentiment
 
-  from bert_jax import finetune, loader
+  from bert_jax import loader
+  from bert_jax.finetune import inputs as ft_inputs
 
   wd = _copy(trained4, tmp_path)
   (wd / "checkpoints" / "12").mkdir()
@@ -421,7 +424,7 @@ def test_convert_and_finetune_init_fall_back_past_an_empty_newest_step(trained4,
   c.task.train, c.task.dev, c.task.test = _splits(tmp_path, sentiment, (32, 16, 16))
   c.init = str(wd)
   c.data.max_seq_length = 16
-  prep = finetune.prepare(c)
+  prep = ft_inputs.prepare(c)
   assert prep.cfg.hidden_size == 32 and prep.tokenizer.vocab_size == 30522
   for a, b in zip(jax.tree.leaves(prep.init_params), jax.tree.leaves(step4["bert"]), strict=True):
     np.testing.assert_array_equal(np.asarray(a), b)

@@ -14,6 +14,9 @@ from test_finetune import _sentences, _splits, finetune_config, tiny_config
 from bert_jax import finetune, hf_io, loader, optim
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
+from bert_jax.finetune import data as ft_data
+from bert_jax.finetune import inputs as ft_inputs
+from bert_jax.finetune import seed as ft_seed
 from bert_jax.tasks import batches, encode, features
 
 
@@ -52,7 +55,7 @@ def test_each_table7_row_selects_its_hidden_states(row):
   ids = jnp.zeros((1, 4), jnp.int32)
   params = model_lib.BertModel(cfg).init(jax.random.key(1), ids, ids, ids)["params"]
   mesh = sh.make_mesh((1, -1, 1))
-  data = {"train": (None, encode.Encoded(rows, 3, 0), None), "dev": None, "test": None}
+  data = {"train": ft_data.Split(None, encode.Encoded(rows, 3, 0)), "dev": None, "test": None}
   info = features.add_features(c, cfg, params, data, 0, mesh, sh.DEFAULT_RULES)
   assert info["layers"] == want
   for r in rows:
@@ -81,13 +84,13 @@ def test_train_state_holds_the_tagger_only_and_the_scalar_mix_trains(tmp_path):
   gamma (they get gradients) from their init (0, 1)."""
   c = tiny_config("tagging", _splits(tmp_path, cities, (16, 8, 8)))
   c.features.update(features.ROWS["sum_all"])
-  cfg, tokenizer = finetune.model_config(c)
-  task, data = finetune.load_task_data(c, tokenizer)
+  cfg, tokenizer = ft_inputs.model_config(c)
+  task, data = ft_data.load_task_data(c, tokenizer)
   mesh = sh.make_mesh((1, -1, 1))
   features.add_features(c, cfg, None, data, tokenizer.pad_id, mesh, sh.DEFAULT_RULES)
   model = features.model(c, cfg, task)
-  tx = optim.make_optimizer(finetune.optimizer_config(c, 1))
-  init = finetune.state_init_fn(model, tx, 8)
+  tx = optim.make_optimizer(ft_seed.optimizer_config(c, 1))
+  init = ft_seed.state_init_fn(model, tx, 8)
   state, _, _ = sh.init_sharded(init, mesh, sh.DEFAULT_RULES, jax.random.key(0))
   params = state["params"]
   assert set(params) == {"head"}
@@ -98,7 +101,7 @@ def test_train_state_holds_the_tagger_only_and_the_scalar_mix_trains(tmp_path):
   assert 2 * n_head <= n_opt < 2 * n_head + 16  # Adam's two moments of the head, counters
   batch = batches.collate(data["train"][1].rows, np.arange(16), 16, (16,), tokenizer.pad_id)
   assert batch["features"].shape == (16, 16, 2, 128)
-  step = jax.jit(finetune.make_train_step(model, tx, task))
+  step = jax.jit(ft_seed.make_train_step(model, tx, task))
   state, m = step(state, batch, jax.random.key(1))
   mix = state["params"]["head"]["scalar_mix"]
   assert float(m["loss"]) > 0
@@ -153,7 +156,7 @@ def test_bfloat16_features_match_float32(tmp_path):
   out = {}
   for dtype in ("float32", "bfloat16"):
     c.features.dtype = dtype
-    task, data = finetune.load_task_data(c, finetune.model_config(c)[1])
+    task, data = ft_data.load_task_data(c, ft_inputs.model_config(c)[1])
     features.add_features(c, cfg, None, data, 0, mesh, sh.DEFAULT_RULES)
     out[dtype] = [r["features"] for r in data["train"][1].rows]
   assert out["bfloat16"][0].dtype == jnp.bfloat16

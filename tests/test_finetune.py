@@ -16,6 +16,10 @@ import numpy as np
 import pytest
 
 from bert_jax import config_lib, finetune
+from bert_jax.finetune import data as ft_data
+from bert_jax.finetune import grid as ft_grid
+from bert_jax.finetune import inputs as ft_inputs
+from bert_jax.finetune import seed as ft_seed
 from bert_jax.tasks import batches, kinds
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,6 +71,7 @@ def tiny_config(task_kind, paths, **task):
   c.data.eval_batch_size = 16
   c.opt.lr = 2e-3
   c.opt.epochs = 4
+  c.opt.min_steps = 0
   c.log.every_steps = 1000
   c.ckpt.async_save = False
   return c
@@ -190,6 +195,7 @@ CLI_FIELDS = {
   "data.eval_batch_size": 16,
   "opt.lr": 0.002,
   "opt.epochs": 2,
+  "opt.min_steps": 0,
   "log.every_steps": 1,
   "ckpt.async_save": False,
 }
@@ -338,7 +344,7 @@ def test_glue_presets_read_the_glue_layout(name, kind, main, labels):
 
   c = finetune_config.get_config(f"{name},glue_dir={REPO}/tests/fixtures/tasks/glue")
   tok = tokenizer_lib.WordPieceTokenizer.from_file(tokenizer_lib.default_vocab_path())
-  task, data = finetune.load_task_data(c, tok)
+  task, data = ft_data.load_task_data(c, tok)
   assert (task.kind, task.main_metric) == (kind, main)
   assert set(task.labels) == set(labels)
   assert data["train"][1].rows and data["dev"][1].rows
@@ -362,7 +368,7 @@ def test_grid_selects_the_best_mean_dev_point(tmp_path, monkeypatch):
       "recipe": {"lr": c.opt.lr},
     }
 
-  monkeypatch.setattr(finetune, "run_point", fake_run_point)
+  monkeypatch.setattr(ft_grid, "run_point", fake_run_point)
   c = finetune_config.get_config("custom,grid=True")
   res = finetune.finetune(c, str(tmp_path))
   assert len(seen) == 18 and len({s[3] for s in seen}) == 18
@@ -388,14 +394,37 @@ def test_presets_take_the_pretraining_recipe(arg, lr, epochs):
   assert c.model.to_dict() == {**base.model.to_dict(), "dtype": "float32"}
   assert c.mesh.to_dict() == base.mesh.to_dict()
   recipe = {k: v for k, v in base.opt.to_dict().items() if k not in ("warmup_steps", "total_steps")}
-  assert c.opt.to_dict() == {**recipe, "lr": lr, "epochs": epochs, "warmup_fraction": 0.1}
+  want = {**recipe, "lr": lr, "epochs": epochs, "min_steps": 100, "warmup_fraction": 0.1}
+  assert c.opt.to_dict() == want
+
+
+@pytest.mark.parametrize(
+  "rows, batch, epochs, min_steps, want",
+  [
+    (60, 32, 3, 100, (2, 50, 34)),  # 46's small set: 6 steps -> 100, dev every 17 epochs
+    (60, 8, 10, 100, (8, 13, 16)),  # 80 steps -> 104
+    (2000, 32, 2, 100, (63, 2, 63)),  # the paper's recipe on 2,000 rows: unchanged
+    (60, 32, 3, 0, (2, 3, 2)),  # min_steps=0: opt.epochs
+  ],
+)
+def test_a_small_training_set_trains_at_least_min_steps(rows, batch, epochs, min_steps, want):
+  """46, first hour 1: epochs are raised until a seed takes opt.min_steps steps (default 100);
+  dev is then evaluated as many times as opt.epochs asked for."""
+  c = finetune_config.get_config("custom")
+  assert c.opt.min_steps == 100 and (c.opt.lr, c.data.batch_size, c.opt.epochs) == (3e-5, 32, 3)
+  c.data.batch_size, c.opt.epochs, c.opt.min_steps = batch, epochs, min_steps
+  plan = ft_seed.schedule(c, rows)
+  assert (plan.per_epoch, plan.epochs, plan.eval_every) == want
+  assert plan.total_steps == want[0] * want[1] >= min(min_steps, want[0] * want[1])
+  opt = ft_seed.optimizer_config(c, plan.per_epoch, plan.epochs)
+  assert (opt.total_steps, opt.warmup_steps) == (plan.total_steps, round(0.1 * plan.total_steps))
 
 
 @pytest.mark.parametrize("task", [*finetune_config.SHARED, *finetune_config.GLUE, "custom"])
 def test_every_preset_builds(task):
   c = finetune_config.get_config(f"{task},size=tiny")
   assert c.task.kind in kinds.KINDS
-  cfg, tok = finetune.model_config(c)
+  cfg, tok = ft_inputs.model_config(c)
   assert cfg.num_layers == 2 and tok.vocab_size == cfg.vocab_size
 
 

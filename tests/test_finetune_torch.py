@@ -16,7 +16,7 @@ import pytest
 
 from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.benchmark import peers
-from bert_jax.tasks import encode, readers
+from bert_jax.tasks import encode, formats
 
 SCRIPTS = pathlib.Path(__file__).resolve().parent.parent / "references"
 
@@ -89,9 +89,9 @@ def test_inputs_equal_bert_jax_encode(tmp_path):
   tok = tokenizer_lib.load_tokenizer(tokenizer_lib.default_vocab_path())
   for name, (kind, exs, labels, max_len) in cases.items():
     if kind == "tagging":
-      ours_ex = [readers.TaggedExample(tuple(e["words"]), tuple(e["tags"]), "t") for e in exs]
+      ours_ex = [formats.TaggedExample(tuple(e["words"]), tuple(e["tags"]), "t") for e in exs]
     else:
-      ours_ex = [readers.TextExample(tuple(e["texts"]), e["label"], "t") for e in exs]
+      ours_ex = [formats.TextExample(tuple(e["texts"]), e["label"], "t") for e in exs]
     ours = encode.encode(ours_ex, kind, tok, max_len, labels)
     rows, n_cut = theirs[name]
     assert n_cut == ours.n_truncated > 0, name

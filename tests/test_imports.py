@@ -110,7 +110,7 @@ def test_the_walk_finds_a_planted_circle(tmp_path):
   assert find_cycle(graph) is None
 
 
-@pytest.mark.parametrize("name", ["bert_jax.train", "bert_jax.finetune"])
+@pytest.mark.parametrize("name", ["bert_jax.train", "bert_jax.finetune.seed"])
 def test_train_and_finetune_have_no_loop_of_their_own(name):
   """The training loop lives in bert_jax/loop.py: train.py and finetune.py hand it a Job."""
   path = _modules()[name]

@@ -12,7 +12,7 @@ from ml_collections import ConfigDict
 from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.tasks import encode as encode_lib
 from bert_jax.tasks import readers
-from bert_jax.tasks.readers import TaggedExample, TextExample
+from bert_jax.tasks.formats import TaggedExample, TextExample
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "tasks"
 GENERIC = FIXTURES / "generic"
@@ -98,6 +98,24 @@ def test_gzip_jsonl_integer_labels_and_max_examples():
   assert readers.label_list(task, examples) == ["0", "1"]
   task.max_examples = 2
   assert readers.read_split(task, "train") == examples[:2]
+
+
+def test_json_booleans_are_the_classes_1_and_0(tmp_path):
+  """46, fault 8: true/false and 1/0 in one column were 4 classes; true == 1, false == 0."""
+  path = tmp_path / "mixed.jsonl"
+  labels = [True, 1, False, 0, 1.0, "1", False]
+  path.write_text(
+    "".join(json.dumps({"sentence": f"s{i}", "label": v}) + "\n" for i, v in enumerate(labels))
+  )
+  task = make_task(train=str(path))
+  examples = readers.read_split(task, "train")
+  assert [ex.label for ex in examples] == ["1", "1", "0", "0", "1", "1", "0"]
+  assert readers.label_list(task, examples) == ["0", "1"]
+  # Multiple choice: a boolean is no ending's index.
+  path.write_text(json.dumps({"context": "c", "endings": ["a", "b"], "label": True}) + "\n")
+  choice = make_task(kind="multiple_choice", train=str(path), text_fields=("context", "endings"))
+  with pytest.raises(ValueError, match=r"mixed.jsonl:1: train label 'True' is not the index"):
+    readers.check_labels(readers.read_split(choice, "train"), [], "train")
 
 
 def test_regression_labels_are_floats():

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import config_lib, input_pipeline, masking, objectives, optim, train
+from bert_jax import config_lib, config_schema, input_pipeline, masking, objectives, optim, train
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax import tokenizer as tokenizer_lib
@@ -236,16 +236,20 @@ def test_train_restores_onto_another_mesh(tiny_data_dir, tmp_path):
   "over, message",
   [
     ({"data.batch_size": 6, "mesh.shape": (8, 1, 1)}, "not divisible by the data-parallel size 8"),
-    ({"data.batch_size": 8, "opt.grad_accum_steps": 3}, "not divisible by grad_accum_steps=3"),
+    (
+      {"data.batch_size": 8, "opt.grad_accum_steps": 3},
+      "batch_size=8: must be a multiple of config.opt.grad_accum_steps=3",
+    ),
     ({"model.vocab_size": 1000}, "does not match the data's tokenizer"),
     ({"mesh.shape": (4, 4, 1)}, "needs 16 devices but 8 are available"),
     ({"data.max_seq_length": 128}, "built with max_seq_length=64"),
   ],
 )
 def test_config_errors_before_compute(tiny_data_dir, tmp_path, over, message):
-  with pytest.raises(ValueError, match=message):
+  """A ConfigError (exit status 2 from the command line) before the workdir is made."""
+  with pytest.raises(config_schema.ConfigError, match=message):
     train.train_and_evaluate(tiny_config(tiny_data_dir, **over), str(tmp_path / "wd"))
-  assert not os.path.exists(tmp_path / "wd" / "checkpoints")
+  assert not os.path.exists(tmp_path / "wd")
 
 
 @pytest.mark.slow

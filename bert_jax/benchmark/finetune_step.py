@@ -1,10 +1,10 @@
 """Our fine-tuning measurement: the fine-tuning engine's train step
-(`finetune.make_train_step` on `finetune.state_init_fn`'s state, jitted as `finetune.run_seed`
-jits it: state donated, on one device) for 2-way sequence classification, with
-configs/finetune.py's recipe (`bert_jax.configs.finetune`: AdamW, warmup + linear decay,
-clipping, dropout 0.1), timed on `batches.pair_batch`: the arrays the PyTorch peer times. The
-model is a fresh one of a benchmark size (`sizes.SIZES`): a step costs the same whatever the
-weights.
+(`finetune.seed.make_train_step` on `finetune.seed.state_init_fn`'s state, jitted as
+`finetune.seed.run_seed` jits it: state donated, on one device) for 2-way sequence
+classification, with configs/finetune.py's recipe (`bert_jax.configs.finetune`: AdamW, warmup
++ linear decay, clipping, dropout 0.1), timed on `batches.pair_batch`: the arrays the PyTorch
+peer times. The model is a fresh one of a benchmark size (`sizes.SIZES`): a step costs the
+same whatever the weights.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import finetune, input_pipeline, optim
+from bert_jax import input_pipeline, optim
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax import tasks as tasks_lib
 from bert_jax.benchmark import batches, sizes, step
+from bert_jax.finetune import seed as finetune_seed
 
 NUM_LABELS = 2
 # The schedule's length: warmup and decay as a run of this many steps would have them (a timed
@@ -72,14 +73,14 @@ class Engine(NamedTuple):
 
 def engine(config: ml_collections.ConfigDict) -> Engine:
   """The engine's model (kernels resolved for the first device), optimizer, state init and
-  train step for 2-way sequence classification, as `finetune.run_seed` builds them."""
+  train step for 2-way sequence classification, as `finetune.seed.run_seed` builds them."""
   cfg = model_lib.BertConfig(**{k: v for k, v in config.model.to_dict().items() if k != "causal"})
   task = tasks_lib.Task("benchmark", "classification", ("0", "1"), ("accuracy",))
   model = task.model(model_lib.resolve_kernels(cfg, jax.devices()[0].platform))
   steps_per_epoch = TOTAL_STEPS // int(config.opt.epochs)
-  tx = optim.make_optimizer(finetune.optimizer_config(config, steps_per_epoch))
-  init_fn = finetune.state_init_fn(model, tx, min(8, cfg.max_position_embeddings))
-  train_step = finetune.make_train_step(model, tx, task, config.opt.grad_accum_steps)
+  tx = optim.make_optimizer(finetune_seed.optimizer_config(config, steps_per_epoch))
+  init_fn = finetune_seed.state_init_fn(model, tx, min(8, cfg.max_position_embeddings))
+  train_step = finetune_seed.make_train_step(model, tx, task, config.opt.grad_accum_steps)
   return Engine(model.cfg, init_fn, train_step)
 
 

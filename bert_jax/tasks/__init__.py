@@ -3,6 +3,7 @@ metrics. The loop (bert_jax.finetune) only sees this interface, so span QA, mult
 and the frozen-feature mode plug in here.
 
   readers  files -> examples (JSONL/CSV/TSV, GLUE layout, local TFDS, CoNLL)
+  formats  each file format's rows -> examples, one-line errors naming file:line
   encode   examples -> unpadded model rows (input_ids, segment_ids, labels)
   squad    SQuAD JSON -> windows; n-best decoding; the official EM/F1
   metrics  host-side metrics and seed statistics

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bert_jax.tasks import kinds
-from bert_jax.tasks.readers import TaggedExample, TextExample
+from bert_jax.tasks.formats import TaggedExample, TextExample
 from bert_jax.tokenizer import Tokenizer
 
 # label_ids of a word's first sub-token whose tag is unknown (an unlabelled test split): no loss

@@ -246,7 +246,8 @@ def add_features(
   mesh,
   rules,
 ) -> dict[str, Any]:
-  """Adds "features" [L_row, K, D] to every row of every split in `data`, one encoder forward
+  """Adds "features" [L_row, K, D] to every row of every split in `data` ({split: a split with
+  its encoded `rows` (bert_jax.finetune.data.Split), or None}), one encoder forward
   per row; returns {"layers", "rows", "batches", "seconds", "bytes"}. `bert_params` None: a
   random encoder (seeded by config.seed; the no-pretraining baseline)."""
 
@@ -272,7 +273,7 @@ def add_features(
     for split in data.values():
       if split is None:
         continue
-      rows = split[1].rows
+      rows = split.rows
       for batch in batches.eval_batches(rows, config.data.eval_batch_size, bl, pad_id):
         inputs = input_pipeline.to_global(batches.host_slice(batch), mesh)
         h = jax.device_get(forward(params, *(inputs[k] for k in batches.MODEL_INPUTS)))
@@ -287,6 +288,29 @@ def add_features(
   return dict(layers=list(layers), rows=n_rows, batches=n_batches, seconds=seconds, bytes=nbytes)
 
 
+@dataclasses.dataclass(frozen=True)
+class FeatureHead:
+  """The feature-based mode as fine-tuning's head (bert_jax.finetune.inputs.TaskHead is the
+  ordinary one): the frozen encoder's hidden states are added to every row once, a BiLSTM
+  tagger trains on them, best/ is a feature head dir. `config`: the fine-tuning config."""
+
+  config: ml_collections.ConfigDict
+
+  def add_inputs(self, cfg, bert_params, data, pad_id, mesh, rules) -> str:
+    """Adds the rows' features (`add_features`); returns the line that says so."""
+    info = add_features(self.config, cfg, bert_params, data, pad_id, mesh, rules)
+    return (
+      f"features: hidden states {info['layers']} of every row in {info['seconds']:.1f}s "
+      f"({info['bytes'] / 2**20:.0f} MiB, {self.config.features.dtype})"
+    )
+
+  def make_model(self, cfg: model_lib.BertConfig, task) -> FeatureModel:
+    return model(self.config, cfg, task)
+
+  def save(self, path: str, cfg, params, tokenizer, info: dict[str, Any]) -> None:
+    save_head(path, cfg, params, tokenizer, info, self.config.features, self.config.init)
+
+
 # ----------------------------------------------------------------------------- saving
 
 
@@ -296,15 +320,16 @@ def save_head(
   params: Any,
   tokenizer,
   task_info: dict[str, Any],
-  config: ml_collections.ConfigDict,
+  f: ml_collections.ConfigDict,
+  encoder: str,
 ) -> None:
-  """The best dev point as a feature head dir (see the module docstring)."""
+  """The best dev point as a feature head dir (see the module docstring): `f` is the run's
+  config.features, `encoder` the checkpoint it read (config.init)."""
   from safetensors.numpy import save_file
 
-  f = config.features
   info = {
     **task_info,
-    "encoder": config.init,
+    "encoder": encoder,
     "features": {
       "row": f.row,
       "layers": list(resolve_layers(f, cfg.num_layers)),

@@ -124,7 +124,8 @@ def _score_spans(task: Any, preds: dict, rows: list, extra: Any) -> dict[str, fl
   return extra.score(preds["start_logits"], preds["end_logits"])  # a tasks.QAInfo
 
 
-# What an unlabelled split's predictions file holds per example (finetune.write_predictions).
+# What an unlabelled split's predictions file holds per example
+# (bert_jax.finetune.seed.write_split_predictions).
 
 
 def _class_name(task: Any, pred: Any, row: dict) -> Any:

@@ -1,8 +1,8 @@
 """Fine-tuning examples from files: JSONL, CSV, TSV, CoNLL columns, GLUE's TSVs, local TFDS glue.
 
-`read_split(config.task, "train")` returns the split's examples in file order. Every error a
-user's data can cause is one line naming the file and line (`path:line: what is wrong`), so a
-bad row in a 400k-line file is found without a debugger.
+`read_split(config.task, "train")` returns the split's examples in file order (each format is
+read by `formats`). Every error a user's data can cause is one line naming the file and line
+(`path:line: what is wrong`), so a bad row in a 400k-line file is found without a debugger.
 
 The GLUE presets (`GLUE`) read the standard GLUE directory layout (`<glue_dir>/SST-2/train.tsv`,
 `MNLI/dev_matched.tsv`, ...) by the column names of each file's header; CoLA's train and dev
@@ -15,18 +15,14 @@ beforehand in array_record format; nothing is ever downloaded.
 
 from __future__ import annotations
 
-import csv
-import dataclasses
-import gzip
 import itertools
-import json
-import math
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from bert_jax.tasks import kinds
+from bert_jax.tasks import formats, kinds
+from bert_jax.tasks.formats import Example, TaggedExample, TextExample
 
 SPLITS = ("train", "dev", "test")
 FORMATS = ("jsonl", "csv", "tsv", "conll", "glue", "tfds")
@@ -39,27 +35,6 @@ _SUFFIX_FORMATS = {
   ".iob": "conll",
   ".bio": "conll",
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class TextExample:
-  """Classification / regression / multiple-choice text (texts: one, a pair, or context+endings)."""
-
-  texts: tuple[str, ...]
-  label: str | float | None  # class name; float for regression; None when unlabelled
-  source: str  # "path:line"
-
-
-@dataclasses.dataclass(frozen=True)
-class TaggedExample:
-  """A sentence of words with one tag per word (tags None when unlabelled)."""
-
-  words: tuple[str, ...]
-  tags: tuple[str, ...] | None
-  source: str
-
-
-Example = TextExample | TaggedExample
 
 
 # --- GLUE presets --------------------------------------------------------------------------
@@ -223,6 +198,30 @@ def has_split(task: Any, split: str) -> bool:
   return _get(task, "format", "auto") in ("glue", "tfds") or bool(_get(task, split, ""))
 
 
+def split_files(task: Any, split: str) -> list[str]:
+  """The files the task's `split` is read from ([] for none), in reading order: a GLUE preset's
+  file under glue_dir, every file of a prepared TFDS dataset, a SQuAD split's comma-separated
+  files, or the file task.<split> names. What a resume fingerprints (finetune)."""
+  if not has_split(task, split):
+    return []
+  fmt = _get(task, "format", "auto")
+  if fmt == "glue":
+    preset = glue_preset(task)
+    return [
+      _get(task, split, "")
+      or os.path.join(os.fspath(_get(task, "glue_dir", "")), preset["dir"], preset["files"][split])
+    ]
+  if fmt == "tfds":
+    root = _tfds_version_dir(os.path.join(_tfds_data_dir(task), "glue", glue_preset(task)["tfds"]))
+    if root is None:
+      return []
+    return sorted(os.path.join(d, name) for d, _, names in os.walk(root) for name in names)
+  path = os.fspath(_get(task, split, ""))
+  if kinds.get(_get(task, "kind", "classification")).examples == "squad":
+    return [p for p in path.split(",") if p]
+  return [path]
+
+
 def read_split(task: Any, split: str) -> list[Example]:
   """The examples of `split` ("train" | "dev" | "test") of `task` (config.task), in file order.
 
@@ -249,9 +248,12 @@ def read_split(task: Any, split: str) -> list[Example]:
     fmt = _format(task, path)
     if spec.examples == "tagged":
       if fmt == "jsonl":
-        examples = _read_tagged_jsonl(task, path, split, limit)
+        tokens_field = _get(task, "tokens_field", "tokens")
+        tags_field = _get(task, "tags_field", "tags")
+        examples = formats.tagged_jsonl(path, split, limit, tokens_field, tags_field)
       elif fmt == "conll":
-        examples = _read_conll(task, path, split, limit)
+        word_col, tag_col = int(_get(task, "word_column", 0)), int(_get(task, "tag_column", -1))
+        examples = formats.conll(path, split, limit, word_col, tag_col)
       else:
         raise ValueError(f"{path}: tagging reads jsonl or conll files, not {fmt}")
     else:
@@ -259,8 +261,8 @@ def read_split(task: Any, split: str) -> list[Example]:
         raise ValueError(f"{path}: conll files hold tagging data, not task.kind={kind!r}")
       fields = tuple(_get(task, "text_fields", ()))
       label_field = _get(task, "label_field", "label")
-      rows = _jsonl_rows(path) if fmt == "jsonl" else _table_rows(path, fmt)
-      examples = _text_examples(rows, fields, label_field, spec, split, limit)
+      rows = formats.jsonl_rows(path) if fmt == "jsonl" else formats.table_rows(path, fmt)
+      examples = formats.text_examples(rows, fields, label_field, spec, split, limit)
   if not examples:
     raise ValueError(f"{path}: the {split} split is empty (no examples)")
   return examples
@@ -323,249 +325,6 @@ def _choice_index(label: str) -> int | None:
     return None
 
 
-# --- Reading lines -------------------------------------------------------------------------
-
-
-def _lines(path: str) -> Iterator[tuple[int, str]]:
-  """(line number, text) of a UTF-8 (optionally gzip) file, decoded strictly line by line."""
-  try:
-    f = gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
-  except FileNotFoundError:
-    raise FileNotFoundError(f"{path}: no such file") from None
-  with f:
-    try:
-      for lineno, raw in enumerate(f, 1):
-        try:
-          text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-          raise ValueError(
-            f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start} of the line): the file's "
-            "encoding is wrong; convert it to UTF-8"
-          ) from None
-        if lineno == 1 and text.startswith("\ufeff"):
-          text = text[1:]  # a byte-order mark (spreadsheet exports) is not part of the data
-        yield lineno, text
-    except (gzip.BadGzipFile, EOFError) as e:
-      raise ValueError(f"{path}: not a readable gzip file ({e})") from None
-
-
-def _jsonl_rows(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
-  for lineno, line in _lines(path):
-    if not line.strip():
-      continue
-    try:
-      obj = json.loads(line)
-    except json.JSONDecodeError as e:
-      # json's own message may end in "at" ("Invalid control character ... at").
-      msg = e.msg.removesuffix(" at")
-      raise ValueError(f"{path}:{lineno}: malformed JSON ({msg} at column {e.colno})") from None
-    if not isinstance(obj, dict):
-      raise ValueError(f"{path}:{lineno}: a JSON line must be an object, not {type(obj).__name__}")
-    yield f"{path}:{lineno}", obj
-
-
-def _table_rows(
-  path: str, fmt: str, fieldnames: Sequence[str] | None = None
-) -> Iterator[tuple[str, dict[str, Any]]]:
-  """Rows of a CSV / TSV file as dicts keyed by the header (or by `fieldnames`: no header)."""
-  read = [0]  # lines handed to the csv module so far
-
-  def text() -> Iterator[str]:
-    for lineno, line in _lines(path):
-      read[0] = lineno
-      yield line
-
-  # GLUE's TSVs hold bare quote characters inside sentences: TSV is read without quoting.
-  if fmt == "tsv":
-    reader = csv.reader(text(), delimiter="\t", quoting=csv.QUOTE_NONE)
-  else:
-    reader = csv.reader(text())
-  header = list(fieldnames) if fieldnames is not None else None
-  try:
-    while True:
-      lineno = read[0] + 1  # a quoted CSV field may span lines: name the row's first
-      row = next(reader, None)
-      if row is None:
-        break
-      if not row or (len(row) == 1 and not row[0].strip()):
-        continue
-      if header is None:
-        header = row
-        continue
-      if len(row) != len(header):
-        raise ValueError(
-          f"{path}:{lineno}: {len(row)} columns, the header has {len(header)} ({', '.join(header)})"
-        )
-      yield f"{path}:{lineno}", dict(zip(header, row, strict=True))
-  except csv.Error as e:
-    raise ValueError(f"{path}:{read[0]}: malformed {fmt} ({e})") from None
-
-
-def _field(obj: dict[str, Any], name: str, source: str) -> Any:
-  if name not in obj or obj[name] is None:
-    present = ", ".join(map(str, list(obj)[:12]))
-    raise ValueError(f"{source}: missing field {name!r} (the row has: {present})")
-  return obj[name]
-
-
-def _text(obj: dict[str, Any], name: str, source: str) -> str:
-  value = _field(obj, name, source)
-  if not isinstance(value, str):
-    raise ValueError(f"{source}: field {name!r} must be a string, not {type(value).__name__}")
-  return value
-
-
-def _label(value: Any, spec: kinds.Kind, name: str, source: str) -> str | float:
-  if spec.value_label:
-    try:
-      out = float(value)
-    except (TypeError, ValueError):
-      out = math.nan
-    if isinstance(value, bool) or not math.isfinite(out):
-      raise ValueError(f"{source}: regression label {name!r}={value!r} is not a finite number")
-    return out
-  if isinstance(value, bool | int | str):
-    return str(value)
-  if isinstance(value, float) and value.is_integer():
-    return str(int(value))
-  raise ValueError(
-    f"{source}: label {name!r}={value!r} must be a class name (string) or an integer"
-  )
-
-
-class _Labelled:
-  """Whether each row of a split has its label: train and dev rows must (a missing one is the
-  `_field` error naming the row); a test split has labels in every row or in none (an absent
-  or null field), and a row that differs from the first is one line naming both."""
-
-  def __init__(self, split: str, field: str):
-    self.split, self.field = split, field
-    self.first: tuple[str, bool] | None = None
-
-  def __call__(self, obj: dict[str, Any], source: str) -> bool:
-    if self.split != "test":
-      return True
-    has = obj.get(self.field) is not None
-    if self.first is None:
-      self.first = (source, has)
-    elif has != self.first[1]:
-      first, had = self.first
-      raise ValueError(
-        f"{source}: this test row {'has' if has else 'has no'} {self.field!r} but {first} "
-        f"{'has one' if had else 'has none'}: a test split is labelled in every row (scored) or "
-        "in none (predictions only)"
-      )
-    return has
-
-
-def _text_examples(
-  rows: Iterator[tuple[str, dict[str, Any]]],
-  fields: tuple[str, ...],
-  label_field: str,
-  spec: kinds.Kind,
-  split: str,
-  limit: int,
-) -> list[TextExample]:
-  """TextExamples from dict rows. Train and dev need labels; a test split may have none (as
-  GLUE's test files: it gets predictions, no metrics), but not some (`_labelled`)."""
-  if spec.choices:
-    if not fields:
-      raise ValueError("task.text_fields must name the context field and the ending field(s)")
-  elif len(fields) not in (1, 2):
-    raise ValueError(f"task.text_fields must name one or two fields, not {fields!r}")
-  out: list[TextExample] = []
-  labelled = _Labelled(split, label_field)
-  for source, obj in rows:
-    if len(out) >= limit:
-      break
-    has_label = labelled(obj, source)
-    if spec.choices and len(fields) == 2 and isinstance(obj.get(fields[1]), list):
-      endings = _field(obj, fields[1], source)
-      if not all(isinstance(e, str) for e in endings):
-        raise ValueError(f"{source}: field {fields[1]!r} must be a list of strings")
-      texts = (_text(obj, fields[0], source), *endings)
-    else:
-      texts = tuple(_text(obj, f, source) for f in fields)
-    label = (
-      _label(_field(obj, label_field, source), spec, label_field, source) if has_label else None
-    )
-    out.append(TextExample(texts, label, source))
-  return out
-
-
-def _read_tagged_jsonl(task: Any, path: str, split: str, limit: int) -> list[TaggedExample]:
-  tokens_field = _get(task, "tokens_field", "tokens")
-  tags_field = _get(task, "tags_field", "tags")
-  out: list[TaggedExample] = []
-  labelled = _Labelled(split, tags_field)
-  for source, obj in _jsonl_rows(path):
-    if len(out) >= limit:
-      break
-    has_tags = labelled(obj, source)
-    words = _string_list(obj, tokens_field, source)
-    tags = _string_list(obj, tags_field, source) if has_tags else None
-    if tags is not None and len(tags) != len(words):
-      raise ValueError(
-        f"{source}: {len(words)} {tokens_field} but {len(tags)} {tags_field} (one tag per word)"
-      )
-    out.append(TaggedExample(words, tags, source))
-  return out
-
-
-def _string_list(obj: dict[str, Any], name: str, source: str) -> tuple[str, ...]:
-  value = _field(obj, name, source)
-  if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-    raise ValueError(f"{source}: field {name!r} must be a list of strings")
-  return tuple(value)
-
-
-def _read_conll(task: Any, path: str, split: str, limit: int) -> list[TaggedExample]:
-  """Whitespace-separated columns, one word a line, a blank line between sentences;
-  "-DOCSTART-" lines are skipped. A test file with a single column is unlabelled."""
-  word_col = int(_get(task, "word_column", 0))
-  tag_col = int(_get(task, "tag_column", -1))
-  out: list[TaggedExample] = []
-  words: list[str] = []
-  tags: list[str] = []
-  start = 0
-  ncols = None
-
-  def flush() -> None:
-    if words:
-      labelled = not (split == "test" and ncols == 1)
-      out.append(TaggedExample(tuple(words), tuple(tags) if labelled else None, f"{path}:{start}"))
-      words.clear()
-      tags.clear()
-
-  for lineno, line in _lines(path):
-    cols = line.split()
-    if not cols:
-      flush()
-      if len(out) >= limit:
-        break
-      continue
-    if cols[0] == "-DOCSTART-":
-      continue
-    if ncols is None:
-      ncols = len(cols)
-      if not (split == "test" and ncols == 1):
-        for c in (word_col, tag_col):
-          if not -ncols <= c < ncols:
-            raise ValueError(
-              f"{path}:{lineno}: {ncols} columns; task.word_column={word_col} / "
-              f"task.tag_column={tag_col} is out of range"
-            )
-    elif len(cols) != ncols:
-      raise ValueError(f"{path}:{lineno}: {len(cols)} columns, earlier lines have {ncols}")
-    if not words:
-      start = lineno
-    words.append(cols[word_col])
-    tags.append(cols[tag_col])
-  if len(out) < limit:
-    flush()
-  return out[:limit]
-
-
 # --- GLUE TSV and TFDS ---------------------------------------------------------------------
 
 
@@ -575,9 +334,9 @@ def _read_glue(task: Any, split: str, limit: int) -> tuple[str, list[Example]]:
     os.fspath(_get(task, "glue_dir", "")), preset["dir"], preset["files"][split]
   )
   fieldnames = preset["fieldnames"] if split in preset.get("headerless", ()) else None
-  rows = _table_rows(path, "tsv", fieldnames)
+  rows = formats.table_rows(path, "tsv", fieldnames)
   spec = kinds.get(preset["kind"])
-  return path, _text_examples(
+  return path, formats.text_examples(
     rows, preset["text_fields"], preset["label_field"], spec, split, limit
   )
 
@@ -596,15 +355,19 @@ def _tfds_version_dir(root: str) -> str | None:
   return os.path.join(root, ".".join(map(str, max(versions))))
 
 
-def _read_tfds(task: Any, split: str, limit: int) -> tuple[str, list[Example]]:
-  """A locally prepared TFDS glue/<config> (array_record). Never downloads."""
-  preset = glue_preset(task)
-  config = preset["tfds"]
-  data_dir = os.fspath(
+def _tfds_data_dir(task: Any) -> str:
+  return os.fspath(
     _get(task, "tfds_data_dir", "")
     or os.environ.get("TFDS_DATA_DIR", "")
     or os.path.join(os.path.expanduser("~"), "tensorflow_datasets")
   )
+
+
+def _read_tfds(task: Any, split: str, limit: int) -> tuple[str, list[Example]]:
+  """A locally prepared TFDS glue/<config> (array_record). Never downloads."""
+  preset = glue_preset(task)
+  config = preset["tfds"]
+  data_dir = _tfds_data_dir(task)
   root = os.path.join(data_dir, "glue", config)
   version_dir = _tfds_version_dir(root)
   if version_dir is None:
