@@ -172,8 +172,9 @@ def _row(i, label):
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory):
   """A fine-tuning CLI run on a JSONL file with two text fields given as `title,text`, at a
-  learning rate of 0: whatever it predicts, dev (all 'pos', the train majority) cannot beat
-  the majority class. Returns (workdir, command, result)."""
+  learning rate of 1e-9 (0 is no learning rate: config_schema refuses it): whatever it
+  predicts, dev (all 'pos', the train majority) cannot beat the majority class. Returns
+  (workdir, command, result)."""
   d = tmp_path_factory.mktemp("ft")
   train = _jsonl(d / "train.jsonl.gz", [_row(i, "pos" if i % 4 else "neg") for i in range(16)])
   dev = _jsonl(d / "dev.jsonl.gz", [_row(i, "pos") for i in range(8)])
@@ -192,7 +193,7 @@ def finetuned(tmp_path_factory):
     "--config.data.buckets=(16,)",
     "--config.data.batch_size=16",
     "--config.data.eval_batch_size=16",
-    "--config.opt.lr=0.0",
+    "--config.opt.lr=1e-9",
     "--config.opt.epochs=1",
     "--config.ckpt.async_save=False",
   ]
