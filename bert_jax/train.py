@@ -313,6 +313,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   mesh = make_run_mesh(config)
   validate(config, mesh, pretraining_data.planned_metadata(config, workdir))
   loop.check_log_paths(workdir)  # a metrics.jsonl that is a directory or a link to /dev/full
+  if config.init_from and not epath.Path(workdir, "checkpoints").exists():
+    # A fresh run starts from init_from: a missing path or another architecture is one line
+    # before the data is built (the weights themselves are read later, onto the mesh).
+    _, stored = loader.read_config(config.init_from)
+    loader.check_architecture(stored, bert_config(config), config.init_from)
   created = not epath.Path(workdir).exists()
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   try:
