@@ -349,12 +349,14 @@ def _remove_unused_workdir(workdir: str) -> None:
     return
   with contextlib.suppress(OSError):
     names = set(os.listdir(workdir))
-    if "checkpoints" in names:
-      os.rmdir(os.path.join(workdir, "checkpoints"))  # only an empty one
-      names.discard("checkpoints")
-    if names <= {"vocab.txt"}:
-      for name in names:
-        os.remove(os.path.join(workdir, name))
+    ckpts = os.path.join(workdir, "checkpoints")
+    if names - {"checkpoints"} <= {"vocab.txt"} and not (
+      "checkpoints" in names and os.listdir(ckpts)
+    ):
+      if "checkpoints" in names:
+        os.rmdir(ckpts)
+      if "vocab.txt" in names:
+        os.remove(os.path.join(workdir, "vocab.txt"))
       os.rmdir(workdir)
 
 
