@@ -226,11 +226,8 @@ def test_ulimit_v_below_what_xla_reserves_is_one_line(tmp_path):
   hard = resource.getrlimit(resource.RLIMIT_AS)[1]
   if hard != resource.RLIM_INFINITY and hard < limit:
     pytest.skip("the hard address-space limit is lower still")
-  r = _run(
-    [sys.executable, "-m", "bert_jax.main", "--config=local:steps=2", "--workdir=wd"],
-    cwd=tmp_path,
-    preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, hard)),
-  )
+  main = f"{sys.executable} -m bert_jax.main --config=local:steps=2 --workdir=wd"
+  r = _run(["bash", "-c", f"ulimit -v {limit >> 10} && exec {main}"], cwd=tmp_path)
   assert _error(r) == (
     "the address-space limit (ulimit -v) is 2.5 GiB, below the 4 GiB that XLA's and the data "
     "reader's threads reserve (a run uses far less memory than it reserves): raise it (ulimit -v "
