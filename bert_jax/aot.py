@@ -1,6 +1,6 @@
 r"""Ahead-of-time compile of the real train step for a TPU slice, from a CPU host.
 
-  JAX_PLATFORMS=cpu python -m bert_jax.aot --config=configs/bert_large.py --topology=v5e-16 \
+  JAX_PLATFORMS=cpu python -m bert_jax.aot --config=bert_large --topology=v5e-16 \
       [--mesh='(1,-1,1)'] [--config.data.batch_size=512 ...]
 
 Builds the train step exactly as training jits it (`train.jit_train_step`: same shardings, state

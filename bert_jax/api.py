@@ -27,6 +27,7 @@ from bert_jax import loader, params_tree
 from bert_jax import model as model_lib
 
 MASK_TEXT = "[MASK]"
+DTYPES = ("float32", "bfloat16", "float16")  # the compute dtypes `load` takes
 
 
 @dataclasses.dataclass
@@ -121,6 +122,10 @@ class Bert:
     self._need_tokenizer()
     single = isinstance(texts, str)
     texts = [texts] if single else list(texts)
+    if not isinstance(top_k, int) or top_k < 1:
+      raise ValueError(f"top_k must be an integer >= 1, not {top_k!r}")
+    if not texts:
+      return []
     id_lists = [self._encode_with_masks(t) for t in texts]
     for t, x in zip(texts, id_lists, strict=True):
       if self.tokenizer.mask_id not in x:
@@ -143,6 +148,12 @@ class Bert:
     """(wordpieces with [CLS]/[SEP], attention probabilities [heads, T, T] of `layer`: 0 is
     the first layer, -1 the last); row q is how query q distributes over the keys."""
     self._need_tokenizer()
+    n_layers = self.config.num_layers
+    if not isinstance(layer, int) or not -n_layers <= layer < n_layers:
+      raise ValueError(
+        f"layer={layer!r}: this model has {n_layers} layers (0 .. {n_layers - 1}, or -1 for the "
+        "last)"
+      )
     ids_list = [self.tokenizer.cls_id, *self.tokenizer.encode(text), self.tokenizer.sep_id]
     ids, mask = self._batch([ids_list])
     out = self._forward(self.params, ids, np.zeros_like(ids), mask, False, True)
@@ -153,6 +164,17 @@ class Bert:
   def embed(self, texts: list[str], layers: tuple[int, ...] = (-1,)) -> Embedded:
     """Hidden states of the chosen layers (0 = embeddings, -1 = last layer), per token."""
     self._need_tokenizer()
+    if isinstance(texts, str):
+      raise ValueError("embed takes a list of texts: embed([text])")
+    n = self.config.num_layers
+    for i in layers:
+      if not isinstance(i, int) or not -(n + 1) <= i <= n:
+        raise ValueError(
+          f"layers={tuple(layers)!r}: hidden state {i!r} is not one of this model's: 0 (the "
+          f"embeddings) .. {n} (the last layer), or -1 .. -{n + 1} from the last"
+        )
+    if not texts:
+      return Embedded(tokens=[], hidden=[])
     id_lists = [
       [self.tokenizer.cls_id, *self.tokenizer.encode(t), self.tokenizer.sep_id] for t in texts
     ]
@@ -172,12 +194,20 @@ def load(path: str, step: int | None = None, device: Any = None, dtype: str | No
   one before is tried, as the trainer does. `dtype` is the compute dtype ('float32', 'bfloat16',
   'float16'); None computes in the checkpoint's own (the run's `model.dtype`: bfloat16 for the
   bundled default on a CPU with bf16 instructions). The weights keep their stored dtype."""
+  if dtype is not None:
+    try:
+      name = jnp.dtype(dtype).name
+    except TypeError:  # 'float17'
+      name = None
+    if name not in DTYPES:
+      raise ValueError(f"dtype must be one of {', '.join(DTYPES)} (or None), not {dtype!r}")
+    dtype = name
   target_device = device or jax.devices()[0]
   if step is None and loader.detect_format(path) == "workdir":
     ck = ckpt_lib.load_newest(path, lambda s: loader.load_checkpoint(path, s))
   else:
     ck = loader.load_checkpoint(path, step)
-  dtype = ck.config.dtype if dtype is None else jnp.dtype(dtype).name
+  dtype = ck.config.dtype if dtype is None else dtype
   cfg = dataclasses.replace(ck.config, remat_policy="none", dtype=dtype)
   cfg = model_lib.resolve_kernels(cfg, target_device.platform)
   params = jax.device_put(ck.params, target_device)

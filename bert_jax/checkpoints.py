@@ -334,9 +334,11 @@ def load_newest(path: str | os.PathLike, load: Callable[[int], T]) -> T:
       raise
     except Exception as e:  # orbax/TensorStore raise many types for missing/corrupt files
       _warn_unreadable(directory, step, e, steps)
+  if not steps:
+    raise ValueError(f"{directory} holds no checkpoint")
   raise ValueError(
-    f"no checkpoint in {directory} restores (steps {', '.join(map(str, steps)) or 'none'}; "
-    "see the warnings above)"
+    f"no checkpoint in {directory} restores (steps {', '.join(map(str, steps))}; see the "
+    "warnings above)"
   )
 
 

@@ -289,6 +289,35 @@ def check_flag(holder: flags.FlagHolder, check: Callable[[Any], object]) -> None
   flags.register_validator(name, validate)
 
 
+# The address space a training process reserves (not uses): XLA's and grain's thread stacks
+# and arenas. The bundled default (`--config=local`) peaked at 2.9 GB of address space (0.7 GB
+# resident, 95 threads) on 2 cores; under `ulimit -v` 2.5 GB it hung in the data reader's
+# threads, at 1 GB it died of MemoryError, at 0.7 GB XLA aborted with a C++ stack dump
+# (2026-11-28). Below this floor a run is refused in one line instead.
+MIN_ADDRESS_SPACE = 4 << 30
+
+
+def address_space_limit() -> int | None:
+  """This process's address-space limit (`ulimit -v`, RLIMIT_AS) in bytes, None if none."""
+  import resource
+
+  soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+  return None if soft == resource.RLIM_INFINITY else soft
+
+
+def check_address_space() -> None:
+  """An OSError (one line) when `ulimit -v` is below MIN_ADDRESS_SPACE: XLA would abort with a
+  C++ stack dump, or the data reader hang, long before the run's memory is used."""
+  limit = address_space_limit()
+  if limit is not None and limit < MIN_ADDRESS_SPACE:
+    raise OSError(
+      f"the address-space limit (ulimit -v) is {limit / 2**30:.1f} GiB, below the "
+      f"{MIN_ADDRESS_SPACE >> 30} GiB that XLA's and the data reader's threads reserve (a run "
+      "uses far less memory than it reserves): raise it (ulimit -v unlimited) and limit "
+      "resident memory instead (a cgroup, SLURM --mem)"
+    )
+
+
 def run(
   main: Callable[[list[str]], None],
   prog: str,
@@ -307,11 +336,16 @@ def run(
     if not flags.FLAGS["verbosity"].present:
       logging.set_verbosity(logging.WARNING)
     try:
-      if cache_dir is not None:
+      if cache_dir is not None:  # a command that compiles with XLA
+        check_address_space()
         compile_cache.enable(cache_dir.value)
       main(argv)
     except BrokenPipeError:
       _closed_pipe()
+    except MemoryError:
+      limit = address_space_limit()
+      where = f" (the address-space limit, ulimit -v, is {limit / 2**30:.1f} GiB)" if limit else ""
+      fail(prog, f"out of memory{where}")
     except config_schema.ConfigError as e:
       if os.environ.get("BERT_JAX_TRACEBACK"):
         raise

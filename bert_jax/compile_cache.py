@@ -34,12 +34,32 @@ _listening = False
 _thread = threading.local()  # hits of compiles in this thread (JAX reports in the caller's)
 
 
-def default_dir() -> str:
-  """JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME (~/.cache)/bert_jax/jax_cache."""
+def default_dir() -> str | None:
+  """JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME (~/.cache)/bert_jax/jax_cache; None when
+  neither is set and there is no home directory (no HOME, no passwd entry: a batch job's
+  container), where `~` would stay `~`, a directory of that name in the current one."""
   if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
     return os.environ["JAX_COMPILATION_CACHE_DIR"]
-  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  root = os.environ.get("XDG_CACHE_HOME")
+  if not root:
+    home = os.path.expanduser("~")
+    if home.startswith("~"):
+      return None
+    root = os.path.join(home, ".cache")
   return os.path.join(root, "bert_jax", "jax_cache")
+
+
+def _off(why: str) -> None:
+  """The cache off, with one warning line saying why and how to set or silence it."""
+  global _active
+  import jax
+
+  print(
+    f"warning: compilation cache off: {why}; --{FLAG}=DIR sets it, --{FLAG}=none silences this",
+    file=sys.stderr,
+  )
+  jax.config.update("jax_enable_compilation_cache", False)
+  _active = None
 
 
 def define_flag():
@@ -83,22 +103,23 @@ def enable(path: str | None = None) -> str | None:
   global _active, _listening
   import jax
 
-  path = default_dir() if path is None else path
+  if path is None:
+    path = default_dir()
+    if path is None:
+      _off("no home directory for ~/.cache (HOME is unset and the user has no passwd entry)")
+      return None
   if path.strip().lower() in OFF:
     jax.config.update("jax_enable_compilation_cache", False)
     _active = None
     return None
   if "://" not in path:
+    if os.path.expanduser(path).startswith("~"):
+      _off(f"cannot expand {path} (no home directory)")
+      return None
     path = os.path.abspath(os.path.expanduser(path))
     why = _writable(path)
     if why:
-      print(
-        f"warning: compilation cache off: cannot write {path} ({why}); "
-        f"--{FLAG}=DIR moves it, --{FLAG}=none silences this",
-        file=sys.stderr,
-      )
-      jax.config.update("jax_enable_compilation_cache", False)
-      _active = None
+      _off(f"cannot write {path} ({why})")
       return None
   jax.config.update("jax_enable_compilation_cache", True)
   jax.config.update("jax_compilation_cache_dir", path)

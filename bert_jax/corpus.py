@@ -29,6 +29,33 @@ MAX_DOC_SENTENCES = 50_000
 MAX_DOC_CHARS = 16 << 20
 
 
+_END = object()
+
+
+def read_lines(f, limit: int | None = None, block: int = 1 << 20) -> Iterator[bytes | None]:
+  """The lines of binary file `f`, without their ends: "\n", "\r\n" and a lone "\r" (an old
+  Mac file) each end a line, as Python's universal newlines, so every reader of a corpus
+  (create_data, vocab training) and create_data's own temporary files see the same lines.
+  A line of more than `limit` bytes is None, its bytes dropped as they come (bounded memory)."""
+  pending = b""
+  skipping = False  # inside a line over `limit`
+  while chunk := f.read(block):
+    lines = (pending + chunk).splitlines(keepends=True)  # bytes: only \n, \r\n and \r
+    # The last piece: no line end yet, or a "\r" that may be the first half of "\r\n".
+    pending = lines.pop() if not lines[-1].endswith(b"\n") else b""
+    for raw in lines:
+      line = raw.rstrip(b"\r\n")
+      yield None if skipping or (limit and len(line) > limit) else line
+      skipping = False
+    if limit and len(pending) > limit + 1:
+      skipping, pending = True, pending[-1:] if pending.endswith(b"\r") else b""
+  if pending.rstrip(b"\r") or skipping:
+    line = pending.rstrip(b"\r")
+    yield None if skipping or (limit and len(line) > limit) else line
+  elif pending:  # a last line of its own: "\r" alone
+    yield b""
+
+
 def expand_inputs(patterns: str, what: str = "--input") -> list[str]:
   """Comma-separated globs -> sorted, de-duplicated files; a glob matching nothing is an error
   naming `what` (the flag or config field that gave the globs)."""
@@ -84,18 +111,15 @@ class DocumentReader:
         return
       f.seek(0)
       limit = 4 * MAX_LINE_CHARS + 4  # bytes: enough for MAX_LINE_CHARS of any UTF-8
+      lines = read_lines(f, limit)
       while True:
         try:
-          line = f.readline(limit)
+          line = next(lines, _END)
         except (OSError, EOFError) as e:
           raise ValueError(f"{path}: corrupt or truncated ({e})") from e
-        if not line:
+        if line is _END:
           break
-        if len(line) >= limit and not line.endswith(b"\n"):
-          while True:  # drain the rest of the line in bounded pieces
-            rest = f.readline(limit)
-            if not rest or rest.endswith(b"\n"):
-              break
+        if line is None:
           skipped["lines_over_100k_chars"] += 1
           continue
         if b"\0" in line:

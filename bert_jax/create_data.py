@@ -3,9 +3,13 @@
   python -m bert_jax.create_data --input='corpus/*.txt.gz' --output_dir=DIR [--vocab=PATH]
 
 Input: .txt/.gz files, one sentence a line, a blank line between documents; or a local TFDS
-text dataset (--tfds_name; needs `pip install 'bert_jax[tfds]'`). The sequence algorithm, the
-output layout and the determinism guarantees are described in bert_jax.pretraining_data; the
-summary (documents, sequences, tokens, what was skipped) goes to stderr.
+text dataset (--tfds_name; needs `pip install 'bert_jax[tfds]'`). "\n", "\r\n" and a lone "\r"
+each end a line. Sequences are google-research/bert's: sentence pairs for next-sentence
+prediction, or with --nsp=False full sentences packed up to --max_seq_length (--packing). A
+share of the documents (--eval_fraction, at least one of a corpus of 2 or more) is held out as
+the eval split. --output_dir gets {train,eval}-NNNNN-of-NNNNN.array_record, tokenizer/ and
+metadata.json (the options, the input's content hash, the counts), the same bytes for any
+--num_workers. The summary (documents, sequences, tokens, what was skipped) goes to stderr.
 
 SIGTERM, SIGINT (Ctrl-C) or SIGHUP stop a build with one line and exit status 128 + the
 signal's number; nothing of it is left in --output_dir (an old dataset there stays as it was).

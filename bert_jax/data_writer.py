@@ -106,7 +106,10 @@ class Scatter:
   def _flush(self, key) -> None:
     if self.buffers[key]:
       try:
-        with open(self._path(*key), "a", encoding="utf-8", errors="surrogatepass") as f:
+        # newline="\n" here and below: the text goes back exactly as corpus.read_lines split it.
+        with open(
+          self._path(*key), "a", encoding="utf-8", errors="surrogatepass", newline="\n"
+        ) as f:
           f.write("".join(self.buffers[key]))
       except OSError as e:
         raise _write_error(e) from None
@@ -160,7 +163,7 @@ class Scatter:
     if not os.path.exists(path):
       return []
     docs: list[list[str]] = []
-    with open(path, encoding="utf-8", errors="surrogatepass") as f:
+    with open(path, encoding="utf-8", errors="surrogatepass", newline="\n") as f:
       doc: list[str] = []
       for line in f:
         line = line.rstrip("\n")

@@ -11,12 +11,14 @@ so the run-status and resume records use it cheaply.
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.util
 import json
 import os
 import pathlib
 import re
 import shutil
+import stat
 import tempfile
 from typing import Any
 
@@ -181,6 +183,38 @@ def remove_leftovers(directory: PathLike, prefix: str) -> list[str]:
   return removed
 
 
+def kind_of(path: PathLike) -> str:
+  """What a local `path` is, in words ('a regular file', 'a directory', 'a character device',
+  'a broken link', ...): for messages about a path that is not what a run expects."""
+  try:
+    mode = os.stat(path).st_mode
+  except FileNotFoundError:
+    return "a broken link" if os.path.islink(path) else "missing"
+  kinds = (
+    (stat.S_ISREG, "a regular file"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+  )
+  name = next((n for test, n in kinds if test(mode)), "not a regular file")
+  if os.path.islink(path):
+    name += f" (a link to {os.path.realpath(path)})"
+  return name
+
+
+def check_regular_file(path: PathLike, what: str) -> None:
+  """One line when a local `path` exists but is not a regular file (a directory, a link to
+  /dev/full or /dev/zero, whose reading never ends): `what` names what the run keeps there."""
+  path = os.fspath(path)
+  if is_remote(path) or not os.path.lexists(path):
+    return
+  kind = kind_of(path)
+  if not kind.startswith("a regular file"):
+    raise OSError(f"{path} is {kind}, not {what} (a regular file): move it away")
+
+
 def write_atomic(path: PathLike, text: str) -> None:
   """Writes `text` to `path` under a temporary name, then renames it: a kill or a full disk
   never leaves a partial file. On an object store (no rename) the object is written directly:
@@ -239,16 +273,53 @@ def copytree_atomic(src: str, dst: PathLike) -> None:
     raise OSError(f"cannot copy {src} to {dst}: {e.strerror or e}") from None
 
 
+def exchange(a: PathLike, b: PathLike) -> bool:
+  """Swaps the local paths `a` and `b` in one step (Linux renameat2 RENAME_EXCHANGE): no moment
+  where either name is missing. False where the system or the file system cannot (then nothing
+  changed)."""
+  import ctypes
+
+  try:
+    fn = ctypes.CDLL(None, use_errno=True).renameat2
+  except (OSError, AttributeError):  # not Linux, or a libc before glibc 2.28
+    return False
+  fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+  at_fdcwd, rename_exchange = -100, 2
+  if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+    return True
+  err = ctypes.get_errno()
+  if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+    return False
+  raise OSError(err, os.strerror(err), os.fspath(b))
+
+
 class AtomicDir:
   """A local output directory written whole or not at all: `with AtomicDir(dst, overwrite) as
-  tmp:` writes into a temp dir beside `dst` (`.<name>.tmp-<pid>-*`), renamed into place only
-  on success, which also removes what killed writers of `dst` left beside it."""
+  tmp:` writes into a temp dir beside `dst` (`.<name>.tmp-<pid>-*`), put in place only on
+  success, which also removes what killed writers of `dst` left beside it. An old `dst` is
+  swapped with the new one in one step (`exchange`), so a writer killed at any moment leaves
+  the old output or the new one, never none; where the file system cannot swap, the old one is
+  first renamed aside (`.<name>.old-<pid>`), and a writer killed between the two renames has
+  its old output put back by the next writer of `dst`."""
 
   def __init__(self, dst: PathLike, overwrite: bool):
     self.dst = pathlib.Path(dst)
     self.overwrite = overwrite
 
+  def _restore_old(self) -> None:
+    """A `dst` missing while a dead writer's `.<name>.old-<pid>` is there: put it back."""
+    if os.path.lexists(self.dst):
+      return
+    prefix = f".{self.dst.name}.old-"
+    with contextlib.suppress(OSError):
+      for name in sorted(os.listdir(self.dst.parent)):
+        pid = name[len(prefix) :]
+        if name.startswith(prefix) and pid.isdigit() and not process_alive(int(pid)):
+          os.rename(self.dst.parent / name, self.dst)
+          return
+
   def __enter__(self) -> pathlib.Path:
+    self._restore_old()
     if self.dst.exists() and not self.overwrite:
       raise FileExistsError(f"{self.dst}: already exists (pass overwrite=True / --overwrite)")
     self.dst.parent.mkdir(parents=True, exist_ok=True)
@@ -267,13 +338,16 @@ class AtomicDir:
       os.chmod(root, 0o777 & ~umask)
       for name in files:
         os.chmod(os.path.join(root, name), 0o666 & ~umask)
-    old = None
-    if self.dst.exists():
-      old = self.dst.parent / f".{self.dst.name}.old-{os.getpid()}"
-      os.rename(self.dst, old)
-    os.rename(self.tmp, self.dst)
-    if old is not None:
-      shutil.rmtree(old, ignore_errors=True)
+    if self.dst.is_dir() and not self.dst.is_symlink() and exchange(self.tmp, self.dst):
+      shutil.rmtree(self.tmp, ignore_errors=True)  # the old output, now under the temp name
+    else:
+      old = None
+      if os.path.lexists(self.dst):
+        old = self.dst.parent / f".{self.dst.name}.old-{os.getpid()}"
+        os.rename(self.dst, old)
+      os.rename(self.tmp, self.dst)
+      if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     for kind in ("tmp", "old"):
       remove_leftovers(self.dst.parent, f".{self.dst.name}.{kind}-")
 
@@ -282,6 +356,7 @@ def read_json(path: str | os.PathLike, keys: tuple[str, ...] = ()) -> dict[str, 
   """A JSON object this project wrote (config.json, result.json, task.json, ...) read back;
   an empty, torn or foreign file (not an object, or without `keys`) is one line naming it."""
   path = os.fspath(path)
+  check_regular_file(path, "a JSON file")
   try:
     text = epath.Path(path).read_text()
   except FileNotFoundError:

@@ -85,29 +85,55 @@ class Eta:
 # ----------------------------------------------------------------------------- metric log
 
 
+# A metrics.jsonl row is a few hundred bytes: a longer "line" is not the run's log.
+MAX_ROW_BYTES = 1 << 20
+
+
+def check_log_paths(workdir: str) -> None:
+  """One line, before a run changes anything in `workdir`, when its metrics.jsonl is not a
+  regular file (a directory, a link to /dev/full) or its tb is not a directory."""
+  if files.is_remote(workdir):
+    return
+  files.check_regular_file(os.path.join(workdir, "metrics.jsonl"), "the run's metrics log")
+  tb = os.path.join(workdir, "tb")
+  if os.path.lexists(tb) and not os.path.isdir(tb):
+    raise OSError(f"{tb} is {files.kind_of(tb)}, not the run's TensorBoard directory: move it away")
+
+
 def repair_metrics_log(path: str, resume_step: int) -> None:
   """Makes `path` (metrics.jsonl) the history up to `resume_step`: the rows a killed run wrote
   after its last checkpoint are replayed exactly by the resumed run, so they go; a torn last
-  line (a kill or a full disk during the append) goes with a warning. Rewritten atomically."""
+  line (a kill or a full disk during the append) goes with a warning. Read a row at a time
+  (a row over MAX_ROW_BYTES is an error), rewritten atomically; a path that is not a regular
+  file is one line."""
+  files.check_regular_file(path, "the run's metrics log")
+  kept = []
+  torn = None  # (line number, error) of a line that is not JSON: fine only if it is the last
   try:
-    lines = epath.Path(path).read_text().split("\n")
+    with epath.Path(path).open("rb") as f:
+      for i, raw in enumerate(iter(lambda: f.readline(MAX_ROW_BYTES + 1), b""), 1):
+        if len(raw) > MAX_ROW_BYTES:
+          raise ValueError(f"{path}:{i} is not a JSON row (over {MAX_ROW_BYTES} bytes)")
+        line = raw.decode("utf-8", errors="replace").strip()
+        if not line:
+          continue
+        if torn is not None:
+          raise ValueError(
+            f"{path}:{torn[0]} is not a JSON row ({torn[1]}); fix or remove that line"
+          )
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError as e:
+          torn = (i, e)
+          continue
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+          raise ValueError(f"{path}:{i} is not a row of this log (no step): fix or remove it")
+        if row["step"] <= resume_step:
+          kept.append(line + "\n")
   except FileNotFoundError:
     return
-  kept = []
-  for i, line in enumerate(lines):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError as e:
-      if i < len(lines) - 1 and any(ln.strip() for ln in lines[i + 1 :]):
-        raise ValueError(
-          f"{path}:{i + 1} is not a JSON row ({e}); fix or remove that line"
-        ) from None
-      logging.warning("%s: removed a torn last line (%d bytes)", path, len(line))
-      continue
-    if row["step"] <= resume_step:
-      kept.append(line + "\n")
+  if torn is not None:
+    logging.warning("%s: removed a torn last line (line %d)", path, torn[0])
   files.write_atomic(path, "".join(kept))
 
 
@@ -129,6 +155,7 @@ class MetricLogger:
     self.tb = None
     if not self.enabled:
       return
+    check_log_paths(workdir)
     repair_metrics_log(self.path, resume_step)
     from tensorboardX import SummaryWriter
 

@@ -1,7 +1,12 @@
-r"""Pretraining entry point: flags only.
+r"""Pretraining entry point: flags only (console script `bert_jax_train`).
 
-  python -m bert_jax.main --config=configs/bert_base.py:base --workdir=/tmp/bert \
-      --config.data.dir=/data/wiki_books_128
+  bert_jax_train --config=local --workdir=/tmp/bert_local    # the bundled corpus (about 2 min)
+  bert_jax_train --config=bert_base --workdir=/tmp/bert --config.data.dir=/data/wiki_books_128
+
+--config takes a bundled config's name (local, bert_base, bert_large), from any directory, or a
+config file's path (configs/bert_base.py in a checkout), each with an optional :ARG
+(`bert_base:phase=2`, `local:steps=12000`); --config.a.b=value overrides any field. Every
+field's allowed values and ranges are checked before anything is written (config_schema).
 
 Exit status: 0 when the run reached its last step; 75 (`preemption.EXIT_PREEMPTED`) when
 SIGTERM, SIGINT or SIGHUP stopped it (after saving a checkpoint once training had started;

@@ -299,6 +299,12 @@ def main(argv: list[str]) -> None:
   """`python -m bert_jax.ngram_reference PATH`: prints the reference's accuracies."""
   from bert_jax import cli
 
+  if argv in (["--help"], ["-h"], ["--helpfull"]):
+    try:
+      print(__doc__.strip(), flush=True)
+    except BrokenPipeError:  # `--help | head`
+      cli._closed_pipe()
+    return
   if len(argv) != 1 or argv[0].startswith("-"):
     cli.fail(PROG, "usage: python -m bert_jax.ngram_reference WORKDIR_OR_DATA_DIR", 2)
   t0 = time.perf_counter()

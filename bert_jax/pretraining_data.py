@@ -56,6 +56,10 @@ from bert_jax import corpus, data_writer, files, records, sequences
 TMP_PREFIX = ".create_data-"
 
 
+class NoEvalSplit(ValueError):
+  """A build asked for an eval split (eval_fraction > 0) whose documents give no sequences."""
+
+
 def _check_output_dir(output_dir: str, overwrite: bool) -> list[str]:
   """Refuses a directory holding a dataset (unless overwrite); returns the old dataset paths."""
   if os.path.exists(output_dir) and not os.path.isdir(output_dir):
@@ -201,6 +205,14 @@ def build(
       }
     if splits["train"]["num_sequences"] == 0:
       raise ValueError(f"--input={input or tfds_name}: no sequences (no usable text)")
+    if eval_fraction > 0 and splits["eval"]["num_sequences"] == 0:
+      n = sum(scatter.documents.values())
+      raise NoEvalSplit(
+        f"--input={input or tfds_name}: {n} document{'s' * (n != 1)} (a blank line ends one), "
+        f"{scatter.documents['eval']} held out by --eval_fraction={eval_fraction}, give no eval "
+        "sequences: give it at least 2 documents, or pass --eval_fraction=0 to build without an "
+        "eval split; nothing was written"
+      )
     summary = _summary(stats, mask_kinds, reader, opts, splits, time.time() - t0, num_workers)
     metadata = {
       "format_version": records.FORMAT_VERSION,
@@ -535,7 +547,16 @@ def ensure_built(config, workdir: str) -> str:
         )
       print(f"Trained a {n_vocab}-token WordPiece vocab on {config.data.input} into {vocab}")
     print(f"Building pretraining data from {config.data.input} into {data_dir}", flush=True)
-    summary = build(**options, output_dir=data_dir, vocab=vocab, progress=False)
+    try:
+      summary = build(**options, output_dir=data_dir, vocab=vocab, progress=False)
+    except NoEvalSplit:  # the trainer evaluates on it: no eval split is no run
+      raise NoEvalSplit(
+        f"config.data.input={config.data.input}: no document of it is held out for the eval "
+        "split that every run evaluates on (one document, or a few short ones, at "
+        f"config.data.eval_fraction={config.data.eval_fraction}): give it at least 2 documents "
+        "(a blank line ends one), or build an eval split yourself (python -m "
+        "bert_jax.create_data) and set config.data.dir"
+      ) from None
     print(format_summary(summary), flush=True)
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils

@@ -66,18 +66,10 @@ class CorpusReader:
           logging.warning("%s looks binary (NUL bytes): skipped", path)
           self.num_binary_files += 1
           return
-        # Only b"\n" ends a line: a stray "\r" or U+2028 is text, as in create_data.
-        pending, chunk = b"", head
-        while chunk:
-          *lines, pending = (pending + chunk).split(b"\n")
-          for raw in lines:
-            line, ok = self._decode(raw)
-            bad += not ok
-            if line:
-              yield line
-          chunk = f.read(1 << 20)
-        if pending:
-          line, ok = self._decode(pending)
+        # Lines as create_data reads them (corpus.read_lines: \n, \r\n or a lone \r ends one).
+        f.seek(0)
+        for raw in corpus.read_lines(f):
+          line, ok = self._decode(raw)
           bad += not ok
           if line:
             yield line
@@ -92,8 +84,6 @@ class CorpusReader:
       text = raw.decode("utf-8")
     except UnicodeDecodeError:
       return "", False
-    if text.endswith("\r"):  # CRLF files
-      text = text[:-1]
     if not text.strip():
       return "", True
     self.num_lines += 1

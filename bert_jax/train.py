@@ -9,6 +9,7 @@ hold the data-iterator state, so a resumed run sees exactly the batches it would
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -117,6 +118,13 @@ def validate(config: ml_collections.ConfigDict, mesh, metadata: dict) -> None:
     )
   if config.objective.nsp and not metadata["nsp"]:
     raise ConfigError("config.objective.nsp=True but the data was built without NSP pairs")
+  if metadata.get("splits", {}).get("eval", {}).get("num_sequences", 1) == 0:
+    where = config.data.dir or "<workdir>/data"
+    raise ValueError(
+      f"{where} has no eval sequences (built with eval_fraction="
+      f"{metadata.get('eval_fraction')}): every run evaluates on its eval split; rebuild it with "
+      "python -m bert_jax.create_data --eval_fraction > 0 from at least 2 documents"
+    )
   if config.objective.ltr and config.masking.mode == "dynamic":
     logging.warning("masking.mode is ignored by the LTR objective")
 
@@ -304,6 +312,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   pretraining_data.check_source(config, workdir)  # unreadable data
   mesh = make_run_mesh(config)
   validate(config, mesh, pretraining_data.planned_metadata(config, workdir))
+  loop.check_log_paths(workdir)  # a metrics.jsonl that is a directory or a link to /dev/full
+  if config.init_from and not epath.Path(workdir, "checkpoints").exists():
+    # A fresh run starts from init_from: a missing path or another architecture is one line
+    # before the data is built (the weights themselves are read later, onto the mesh).
+    _, stored = loader.read_config(config.init_from)
+    loader.check_architecture(stored, bert_config(config), config.init_from)
+  created = not epath.Path(workdir).exists()
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   try:
     with preemption_lib.Preemption() as preempt, preemption_lib.WorkdirLock(workdir) as lock:
@@ -319,6 +334,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       raise OSError(f"{e}: training needs a writable workdir") from None
     loop.console(f"{workdir} holds this run, finished at step {total}, read-only: nothing to do")
     return {"step": total, "train": {}, "eval": {}, "preempted": False}
+  except BaseException:
+    if created:
+      _remove_unused_workdir(workdir)
+    raise
+
+
+def _remove_unused_workdir(workdir: str) -> None:
+  """A workdir this run made and that holds nothing of a run (it failed or was stopped before
+  its first step: the data would not build, init_from was refused): removed again, as a
+  refused config never makes it. Only what such a run leaves goes (a vocab.txt trained for the
+  data, an empty checkpoints/); anything else keeps the directory."""
+  if files.is_remote(workdir) or jax.process_index() != 0:
+    return
+  with contextlib.suppress(OSError):
+    names = set(os.listdir(workdir))
+    ckpts = os.path.join(workdir, "checkpoints")
+    if names - {"checkpoints"} <= {"vocab.txt"} and not (
+      "checkpoints" in names and os.listdir(ckpts)
+    ):
+      if "checkpoints" in names:
+        os.rmdir(ckpts)
+      if "vocab.txt" in names:
+        os.remove(os.path.join(workdir, "vocab.txt"))
+      os.rmdir(workdir)
 
 
 def _peer_lost(workdir: str, config, lock) -> None:
@@ -346,6 +385,13 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
 
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
   state, state_sh, abstract_state = create_state(config, model, tx, mesh, rules, init_rng)
+  # No checkpoints/ yet: nothing to resume, so init_from is read (or refused) before the
+  # Checkpointer makes the directory.
+  init_params = None
+  if config.init_from and not epath.Path(workdir, "checkpoints").exists():
+    init_params = restore_init_from(
+      config.init_from, cfg, abstract_state["params"], tokenizer, config.resume_allow_changes
+    )
   ckpt = ckpt_lib.Checkpointer(
     str(epath.Path(workdir, "checkpoints")),
     keep=config.ckpt.keep,
@@ -375,7 +421,7 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
   else:
     start_step = 0
     if config.init_from:
-      params = restore_init_from(
+      params = init_params or restore_init_from(
         config.init_from, cfg, abstract_state["params"], tokenizer, config.resume_allow_changes
       )
       if "predictions" not in params:

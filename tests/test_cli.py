@@ -159,3 +159,25 @@ def test_help_lists_the_commands_flags(module, form):
   source = ROOT / "bert_jax" / (path.replace(".", "/") + ".py")  # not imported: it defines flags
   doc = ast.get_docstring(ast.parse(source.read_text()), clean=False)
   assert r.stdout.startswith(doc.strip().splitlines()[0])
+
+
+@pytest.mark.parametrize("module", sorted(OWN_FLAG) + ["ngram_reference"])
+def test_help_says_it_all_on_the_command_line(module, tmp_path):
+  """`--help` is all a command line shows: it sends no one to a docstring it cannot show, and a
+  config in its examples is a bundled name, which works from any directory (a path such as
+  configs/bert_base.py works only in a checkout)."""
+  path = f"{module}.__main__" if module in ("benchmark", "report") else module
+  r = _run("-m", f"bert_jax.{path}", "--help", cwd=tmp_path)
+  assert r.returncode == 0, r.stderr[-2000:]
+  text = r.stdout
+  assert not re.search(r"package docstring|described in bert_jax\.", text), text[:3000]
+  if module in ("main", "aot"):
+    configs = re.findall(r"--config=(\S+)", text.split("\nflags:")[0])
+    assert configs and all("/" not in c and not c.endswith(".py") for c in configs), configs
+    for config in configs:  # each loads here, outside the checkout (refused only for the lr)
+      workdir = ["--workdir=wd"] if module == "main" else []
+      r = _run("-m", f"bert_jax.{module}", f"--config={config}", *workdir, "--config.opt.lr=-1",
+               cwd=tmp_path)  # fmt: skip
+      assert r.stderr.strip().endswith("config.opt.lr=-1.0: must be a number > 0 (a learning "
+                                       "rate <= 0 does not train)"), r.stderr[-2000:]  # fmt: skip
+      assert r.returncode == 2 and list(tmp_path.iterdir()) == []

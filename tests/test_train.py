@@ -435,9 +435,11 @@ def test_bundled_default_trains_its_vocab_and_builds_data(tmp_path):
   assert meta["tokenizer"]["vocab_size"] == 1000 and meta["max_seq_length"] == 64
 
   c.data.train_vocab_size = 900
-  with pytest.raises(ValueError, match="train_vocab_size=900 but config.model.vocab_size=1000"):
+  with pytest.raises(
+    config_schema.ConfigError, match="train_vocab_size=900: must equal config.model.vocab_size=1000"
+  ):
     train.train_and_evaluate(c, str(tmp_path / "wd2"))
-  assert not (tmp_path / "wd2" / "data").exists()
+  assert not (tmp_path / "wd2").exists()
 
 
 class _FixedPredictor:

@@ -1,5 +1,13 @@
 r"""The benchmark's command line: `python -m bert_jax.benchmark` (console script
-`bert_jax_benchmark`). See the package docstring for what each measurement is.
+`bert_jax_benchmark`).
+
+It times the trainer's own jitted train step at each size, sequence length and dtype: tokens/s,
+model FLOPs and MFU against a matmul peak measured in the same process, compile time and peak
+memory; with --peers, HuggingFace Flax and PyTorch (eager and torch.compile) on the same shapes
+and batches. Every measurement runs in a fresh interpreter, and a pass interleaves ours and the
+peers' size by size, so a pass's ratios share the machine's conditions; --lockstep keeps ours
+and one peer in two live processes taking turns of whole steps. bf16 is timed by default only
+where the CPU has AVX512-BF16 or AMX (elsewhere it is emulated).
 
   python -m bert_jax.benchmark --sizes=tiny,mini,small,medium,base --seqs=128 --batch=32 \
       --passes=2 --peers --peer_python=/path/to/venv/bin/python

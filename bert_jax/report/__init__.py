@@ -1,33 +1,7 @@
 """Paper-style results tables and plots for a directory of runs (e.g. a sweep's --root).
 
-  python -m bert_jax.report --root=/tmp/table5 [--paper=table5|table6|masking|wwm] \
-      [--split=test|dev]
-
-Pretraining: every directory under --root holding a `metrics.jsonl` (written by train.py) is a
-run; its `config.json` says what it was. The table has one row per run: the config fields
-that differ between the runs (the ablated ones), the steps trained, the final train loss (LM
-loss + NSP loss, as the trainer prints it), and the last eval's MLM/LTR accuracy and
-perplexity and NSP accuracy.
-
-Fine-tuning: every `results.json` (written by bert_jax.finetune) is a fine-tuning run, laid
-out as `<root>/<point>/finetune/<task>/results.json` (a sweep: <point> is the pretraining
-run's workdir) or given directly (--root = a fine-tuning workdir, or a directory of them: the
-point is then the checkpoint the run started from, its `init`). Points that differ only in
-their pretraining seed (`...,seed=S`) are one compared point. The table is the paper's layout:
-one row per compared point (its ablated fields, its held-out MLM perplexity and accuracy), one
-column per task with "mean ± sd (pretraining runs x fine-tuning seeds)" x 100 on --split (per
-pretraining run the mean of its fine-tuning seeds, at the lr chosen on dev), then a row per
-trivial baseline (baselines.py). `--paper` adds published rows under ours (Devlin et al.
-2019's Table 5 or 6; RoBERTa's static/dynamic masking; the BERT repository's whole-word
-masking) and a line per claim, judged by stats.py (a 95% Welch interval over pretraining runs,
-Holm-corrected over the report's lines); published.COLUMNS says which paper column each of
-our stand-in tasks fills. `--verdicts` judges every experiment's claims together
-(verdicts.py).
-
-The tables are printed as markdown and written, with plots (loss curves; per-task bars with
-std error bars; score vs model size when the points differ in size), to --root/report/. The
-plots need matplotlib (`pip install 'bert_jax[plots]'`); without it the tables are still
-written and the command says the plots were skipped.
+The command line, and what it reads and writes: __main__.py (`python -m bert_jax.report
+--help` prints it).
 
   runs.py       the runs below a root: pretraining (metrics.jsonl) and fine-tuning (results.json)
   tables.py     the pretraining table and the fine-tuning table in the paper's layout
