@@ -773,16 +773,22 @@ def run() -> None:
 
   from bert_jax import cli
 
+  preemption_lib.install()  # from the start: a signal never finds the default action
   f = _define_flags()
 
   def main(argv: list[str]) -> None:
     del argv
+    preemption_lib.install(defer=f["distributed"].value)  # several processes stop together
     if f["num_cpu_devices"].value:
       jax.config.update("jax_num_cpu_devices", f["num_cpu_devices"].value)
     if f["distributed"].value:
       multihost.initialize("finetune")
     try:
       result = finetune(f["config"].value, f["workdir"].value)
+    except preemption_lib.Preempted:  # before training; with several processes, all of them
+      if f["distributed"].value:
+        multihost.shutdown()
+      raise
     except Exception:
       multihost.wait_for_lost_peer()  # a lost peer ends the process in one line, exit 75
       raise
@@ -791,7 +797,13 @@ def run() -> None:
     if result.get("preempted"):
       sys.exit(preemption_lib.EXIT_PREEMPTED)
 
-  cli.run(main, "finetune", compilation_cache=True)
+  try:
+    cli.run(main, "finetune", compilation_cache=True)
+  except preemption_lib.Preempted as e:
+    print(e.line(), file=sys.stderr, flush=True)
+    raise
+  finally:
+    preemption_lib.exiting()
 
 
 if __name__ == "__main__":
