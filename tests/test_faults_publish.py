@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from test_train import ROOT, _env, _main_cmd
 
 from bert_jax import input_pipeline
@@ -58,6 +59,7 @@ def _whole(out):
   return meta
 
 
+@pytest.mark.slow
 def test_two_builds_into_one_fresh_directory_leave_one_whole_build(tmp_path):
   """A slow build (20 passes) and a quick one of another seed, started 1 s apart into the same
   fresh directory: both find it empty; the quick one publishes first; the slow one, finding
@@ -95,6 +97,7 @@ def test_two_builds_into_one_fresh_directory_leave_one_whole_build(tmp_path):
     assert rc == 1 and "already holds a dataset" in last, err[-2000:]
 
 
+@pytest.mark.slow
 def test_a_shard_of_another_build_is_refused_even_with_equal_counts(tmp_path):
   """Two builds whose record counts agree (static masks at another masking rate: the same
   sequences, other masks): a directory holding one's metadata.json and the other's train shard
