@@ -281,8 +281,9 @@ class Preemption:
 
   def __enter__(self) -> Preemption:
     global _run
-    if _previous is None:
+    if _previous is None:  # a library call (no `install`): the handler is this run's alone
       self._own = _install()
+      _received.clear()
     take_over_sigterm()
     _run = self
     if _received:  # the process was told to stop before this run began
@@ -347,8 +348,9 @@ class Preemption:
     global _run, _ran
     _run = None
     _ran = True
-    if self._own:
+    if self._own:  # its signals were its own: a later run in this process starts afresh
       _uninstall()
+      _received.clear()
       self._own = False
 
 
