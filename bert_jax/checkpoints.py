@@ -154,6 +154,10 @@ class Checkpointer:
         cleanup_tmp_directories=not read_only,
       ),
     )
+    # JAX's preemption sync points are the loop's (preemption.Preemption counts them alike on
+    # every process): orbax's own calls, with step numbers and from its finalize thread too,
+    # would put another count into the agreement (a stop agreed for a count never reached).
+    self.mngr.reached_preemption = lambda step: False
 
   def latest_step(self) -> int | None:
     return self.mngr.latest_step()

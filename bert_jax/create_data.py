@@ -110,7 +110,7 @@ def main(argv: list[str]) -> None:
     summary = _build()
   except _Stopped as e:
     name = signal.Signals(e.signum).name
-    if getattr(e, "deferred", False):  # it came while the finished dataset was put in place
+    if getattr(e, "published", False):  # it came while the finished dataset was put in place
       what = f"{_OUTPUT_DIR.value} holds the new dataset whole"
     else:
       what = (
@@ -119,6 +119,12 @@ def main(argv: list[str]) -> None:
     print(f"create_data: {name} received: stopped; {what}", file=sys.stderr)
     sys.exit(128 + e.signum)
   print(pretraining_data.format_summary(summary), file=sys.stderr)
+  if summary.get("identical"):
+    print(
+      f"create_data: another build of this very dataset (build {summary['build_id'][:12]}) "
+      f"finished into {_OUTPUT_DIR.value} first: kept it",
+      file=sys.stderr,
+    )
 
 
 def _options() -> dict:

@@ -7,8 +7,8 @@ in memory and chunks of ~CHUNK_CHARS of text are cut from them, so every chunk i
 random sample of the corpus whatever its order and size. Each chunk is an independent work
 unit (`process_unit`: bert_jax.sequences on it) whose random generator is seeded from (seed,
 split, dupe pass, chunk index); the random "other document" for NSP comes from the same chunk.
-Workers (spawned processes) run units; the parent writes results in chunk order and numbers
-examples sequentially (`write_result`), so the output is byte-identical for any number of
+Workers (spawned processes, `Workers`) run units; the parent writes results in chunk order and
+numbers examples sequentially (`write_result`), so the output is byte-identical for any number of
 workers, and at most a few chunks are in memory at once (the buckets take about the size of
 the uncompressed text, in a temporary directory).
 
@@ -20,17 +20,24 @@ single pass (no dupes).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import errno
+import hashlib
+import multiprocessing
+import multiprocessing.connection as mp_connection
+import multiprocessing.resource_tracker
 import os
+import pickle
 import random
 import re
+import signal
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from bert_jax import corpus, records, sequences
+from bert_jax import corpus, files, records, sequences
 
 CHUNK_CHARS = 4 << 20  # text per work unit
 # Buckets of about a chunk each up to 16 GB of text (bigger corpora get bigger buckets, each
@@ -203,7 +210,7 @@ _WORKER: dict[str, Any] = {}
 
 
 def init_worker(opts: sequences.Options) -> None:
-  """Pool initializer: the options and the tokenizer, loaded once per worker process."""
+  """Worker start: the options and the tokenizer, loaded once per worker process."""
   from bert_jax.tokenizer import load_tokenizer
 
   os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -218,27 +225,180 @@ def process_unit(unit: Unit) -> dict[str, Any]:
   )
 
 
+# The signals a worker leaves to its parent (see `Workers`).
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class _Failed:
+  """A unit's exception, as a worker sends it back (the exception itself if it pickles)."""
+
+  def __init__(self, error: BaseException):
+    self.text = f"{type(error).__name__}: {error}"
+    try:
+      pickle.dumps(error)
+      self.error: BaseException | None = error
+    except Exception:  # noqa: BLE001 -- an exception that does not pickle: its text
+      self.error = None
+
+  def raise_(self) -> None:
+    raise self.error if self.error is not None else RuntimeError(self.text)
+
+
+def _worker_main(conn, opts: sequences.Options) -> None:
+  """A worker: units in, results out, one at a time, until its pipe closes. It ignores the
+  stop signals (it started with them blocked; blocked ignored signals are discarded): a Ctrl-C
+  to the process group or a scheduler's SIGTERM to every process of a task is its parent's to
+  act on, which then stops it."""
+  for sig in _SIGNALS:
+    signal.signal(sig, signal.SIG_IGN)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+  init_worker(opts)
+  while True:
+    try:
+      unit = conn.recv()
+    except (EOFError, OSError):  # the parent closed the pipe (or is gone): done
+      return
+    try:
+      result: Any = process_unit(unit)
+    except Exception as e:  # noqa: BLE001 -- the parent raises it
+      result = _Failed(e)
+    try:
+      conn.send(result)
+    except OSError:
+      return
+
+
+class Workers:
+  """`n` spawned worker processes running `process_unit`, each with a pipe of its own.
+
+  Nothing is shared between processes but the pipes (no queue lock, no helper thread), so
+  `stop` ends the workers at any moment without waiting on one: multiprocessing.Pool's
+  terminate can hang on a lock a worker holds, and a Pool whose worker died waits forever.
+  The workers start in a section a signal does not cut (`files.uninterrupted`, stop signals
+  blocked: a worker half started when its parent gives up prints an `EOFError` traceback) and
+  ignore the stop signals themselves (`_worker_main`). A worker that dies (the OOM killer) is
+  an error naming its exit status.
+  """
+
+  def __init__(self, n: int, opts: sequences.Options):
+    ctx = multiprocessing.get_context("spawn")
+    self.procs: list[Any] = []
+    self.conns: list[Any] = []
+    # At exit, before multiprocessing's own clean-up (atexit runs the last registered first),
+    # which would SIGTERM workers that ignore it and wait for them forever.
+    atexit.register(self.stop, True)
+    try:
+      with files.uninterrupted():  # a signal meanwhile is raised at its end: caught below
+        # Starting the resource tracker unblocks SIGINT and SIGTERM (its own hold while it
+        # starts): first, so that the block below holds while the workers start.
+        multiprocessing.resource_tracker.ensure_running()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        try:
+          for _ in range(n):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, args=(child, opts), daemon=True)
+            self.procs.append(proc)
+            self.conns.append(parent)
+            proc.start()
+            child.close()
+        finally:
+          signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a blocked signal lands here
+    except BaseException:
+      self.stop(kill=True)
+      raise
+
+  def imap(self, units: Iterator[Unit], window: int) -> Iterator[dict[str, Any]]:
+    """The results of `units` in their order; at most `window` units sent and not yet yielded
+    (memory: a few chunks at a time). A unit goes only to an idle worker, so a send never
+    waits on a worker busy sending its own result."""
+    units = iter(units)
+    idle = list(range(len(self.procs)))[::-1]
+    busy: dict[int, int] = {}  # worker -> index of its unit
+    done: dict[int, Any] = {}  # index -> result, not yet yielded
+    sent = out = 0
+    exhausted = False
+    while True:
+      while idle and not exhausted and sent - out < window:
+        unit = next(units, None)
+        if unit is None:
+          exhausted = True
+          break
+        w = idle.pop()
+        self.conns[w].send(unit)
+        busy[w] = sent
+        sent += 1
+      if out in done:
+        result = done.pop(out)
+        out += 1
+        if isinstance(result, _Failed):
+          result.raise_()
+        yield result
+        continue
+      if exhausted and out == sent:
+        return
+      ready = mp_connection.wait([self.conns[w] for w in busy])
+      for w in [w for w in busy if self.conns[w] in ready]:
+        try:
+          done[busy.pop(w)] = self.conns[w].recv()
+        except (EOFError, OSError):
+          self.procs[w].join(5)
+          raise RuntimeError(
+            f"a data worker (pid {self.procs[w].pid}) died (exit status "
+            f"{self.procs[w].exitcode}): out of memory?"
+          ) from None
+        idle.append(w)
+
+  def stop(self, kill: bool = False) -> None:
+    """Ends the workers: done (`kill` False), each ends when its pipe closes; given up, each is
+    SIGKILLed (they ignore the stop signals). Never waits on a worker that does not end."""
+    atexit.unregister(self.stop)
+    for conn in self.conns:
+      conn.close()
+    for proc in self.procs:
+      if proc.pid is None:  # never started
+        continue
+      if kill:
+        proc.kill()
+      proc.join(None if kill else 60)
+      if proc.exitcode is None:
+        proc.kill()
+        proc.join()
+    self.procs, self.conns = [], []
+
+
 class InProcess:
-  """The apply_async interface of a Pool, run in this process (--num_workers=1)."""
+  """`Workers` run in this process (--num_workers=1)."""
 
   def __init__(self, opts: sequences.Options):
     init_worker(opts)
 
-  def apply_async(self, fn, args):
-    result = fn(*args)
-    return type("Done", (), {"get": lambda self, timeout=None: result})()
+  def imap(self, units: Iterator[Unit], window: int) -> Iterator[dict[str, Any]]:
+    del window
+    return map(process_unit, units)
 
-  def close(self):
-    pass
-
-  def terminate(self):
-    pass
-
-  def join(self):
+  def stop(self, kill: bool = False) -> None:
     pass
 
 
 # ----------------------------------------------------------------------------- writing
+
+
+FINGERPRINT_BYTES = 1 << 20
+
+
+def shard_fingerprint(path: str) -> str:
+  """`SIZE:HASH` of a written shard: its size and the sha256 of its first and last MiB, which
+  tell one build's shard from another's without reading it whole (an ArrayRecord file ends in
+  the index of its chunks). metadata.json lists them; readers check them
+  (input_pipeline.split_files)."""
+  size = os.path.getsize(path)
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    h.update(f.read(FINGERPRINT_BYTES))
+    if size > FINGERPRINT_BYTES:
+      f.seek(max(FINGERPRINT_BYTES, size - FINGERPRINT_BYTES))
+      h.update(f.read(FINGERPRINT_BYTES))
+  return f"{size}:{h.hexdigest()[:32]}"
 
 
 class ShardWriter:

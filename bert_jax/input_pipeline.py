@@ -80,7 +80,30 @@ def split_files(data_dir: str, split: str, metadata: dict[str, Any] | None = Non
   for f in files:
     if not os.path.isfile(f):
       raise FileNotFoundError(f"{f} is listed in {data_dir}/metadata.json but missing")
+  # More than the record count: each shard is the one the build that wrote metadata.json wrote
+  # (older builds recorded no fingerprints).
+  for f, want in zip(files, metadata["splits"][split].get("fingerprints") or [], strict=False):
+    if _fingerprint(f) != want:
+      raise ValueError(
+        f"{f} is not the shard {data_dir}/metadata.json describes (its size or content "
+        "differs: another build's file, or one changed since): rebuild the dataset with python "
+        "-m bert_jax.create_data"
+      )
   return files
+
+
+_fingerprints: dict[tuple, str] = {}
+
+
+def _fingerprint(path: str) -> str:
+  """data_writer.shard_fingerprint, once per version of the file (size, mtime, inode)."""
+  from bert_jax.data_writer import shard_fingerprint
+
+  st = os.stat(path)
+  key = (path, st.st_size, st.st_mtime_ns, st.st_ino)
+  if key not in _fingerprints:
+    _fingerprints[key] = shard_fingerprint(path)
+  return _fingerprints[key]
 
 
 class RecordReader:

@@ -20,7 +20,7 @@ import sys
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bert_jax import cli, config_schema
+from bert_jax import cli, config_schema, preemption
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
@@ -47,6 +47,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv: list[str]) -> None:
   del argv
+  # Several processes stop together: a signal before training waits for their agreement.
+  preemption.install(defer=_DISTRIBUTED.value)
   import jax
 
   from bert_jax import files
@@ -56,7 +58,7 @@ def main(argv: list[str]) -> None:
   files.as_dir(_WORKDIR.value, "--workdir")
   if _CPU_DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
-  from bert_jax import multihost, preemption, train
+  from bert_jax import multihost, train
 
   if _DISTRIBUTED.value:
     multihost.initialize(
@@ -75,6 +77,10 @@ def main(argv: list[str]) -> None:
   )
   try:
     result = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except preemption.Preempted:  # before training; with several processes, all of them here
+    if _DISTRIBUTED.value:
+      multihost.shutdown()
+    raise
   except Exception:
     multihost.wait_for_lost_peer()  # a lost peer ends the process in one line, exit 75
     raise
@@ -101,12 +107,19 @@ def show_fill_mask(workdir: str, texts: list[str], top_k: int = 3) -> None:
 
 
 def run() -> None:
-  cli.run(
-    main,
-    "main",
-    compilation_cache=True,
-    check=lambda: config_schema.check_pretraining(_CONFIG.value),
-  )
+  preemption.install()  # from the start: a signal never finds the default action
+  try:
+    cli.run(
+      main,
+      "main",
+      compilation_cache=True,
+      check=lambda: config_schema.check_pretraining(_CONFIG.value),
+    )
+  except preemption.Preempted as e:
+    print(e.line(), file=sys.stderr, flush=True)
+    raise
+  finally:
+    preemption.exiting()
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ def initialize(
   jax.distributed.initialize(
     coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
   )
+  # JAX's preemption notifier has just taken SIGTERM: keep it, and catch the signal ourselves.
+  preemption.take_over_sigterm()
   if jax.process_count() > 1:
     _watch = PeerWatch(_client(), jax.process_index(), jax.process_count(), prog)
     _watch.start()

@@ -37,20 +37,22 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import errno
+import fcntl
+import hashlib
 import itertools
 import json
-import multiprocessing
-import multiprocessing.resource_tracker
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
-from bert_jax import corpus, data_writer, files, records, sequences
+import numpy as np
+
+from bert_jax import corpus, data_writer, files, preemption, records, sequences
 
 # The temporary directory a build writes into, beside its output: `.create_data-<pid>-*`.
 TMP_PREFIX = ".create_data-"
@@ -166,32 +168,23 @@ def build(
     if num_workers <= 1:
       pool = data_writer.InProcess(opts)
     else:
-      ctx = multiprocessing.get_context("spawn")
-      with _signals_held_while_workers_start():
-        pool = ctx.Pool(num_workers, initializer=data_writer.init_worker, initargs=(opts,))
-    pending: collections.deque = collections.deque()
-    max_in_flight = max(2, num_workers + 1)  # bounds memory: a few chunks at a time
-
-    def drain_one():
-      nonlocal next_id
-      result = pending.popleft().get()
-      next_id = data_writer.write_result(result, writers, next_id, masker, opts, stats, mask_kinds)
-      bar.update(stats["documents"], stats)
-
+      pool = data_writer.Workers(num_workers, opts)
     scatter = data_writer.Scatter(tmp, est_chars, eval_fraction, chunk_chars, seed)
     bar = _progress_bar(reader.total_bytes, progress, "reading", "B")
     scatter.scatter(documents, lambda: bar.update(reader.position(), stats))
     bar.close()
     bar = _progress_bar(sum(scatter.documents.values()), progress, "sequences", "doc")
-    for unit in itertools.chain(scatter.units("train"), scatter.units("eval")):
-      if len(pending) >= max_in_flight:
-        drain_one()
-      pending.append(pool.apply_async(data_writer.process_unit, (unit,)))
-      stats[f"{unit.split}_chunks"] += 1
-    while pending:
-      drain_one()
-    pool.close()
-    pool.join()
+
+    def units():
+      for unit in itertools.chain(scatter.units("train"), scatter.units("eval")):
+        stats[f"{unit.split}_chunks"] += 1
+        yield unit
+
+    # At most a few chunks in flight (memory).
+    for result in pool.imap(units(), window=max(2, num_workers + 1)):
+      next_id = data_writer.write_result(result, writers, next_id, masker, opts, stats, mask_kinds)
+      bar.update(stats["documents"], stats)
+    pool.stop()
     bar.close()
     splits = {}
     moves = []
@@ -200,6 +193,8 @@ def build(
       moves += pairs
       splits[split] = {
         "files": [name for _, name in pairs],
+        # What a reader checks each shard against (input_pipeline.split_files).
+        "fingerprints": [data_writer.shard_fingerprint(path) for path, _ in pairs],
         "num_sequences": w.num_records,
         "num_tokens": int(stats[f"{split}_tokens"]),
       }
@@ -249,21 +244,23 @@ def build(
         "vocab": opts.vocab,
       },
     }
+    # This build's output, named by its content (the same command and seed: the same id).
+    metadata["build_id"] = hashlib.sha256(
+      json.dumps(metadata, sort_keys=True).encode()
+    ).hexdigest()[:32]
+    summary["build_id"] = metadata["build_id"]
     try:
       tok.save(os.path.join(tmp, "tokenizer"))
       with open(os.path.join(tmp, "metadata.json"), "w") as f:
         json.dump(metadata, f, indent=1)
     except OSError as e:
       raise data_writer.WriteError(e.errno, e.strerror or str(e)) from None
-    # Commit: replace the old dataset (only its own files), metadata.json last. A signal waits
-    # for the end (files.uninterrupted): never half of the old dataset and half of the new.
-    with files.uninterrupted():
-      for path in old_paths:
-        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-      for path, name in moves:
-        os.replace(path, os.path.join(output_dir, name))
-      os.replace(os.path.join(tmp, "tokenizer"), os.path.join(output_dir, "tokenizer"))
-      os.replace(os.path.join(tmp, "metadata.json"), os.path.join(output_dir, "metadata.json"))
+    try:
+      _publish(output_dir, tmp, moves, metadata["build_id"], overwrite, summary)
+    except BaseException as e:
+      if getattr(e, "deferred", False):  # a signal came while it was put in place: it is whole
+        e.published = True
+      raise
   except data_writer.WriteError as e:  # a full disk, a quota, a file-size limit
     _abandon(pool, bar)
     raise OSError(
@@ -287,36 +284,56 @@ def build(
 
 
 @contextlib.contextmanager
-def _signals_held_while_workers_start():
-  """Starting the workers is not cut short by a signal (a half-made pool cannot be stopped, and
-  a worker whose parent is gone prints a traceback): SIGTERM and SIGHUP are deferred to the end
-  and SIGINT is blocked meanwhile. The workers inherit the block across exec, so a Ctrl-C to
-  the process group stops the parent alone (no worker KeyboardInterrupt traceback); SIGTERM,
-  as Pool.terminate sends it, stops them at any point."""
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
-  # The resource tracker first: starting it unblocks SIGINT (its own hold while it starts).
-  multiprocessing.resource_tracker.ensure_running()
-  deferred = []
-  handlers = {
-    sig: signal.signal(sig, lambda signum, frame: deferred.append(signum))
-    for sig in (signal.SIGTERM, signal.SIGHUP)
-  }
-  mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+def _output_locked(output_dir: str) -> Iterator[None]:
+  """An exclusive flock on the output directory itself, for publishing: two builds into one
+  directory (a sweep started twice) publish one after the other. Where the file system has no
+  flock, unlocked (the check under it still refuses what it sees)."""
+  fd = os.open(output_dir, os.O_RDONLY)
   try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as e:
+      if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+        raise
     yield
   finally:
-    for sig, handler in handlers.items():
-      signal.signal(sig, handler)
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a pending SIGINT is delivered here
-    if deferred:
-      signal.raise_signal(deferred[0])
+    os.close(fd)  # the flock goes with it
+
+
+def _publish(output_dir, tmp, moves, build_id: str, overwrite: bool, summary: dict) -> None:
+  """Puts the finished build in place, metadata.json last, under the output directory's lock
+  and in a section a signal waits for (files.uninterrupted): the output is always one build's
+  whole output, never half of the old dataset and half of the new, nor the shards of one
+  build and the metadata of another. A dataset that another build put there meanwhile is
+  replaced only with --overwrite; if it is this very build (the same command), it is kept and
+  this one dropped; any other stops this one in one line."""
+  with _output_locked(output_dir), files.uninterrupted():
+    present = _check_output_dir(output_dir, overwrite=True)  # what is there now
+    if present and not overwrite:
+      try:
+        with open(os.path.join(output_dir, "metadata.json")) as f:
+          other = json.load(f).get("build_id")
+      except (OSError, ValueError, AttributeError):
+        other = None
+      if other == build_id:
+        summary["identical"] = True
+        return
+      raise ValueError(
+        f"--output_dir={output_dir}: another build put a dataset there while this one ran ("
+        + (f"build {other[:12]}, not this build's {build_id[:12]}" if other else "unfinished")
+        + "); nothing of this build is left; pass --overwrite to replace it"
+      )
+    for path in present:  # the old dataset: only its own files
+      shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    for path, name in moves:
+      os.replace(path, os.path.join(output_dir, name))
+    os.replace(os.path.join(tmp, "tokenizer"), os.path.join(output_dir, "tokenizer"))
+    os.replace(os.path.join(tmp, "metadata.json"), os.path.join(output_dir, "metadata.json"))
 
 
 def _abandon(pool, bar) -> None:
   if pool is not None:
-    pool.terminate()
+    pool.stop(kill=True)
   bar.close()
 
 
@@ -352,7 +369,10 @@ def _summary(stats, mask_kinds, reader, opts, splits, seconds, num_workers) -> d
   return {
     "stats": out,
     "skipped": skipped,
-    "splits": {s: {k: v for k, v in d.items() if k != "files"} for s, d in splits.items()},
+    "splits": {
+      s: {k: v for k, v in d.items() if k not in ("files", "fingerprints")}
+      for s, d in splits.items()
+    },
     "seconds": round(seconds, 2),
     "num_workers": num_workers,
   }
@@ -510,7 +530,7 @@ def ensure_built(config, workdir: str) -> str:
   """
   import jax
 
-  from bert_jax import resume, tokenizer_training
+  from bert_jax import resume
   from bert_jax import tokenizer as tokenizer_lib
   from bert_jax.input_pipeline import read_metadata
 
@@ -534,32 +554,64 @@ def ensure_built(config, workdir: str) -> str:
     resume.check_built_data(read_metadata(data_dir), wanted, data_dir)
     return data_dir
   # config_schema.check_pretraining has checked data.vocab, train_vocab_size and model.vocab_size.
+  error = None
   if jax.process_index() == 0:
-    vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
-    if n_vocab:
-      # A WordPiece vocab of the corpus itself (lower-cased like BERT's uncased vocab).
-      vocab = trained_vocab
-      tok, _ = tokenizer_training.train(config.data.input, "wordpiece", n_vocab, vocab)
-      if tok.vocab_size != n_vocab:
-        raise ValueError(
-          f"config.data.train_vocab_size={n_vocab}: {config.data.input} only yields "
-          f"{tok.vocab_size} WordPiece tokens; ask for fewer"
-        )
-      print(f"Trained a {n_vocab}-token WordPiece vocab on {config.data.input} into {vocab}")
-    print(f"Building pretraining data from {config.data.input} into {data_dir}", flush=True)
     try:
-      summary = build(**options, output_dir=data_dir, vocab=vocab, progress=False)
-    except NoEvalSplit:  # the trainer evaluates on it: no eval split is no run
-      raise NoEvalSplit(
-        f"config.data.input={config.data.input}: no document of it is held out for the eval "
-        "split that every run evaluates on (one document, or a few short ones, at "
-        f"config.data.eval_fraction={config.data.eval_fraction}): give it at least 2 documents "
-        "(a blank line ends one), or build an eval split yourself (python -m "
-        "bert_jax.create_data) and set config.data.dir"
-      ) from None
-    print(format_summary(summary), flush=True)
+      # A signal stops the build at once, on every process (below): a preempted job leaves
+      # within its grace period, not after a whole build.
+      with preemption.stoppable():
+        _build_for_run(config, options, data_dir, trained_vocab)
+    except preemption.Preempted as e:
+      if jax.process_count() == 1:
+        raise
+      error = ("preempted", f"process 0: {e.message}"[:1000])
+    except (ValueError, OSError) as e:
+      if jax.process_count() == 1:
+        raise
+      error = ("error", f"process 0: {e}"[:1000])
   if jax.process_count() > 1:
+    # Every process learns how the build ended and stops with it, together: none waits in a
+    # collective for a process that left (or for the coordinator, process 0, to be gone).
     from jax.experimental import multihost_utils
 
-    multihost_utils.sync_global_devices("bert_jax:data_built")
+    text = json.dumps(error or ["ok", ""]).encode()
+    code = np.frombuffer(text.ljust(4096), np.uint8)  # (messages are cut at 1000 characters)
+    kind, message = json.loads(
+      bytes(np.asarray(multihost_utils.broadcast_one_to_all(code))).decode().rstrip()
+    )
+    if kind == "preempted":
+      raise preemption.Preempted(message)
+    if kind == "error":
+      raise OSError(message)
   return data_dir
+
+
+def _build_for_run(config, options: dict[str, Any], data_dir: str, trained_vocab: str) -> None:
+  """The vocab (when the config trains one) and the data of `ensure_built` (process 0)."""
+  from bert_jax import tokenizer as tokenizer_lib
+  from bert_jax import tokenizer_training
+
+  n_vocab = config.data.train_vocab_size
+  vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
+  if n_vocab:
+    # A WordPiece vocab of the corpus itself (lower-cased like BERT's uncased vocab).
+    vocab = trained_vocab
+    tok, _ = tokenizer_training.train(config.data.input, "wordpiece", n_vocab, vocab)
+    if tok.vocab_size != n_vocab:
+      raise ValueError(
+        f"config.data.train_vocab_size={n_vocab}: {config.data.input} only yields "
+        f"{tok.vocab_size} WordPiece tokens; ask for fewer"
+      )
+    print(f"Trained a {n_vocab}-token WordPiece vocab on {config.data.input} into {vocab}")
+  print(f"Building pretraining data from {config.data.input} into {data_dir}", flush=True)
+  try:
+    summary = build(**options, output_dir=data_dir, vocab=vocab, progress=False)
+  except NoEvalSplit:  # the trainer evaluates on it: no eval split is no run
+    raise NoEvalSplit(
+      f"config.data.input={config.data.input}: no document of it is held out for the eval "
+      "split that every run evaluates on (one document, or a few short ones, at "
+      f"config.data.eval_fraction={config.data.eval_fraction}): give it at least 2 documents "
+      "(a blank line ends one), or build an eval split yourself (python -m "
+      "bert_jax.create_data) and set config.data.dir"
+    ) from None
+  print(format_summary(summary), flush=True)

@@ -271,8 +271,10 @@ def restore_init_from(
 # ----------------------------------------------------------------------------- the run
 
 
-def evaluate(eval_step, params, config, data_dir, mesh) -> dict[str, float]:
-  """Held-out LM (and NSP) metrics over the eval split, and the majority baseline."""
+def evaluate(eval_step, params, config, data_dir, mesh, stop=None) -> dict[str, float]:
+  """Held-out LM (and NSP) metrics over the eval split, and the majority baseline. `stop()` is
+  asked before each batch (on every process alike): True abandons the eval
+  (`loop.EvalInterrupted`), so a signal is acted on within a batch, not after the eval."""
   ds = input_pipeline.make_dataset(
     data_dir,
     "eval",
@@ -288,6 +290,8 @@ def evaluate(eval_step, params, config, data_dir, mesh) -> dict[str, float]:
   for i, host_batch in enumerate(ds):
     if config.eval.max_batches and i >= config.eval.max_batches:
       break
+    if stop is not None and stop():
+      raise loop.EvalInterrupted()
     batch = input_pipeline.to_global(host_batch, mesh)
     sums = jax.device_get(eval_step(params, batch))
     hist = hist + sums.pop("target_hist")
@@ -467,7 +471,7 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
 
   def evaluate_and_log(step: int, state: Any) -> None:
     nonlocal last_eval
-    last_eval = evaluate(p_eval_step, state["params"], config, data_dir, mesh)
+    last_eval = evaluate(p_eval_step, state["params"], config, data_dir, mesh, preempt.interrupts)
     ref = {}
     if step == config.opt.total_steps:  # the final eval: the count-based reference beside it
       ref = ngram_reference.reference(data_dir, obj, tables, eval_examples(config))

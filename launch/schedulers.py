@@ -82,9 +82,11 @@ def slurm_script(sweep: Sweep) -> str:
     "esac",
     "# A signal for the job reaches this shell's process group (scancel --full, --signal=B:) or",
     "# the steps; srun would kill its tasks at its own SIGTERM, so it runs in a session of its",
-    "# own and this shell passes the signal to the steps (all of the point's processes).",
+    "# own and this shell passes the signal to the steps (all of the point's processes), once:",
+    "# a process signalled by the scheduler too gets it twice, which the trainer takes as one.",
     'signalled=""',
     "forward() {",
+    '  if [[ -n "$signalled" ]]; then return; fi',
     '  signalled="$1"',
     '  echo "task $SLURM_ARRAY_TASK_ID: $1: the point saves a checkpoint and exits'
     f' {EXIT_PREEMPTED}"',

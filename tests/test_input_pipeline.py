@@ -1,5 +1,6 @@
 """input_pipeline: decoding, epochs, per-process sharding, exact resume, global arrays."""
 
+import json
 import os
 import pathlib
 import re
@@ -230,8 +231,11 @@ def test_worker_processes_give_the_same_batches(data):
 
 
 def _rewrite_shard(shard, change):
-  """Rewrites an ArrayRecord shard with change(index, Record) -> Record applied to each record."""
+  """Rewrites an ArrayRecord shard with change(index, Record) -> Record applied to each record,
+  as a build would have written it (its fingerprint in metadata.json follows)."""
   from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
+
+  from bert_jax import data_writer
 
   reader = ArrayRecordReader(str(shard))
   raw = reader.read_all()
@@ -241,6 +245,14 @@ def _rewrite_shard(shard, change):
     r = change(i, records.decode(rec, np.dtype("<u2")))
     w.write(records.encode(*r))
   w.close()
+  meta_path = shard.parent / "metadata.json"
+  meta = json.loads(meta_path.read_text())
+  for split in meta["splits"].values():
+    if shard.name in split["files"]:
+      split["fingerprints"][split["files"].index(shard.name)] = data_writer.shard_fingerprint(
+        str(shard)
+      )
+  meta_path.write_text(json.dumps(meta))
 
 
 def _with_token(r, position, value, field="tokens"):

@@ -1,14 +1,16 @@
 """launch/ against a real SLURM (one node, this machine; tests/slurm_cluster.py): a 2-task
 `launch/slurm_gpu.sbatch` job trains to its last step like one process does; `scancel
 --signal=TERM --full` mid-run (a cluster's preemption) saves one step on both tasks, requeues
-the job and ends bit-identical to an uninterrupted job; `launch/sweep.py --backend=slurm` runs
-its array, a task of it preempted and requeued, then the report.
+the job and ends bit-identical to an uninterrupted job, wherever the signal lands (within a
+second of the first step, past the first checkpoint interval, in an eval); `launch/sweep.py
+--backend=slurm` runs its array, a task of it preempted and requeued, then the report.
 
 One cluster serves the session; the runs are tiny (BERT with hidden size 32, 30 steps, CPU,
 `--gpus-per-node=0`). Skipped where SLURM or munge is not installed.
 """
 
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -20,10 +22,19 @@ import numpy as np
 import pytest
 from test_train import _params, _rows
 
+from bert_jax import pretraining_data
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SBATCH = str(REPO / "launch" / "slurm_gpu.sbatch")
+CORPUS = str(REPO / "bert_jax" / "data" / "sample_public_domain.txt")
 STEPS = 30
-SIGNAL_AT = 2  # the step after which the preempted job gets its SIGTERM
+CKPT_EVERY = 4
+EVAL_EVERY = 10
+# When the preempted jobs get `scancel --signal=TERM --full`: `first`, as soon as step 1 is
+# logged (within a second of the first step); `N`, once step N is logged (6: past the first
+# checkpoint interval); `evalN`, as eval step N's train row is logged (its eval has begun).
+# BERT_JAX_SLURM_SIGNALS=first,13,eval20,... runs others (issue 48's loop ran 10).
+SIGNALS = os.environ.get("BERT_JAX_SLURM_SIGNALS", "first,6,eval10").split(",")
 
 
 def _flags(workdir, data_dir, steps=STEPS):
@@ -40,10 +51,11 @@ def _flags(workdir, data_dir, steps=STEPS):
     "--config.model.vocab_size=30522",
     "--config.objective.nsp=True",
     "--config.mesh.shape=(2,1,1)",
-    "--config.ckpt.every_steps=1000",  # only the last step (and a preemption's) is saved
+    f"--config.ckpt.every_steps={CKPT_EVERY}",
+    "--config.ckpt.keep=100",  # every checkpoint stays: the preemption's is checked on disk
     "--config.log.every_steps=1",
-    "--config.eval.every_steps=0",  # the last step is always evaluated
-    "--config.eval.max_batches=2",
+    f"--config.eval.every_steps={EVAL_EVERY}",  # a whole held-out split: a few seconds
+    "--config.eval.max_batches=200",
     "--config.log.fill_mask=()",
   ]
 
@@ -77,15 +89,19 @@ def _submit(cluster, tmp, name, data_dir, *extra):
   return job, wd, out
 
 
+def _logged(workdir, step):
+  try:
+    return any(r["step"] >= step for r in _rows(workdir))
+  except (FileNotFoundError, ValueError):  # not written yet, or a line being written
+    return False
+
+
 def _wait_for_step(workdir, step, job, cluster, timeout=300):
   """Blocks until the run in `workdir` has logged `step` (fails if its job ended first)."""
   deadline, check_job = time.time() + timeout, 0.0
   while time.time() < deadline:
-    try:
-      if any(r["step"] >= step for r in _rows(workdir)):
-        return
-    except (FileNotFoundError, ValueError):  # not written yet, or a line being written
-      pass
+    if _logged(workdir, step):
+      return
     if time.time() > check_job:  # scontrol every 2 s, the metrics file every 0.1 s
       records = cluster.jobs(job)
       if records and records[0]["JobState"] not in ("PENDING", "RUNNING"):
@@ -95,34 +111,55 @@ def _wait_for_step(workdir, step, job, cluster, timeout=300):
   raise AssertionError(f"job {job} did not reach step {step}: {cluster.jobs(job)}")
 
 
+def _signal_step(when):
+  return 1 if when == "first" else int(when.removeprefix("eval"))
+
+
 @pytest.fixture(scope="module")
-def jobs(slurm_cluster, tiny_data_dir, tmp_path_factory):
-  """Side by side: one process (no SLURM), an uninterrupted 2-task job, a 2-task job that gets
-  `scancel --signal=TERM --full` after step SIGNAL_AT, and one with a bad flag (exit 2)."""
-  tmp = tmp_path_factory.mktemp("slurm_jobs")
-  reference = subprocess.Popen(
-    [sys.executable, "-m", "bert_jax.main", *_flags(tmp / "one", tiny_data_dir)]
-    + ["--num_cpu_devices=2"],
-    env=_job_env(slurm_cluster),
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
+def eval_data(tmp_path_factory):
+  """The bundled corpus at sequence length 64 (BERT's vocab, NSP pairs) with 7 of its 15
+  documents held out: an eval of 109 batches, long enough to be signalled in."""
+  out = tmp_path_factory.mktemp("slurm_data") / "d"
+  pretraining_data.build(
+    CORPUS,
+    str(out),
+    max_seq_length=64,
+    max_predictions_per_seq=10,
+    eval_fraction=0.4,
+    num_workers=1,
+    progress=False,
+    chunk_chars=32 << 10,
   )
-  try:
-    whole = _submit(slurm_cluster, tmp, "whole", tiny_data_dir)
-    cut = _submit(slurm_cluster, tmp, "cut", tiny_data_dir)
-    bad = _submit(slurm_cluster, tmp, "bad", tiny_data_dir, "--config.opt.no_such_key=1")
-    _wait_for_step(cut[1], SIGNAL_AT, cut[0], slurm_cluster)
-    slurm_cluster.run("scancel", "--signal=TERM", "--full", cut[0])
-    out, _ = reference.communicate(timeout=300)
-  finally:
-    if reference.poll() is None:  # the test failed before it ended
-      reference.kill()
-      reference.communicate()
-  assert reference.returncode == 0, out[-3000:]
-  runs = {"one": tmp / "one"}
-  for name, (job, wd, log) in (("whole", whole), ("cut", cut), ("bad", bad)):
-    runs[name] = (slurm_cluster.wait(job, 300)[0], wd, log.read_text())
+  return str(out)
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm_cluster, eval_data, tmp_path_factory):
+  """Side by side: an uninterrupted 2-task job, and per SIGNALS entry a 2-task job that gets
+  `scancel --signal=TERM --full` at that point."""
+  tmp = tmp_path_factory.mktemp("slurm_jobs")
+  whole = _submit(slurm_cluster, tmp, "whole", eval_data)
+  cuts = {when: _submit(slurm_cluster, tmp, f"cut_{when}", eval_data) for when in SIGNALS}
+  pending = dict(cuts)
+  deadline, check_jobs = time.time() + 900, time.time() + 2
+  while pending:  # each job signalled the moment its step is logged
+    for when, (job, wd, log) in list(pending.items()):
+      if _logged(wd, _signal_step(when)):
+        slurm_cluster.run("scancel", "--signal=TERM", "--full", job)
+        del pending[when]
+      elif time.time() > check_jobs and slurm_cluster.jobs(job)[0]["JobState"] not in (
+        "PENDING",
+        "RUNNING",
+      ):
+        raise AssertionError(f"job {when} ended before its step: {log.read_text()[-3000:]}")
+    if time.time() > check_jobs:
+      check_jobs = time.time() + 2
+    if time.time() > deadline:
+      raise AssertionError(f"jobs never reached their steps: {list(pending)}")
+    time.sleep(0.02)
+  runs = {"whole": (slurm_cluster.wait(whole[0], 600)[0], whole[1], whole[2].read_text())}
+  for when, (job, wd, log) in cuts.items():
+    runs[when] = (slurm_cluster.wait(job, 600)[0], wd, log.read_text())
   return runs
 
 
@@ -131,33 +168,55 @@ def _status(workdir):
 
 
 @pytest.mark.slow
-def test_two_tasks_train_to_the_end_as_one_process_does(jobs):
+def test_two_tasks_train_to_the_end_as_one_process_does(jobs, slurm_cluster, eval_data, tmp_path):
   record, wd, out = jobs["whole"]
   assert record["JobState"] == "COMPLETED", out[-3000:]
   assert record["Restarts"] == "0" and record["ExitCode"] == "0:0"
   assert "2 processes on 1 node(s)" in out
   assert _status(wd) == {"state": "finished", "step": STEPS, "total_steps": STEPS}
   assert [r["step"] for r in _rows(wd)] == list(range(1, STEPS + 1))
-  (final,) = _rows(wd, "eval")
-  assert final["step"] == STEPS
-  assert final == _rows(jobs["one"], "eval")[0]  # the same mesh, the same numbers
+  assert [r["step"] for r in _rows(wd, "eval")] == [10, 20, 30]
+  one = tmp_path / "one"
+  r = subprocess.run(
+    [sys.executable, "-m", "bert_jax.main", *_flags(one, eval_data), "--num_cpu_devices=2"],
+    env=_job_env(slurm_cluster),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert _rows(wd, "eval") == _rows(one, "eval")  # the same mesh, the same numbers
 
 
-def test_sigterm_to_the_job_saves_one_step_requeues_and_resumes_exactly(jobs):
+@pytest.mark.slow
+@pytest.mark.parametrize("when", SIGNALS)
+def test_sigterm_to_the_job_saves_one_step_requeues_and_resumes_exactly(jobs, when):
   """`scancel --signal=TERM --full`: the batch shell passes the signal to both tasks, which
-  save the same step and exit 75; the job requeues itself, resumes from that step and ends with
-  the parameters and metrics of the uninterrupted job."""
-  record, wd, out = jobs["cut"]
+  save the same step, at or after the signal's, and exit 75 (in an eval: they stop it and
+  save its step with the eval pending, done first on resuming); its checkpoint is on disk; the
+  job requeues itself, resumes from that step and ends with the parameters and metrics of the
+  uninterrupted job."""
+  record, wd, out = jobs[when]
   assert record["JobState"] == "COMPLETED", out[-3000:]
-  assert record["Restarts"] == "1" and record["ExitCode"] == "0:0"
-  saved = [int(s) for s in re.findall(r"all processes save step (\d+) and exit", out)]
-  assert len(saved) == 2 and saved[0] == saved[1], out[-3000:]  # both tasks, one step
-  step = saved[0]
-  assert SIGNAL_AT <= step < STEPS
+  assert record["Restarts"] == "1" and record["ExitCode"] == "0:0", out[-3000:]
   assert "SIGTERM: every task saves a checkpoint and exits 75" in out  # the batch shell's trap
-  assert f"Preempted: saved step {step}; rerun the same command to resume" in out
+  m = re.search(r"Preempted: saved step (\d+); rerun the same command to resume", out)
+  assert m, out[-3000:]
+  step = int(m.group(1))
+  stops = re.findall(
+    r"process ([01]) of 2 \([^)]*\): all processes (save step \d+|stop the eval)", out
+  )
+  assert sorted(i for i, _ in stops) == ["0", "1"], out[-3000:]  # both tasks, once each
+  if when.startswith("eval"):
+    assert step == _signal_step(when), out[-3000:]
+    assert {what for _, what in stops} == {"stop the eval"}, out[-3000:]
+  else:
+    assert {what for _, what in stops} == {f"save step {step}"}, out[-3000:]
+    assert _signal_step(when) <= step <= STEPS  # at the last step: its eval pending
+  assert (wd / "checkpoints" / str(step)).is_dir()  # the preemption's checkpoint, on disk
   assert "Exited with exit code 75" in out and "requeued, it resumes" in out
   assert f"Resumed from {wd / 'checkpoints'} at step {step}" in out
+  assert "Traceback" not in out and "Fatal Python error" not in out, out[-3000:]
   assert _status(wd) == {"state": "finished", "step": STEPS, "total_steps": STEPS}
   assert not (wd / "bert_jax.lock").exists()
   whole = jobs["whole"][1]
@@ -169,9 +228,11 @@ def test_sigterm_to_the_job_saves_one_step_requeues_and_resumes_exactly(jobs):
   assert _rows(wd) == _rows(whole) and _rows(wd, "eval") == _rows(whole, "eval")
 
 
-def test_a_failed_job_is_not_requeued(jobs):
+def test_a_failed_job_is_not_requeued(slurm_cluster, eval_data, tmp_path):
   """Exit 2 (a bad flag) or 1 (an error to fix) fails the job: a rerun would fail again."""
-  record, wd, out = jobs["bad"]
+  job, wd, log = _submit(slurm_cluster, tmp_path, "bad", eval_data, "--config.opt.no_such_key=1")
+  record = slurm_cluster.wait(job, 300)[0]
+  out = log.read_text()
   assert record["JobState"] == "FAILED" and record["ExitCode"] == "2:0", out[-3000:]
   assert record["Restarts"] == "0"
   assert "no_such_key" in out and "requeued" not in out

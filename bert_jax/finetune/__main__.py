@@ -59,12 +59,17 @@ def main(argv: list[str]) -> None:
   from bert_jax import preemption as preemption_lib
   from bert_jax.finetune import grid, inputs
 
+  preemption_lib.install(defer=_DISTRIBUTED.value)  # several processes stop together
   if _DISTRIBUTED.value:
     multihost.initialize("finetune")
   config = _CONFIG.value
   inputs.check_size_overrides(config, config_flags.get_override_values(flags.FLAGS["config"]))
   try:
     result = grid.finetune(config, _WORKDIR.value)
+  except preemption_lib.Preempted:  # before training; with several processes, all of them
+    if _DISTRIBUTED.value:
+      multihost.shutdown()
+    raise
   except Exception:
     multihost.wait_for_lost_peer()  # a lost peer ends the process in one line, exit 75
     raise
@@ -78,12 +83,21 @@ def run() -> None:
   """`python -m bert_jax.finetune` and the console script. Exit status: 0 done; 75 preempted
   after saving (rerun to resume); 1 an error a user can fix (one line); 2 a bad flag or
   config."""
-  cli.run(
-    main,
-    "finetune",
-    compilation_cache=True,
-    check=lambda: config_schema.check_finetuning(_CONFIG.value),
-  )
+  from bert_jax import preemption as preemption_lib
+
+  preemption_lib.install()  # from the start: a signal never finds the default action
+  try:
+    cli.run(
+      main,
+      "finetune",
+      compilation_cache=True,
+      check=lambda: config_schema.check_finetuning(_CONFIG.value),
+    )
+  except preemption_lib.Preempted as e:
+    print(e.line(), file=sys.stderr, flush=True)
+    raise
+  finally:
+    preemption_lib.exiting()
 
 
 if __name__ == "__main__":
