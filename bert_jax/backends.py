@@ -31,9 +31,10 @@ Array = jax.Array
 #   (1,16,1): temporaries per device threefry 1.81, hash 1.81, rbg 1.92 GiB (XLA's
 #   RngBitGenerator partitioning makes every device generate the global batch's mask);
 #   XLA-counted FLOPs threefry 7.41e10, hash 7.23e10 (rbg 7.18e10: its bits count as none).
-# - gpu: 'threefry', the generator before dropout_rng existed: nothing measured on a GPU yet;
-#   the prepared GPU command times dropout_rng=threefry|rbg|hash and its numbers decide.
-DROPOUT_RNG_AUTO = {"cpu": "hash", "tpu": "hash", "gpu": "threefry"}
+# - gpu: 'hash'. H200, 2026-11-28 (docs/gpu.md): with attention_impl='flash' (which draws the
+#   hash mask in its kernels) Base 128 x 256 ran 1.12x torch.compile, against 0.93x for
+#   threefry + explicit; hash alone 0.99x.
+DROPOUT_RNG_AUTO = {"cpu": "hash", "tpu": "hash", "gpu": "hash"}
 
 # attention_impl='auto' per (platform, key length S): (the implementation without attention
 # dropout, the one with it). Only measured entries (another length takes the nearest measured
@@ -51,21 +52,33 @@ DROPOUT_RNG_AUTO = {"cpu": "hash", "tpu": "hash", "gpu": "threefry"}
 #       (float32, where explicit_lowp is explicit: over xla, tiny S=128 1.004.)
 #     with attention dropout, explicit_lowp over explicit: tiny S=128 0.991, S=512 1.006 (no
 #       gain: 'explicit' stays).
-# - gpu: no entry yet. The prepared GPU command times attention_impl=explicit|explicit_lowp
-#   (attention dropout 0.1) and xla|cudnn|explicit_lowp (attention_dropout_prob=0) at seq 128
-#   and 512; its numbers fill the ("gpu", S) entries.
+# - gpu: H200, 2026-11-28 (docs/gpu.md), Base 128 x 256 against torch.compile in the same call:
+#     with attention dropout 0.1, flash (with dropout_rng='hash') 1.12x, explicit 0.93x;
+#     without attention dropout, cudnn 1.13x (4,383 against 3,886 seq/s).
+#   Where the choice cannot run, `attention_choice` falls back: flash to explicit (the same
+#   hash mask), cudnn to xla.
 AUTO_ATTENTION: dict[tuple[str, int], tuple[str, str]] = {
   ("cpu", 128): ("explicit_lowp", "explicit"),
   ("cpu", 512): ("explicit_lowp", "explicit"),
   ("tpu", 128): ("explicit_lowp", "explicit_lowp"),
   ("tpu", 512): ("explicit_lowp", "explicit_lowp"),
+  ("gpu", 128): ("cudnn", "flash"),
 }
 DEFAULT_ATTENTION = ("xla", "explicit")
 
-# attention_impl='flash' (flash_attention.py's Pallas kernels, never an 'auto' choice: no GPU
-# has run them yet) per platform: whether Pallas interprets them. On a GPU they lower through
-# Triton; on the CPU the interpreter runs them (slowly: for tests); no TPU (Mosaic) version.
+# attention_impl='flash' (flash_attention.py's Pallas kernels) per platform: whether Pallas
+# interprets them. On a GPU they lower through Triton; on the CPU the interpreter runs them
+# (slowly: for tests); no TPU (Mosaic) version.
 FLASH_INTERPRET = {"gpu": False, "cpu": True}
+# The largest head dim 'auto' runs the flash kernels at: their tiles hold [block, head dim]
+# rows in registers, and only head dim 64 (Base, Large) has run on a GPU. A larger head (the
+# Table 6 row L6_H768_A3 has 256) runs the explicit attention until a GPU measures it.
+FLASH_MAX_HEAD_DIM = 128
+# The oldest CUDA compute capability 'auto' runs the flash kernels on: Triton's bf16 dots need
+# Ampere (8.0); they ran on Hopper (9.0).
+FLASH_MIN_CAPABILITY = 8.0
+# cuDNN's fused attention (jax.nn.dot_product_attention) needs Ampere or newer.
+CUDNN_MIN_CAPABILITY = 8.0
 
 
 def platform_family(platform: str) -> str:
@@ -97,22 +110,107 @@ def resolved(cfg: BertConfig) -> BertConfig:
   return resolve_kernels(cfg, cfg.platform or jax.default_backend())
 
 
-def attention_choice(cfg: BertConfig, key_length: int, dropout: bool, probs: bool) -> str:
-  """The attention implementation a layer runs: `cfg.attention_impl`, or for 'auto' the
-  measured `AUTO_ATTENTION` entry of cfg's platform nearest to `key_length` (by whether
-  attention dropout is active). Probabilities asked for always take 'explicit'."""
+def _local_gpu():
+  """This process's first GPU device, or None (no GPU: e.g. a program lowered for a GPU from a
+  CPU host)."""
+  return jax.devices()[0] if jax.default_backend() == "gpu" else None
+
+
+def _cuda_short_of(minimum: float) -> str | None:
+  """Why this process's GPU is not a CUDA device of compute capability >= `minimum`, or None
+  (also None without a GPU)."""
+  device = _local_gpu()
+  if device is None:
+    return None
+  capability = getattr(device, "compute_capability", None)
+  try:
+    fits = float(capability) >= minimum
+  except (TypeError, ValueError):
+    fits = False
+  if fits:
+    return None
+  return (
+    f"needs a CUDA GPU of compute capability >= {minimum}, not {device.device_kind} ({capability})"
+  )
+
+
+def flash_unavailable(cfg: BertConfig) -> str | None:
+  """Why 'auto' does not run attention_impl='flash' for `cfg` (its platform has no flash
+  kernels, the head dim is beyond FLASH_MAX_HEAD_DIM, dropout_rng is not the 'hash' mask the
+  kernels draw, or this process's GPU is not a CUDA device of compute capability >=
+  FLASH_MIN_CAPABILITY), or None. (Without a GPU in the process, e.g. lowering for one from a
+  CPU host, the Triton lowering applies.)"""
+  cfg = resolved(cfg)
+  if cfg.platform not in FLASH_INTERPRET:
+    return f"no flash kernels for {cfg.platform}"
+  if cfg.head_dim > FLASH_MAX_HEAD_DIM:
+    return f"flash is not run at head dim {cfg.head_dim} > {FLASH_MAX_HEAD_DIM}"
+  if cfg.dropout_rng != "hash":
+    return f"flash draws the hash mask, dropout_rng is {cfg.dropout_rng}"
+  short = _cuda_short_of(FLASH_MIN_CAPABILITY) if cfg.platform == "gpu" else None
+  return f"flash {short}" if short else None
+
+
+def cudnn_unavailable(cfg: BertConfig) -> str | None:
+  """Why attention_impl='cudnn' cannot run for `cfg`: float32 (cuDNN's fused attention has no
+  float32 kernels), a head dim it does not take (a multiple of 8 up to 128), or no CUDA GPU of
+  compute capability >= CUDNN_MIN_CAPABILITY in this process (jax traces it only there); or
+  None."""
+  if cfg.compute_dtype == jnp.float32:
+    return "cuDNN's fused attention has no float32 kernels"
+  if cfg.head_dim > 128 or cfg.head_dim % 8:
+    return f"cuDNN's fused attention does not take head dim {cfg.head_dim}"
+  if _local_gpu() is None:
+    return "cuDNN's fused attention is traced only in a process with a CUDA GPU"
+  short = _cuda_short_of(CUDNN_MIN_CAPABILITY)
+  return f"cuDNN's fused attention {short}" if short else None
+
+
+def attention_plan(cfg: BertConfig, key_length: int, dropout: bool, probs: bool) -> tuple[str, str]:
+  """(the attention implementation a layer runs, why, '' if it is the choice itself):
+  `cfg.attention_impl`, or for 'auto' the measured `AUTO_ATTENTION` entry of cfg's platform
+  nearest to `key_length` (by whether attention dropout is active), falling back to 'explicit'
+  where 'flash' cannot run (`flash_unavailable`). Probabilities asked for always take
+  'explicit'; 'cudnn' where it cannot run (`cudnn_unavailable`) 'xla'."""
   if probs:
-    return "explicit"
-  if cfg.attention_impl != "auto":
-    return cfg.attention_impl
-  platform = resolved(cfg).platform
-  lengths = [s for p, s in AUTO_ATTENTION if p == platform]
-  if lengths:
-    nearest = min(lengths, key=lambda s: (abs(s - key_length), s))
-    choice = AUTO_ATTENTION[(platform, nearest)]
-  else:
-    choice = DEFAULT_ATTENTION
-  return choice[1] if dropout else choice[0]
+    return "explicit", "attention probabilities asked for"
+  impl, why = cfg.attention_impl, ""
+  if impl == "auto":
+    platform = resolved(cfg).platform
+    lengths = [s for p, s in AUTO_ATTENTION if p == platform]
+    if lengths:
+      nearest = min(lengths, key=lambda s: (abs(s - key_length), s))
+      choice = AUTO_ATTENTION[(platform, nearest)]
+    else:
+      choice = DEFAULT_ATTENTION
+    impl = choice[1] if dropout else choice[0]
+    if impl == "flash":
+      why = flash_unavailable(cfg) or ""
+      impl = "explicit" if why else impl
+  if impl == "cudnn":
+    why = cudnn_unavailable(cfg) or why
+    impl = "xla" if why else impl
+  return impl, why
+
+
+def attention_choice(cfg: BertConfig, key_length: int, dropout: bool, probs: bool) -> str:
+  """The attention implementation a layer runs (`attention_plan`'s)."""
+  return attention_plan(cfg, key_length, dropout, probs)[0]
+
+
+def attention_line(cfg: BertConfig, key_length: int, dropout: bool, probs: bool) -> str:
+  """One line for the log: which attention the layers run, with which dropout, and why not
+  the configured choice where it falls back."""
+  impl, why = attention_plan(cfg, key_length, dropout, probs)
+  rng = resolved(cfg).dropout_rng
+  drop = "no attention dropout"
+  if dropout:
+    drop = "attention dropout from the hash mask" if impl == "flash" else f"{rng} dropout"
+  line = (
+    f"attention: {impl} (attention_impl={cfg.attention_impl}, {resolved(cfg).platform}, "
+    f"key length {key_length}, head dim {cfg.head_dim}, {cfg.dtype}), {drop}"
+  )
+  return f"{line}; {why}" if why else line
 
 
 def flash_interpret(cfg: BertConfig) -> bool:

@@ -31,6 +31,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from absl import logging
 
 from bert_jax import backends, kernels
 from bert_jax import flash_attention as flash_lib
@@ -374,8 +375,6 @@ def self_attention(
 
   dropping = not deterministic and cfg.attention_dropout_prob > 0
   impl = backends.attention_choice(cfg, x_BSD.shape[1], dropping, output_attentions)
-  if impl == "cudnn" and q_BQHK.dtype == jnp.float32:
-    impl = "xla"  # cuDNN's fused attention has no float32 kernels
   probs_BHQS = None
   drop = dropout(cfg, cfg.attention_dropout_prob) if dropping else None
   if impl in ("explicit", "explicit_lowp"):
@@ -574,6 +573,9 @@ class Encoder(nn.Module):
         "output positions (a pruned last layer) need unrolled layers: scan_layers=False, or "
         "unroll_last_layer=True"
       )
+    dropping = not deterministic and cfg.attention_dropout_prob > 0
+    # Once per trace of the model: every layer makes the same choice.
+    logging.info(backends.attention_line(cfg, x_BLD.shape[1], dropping, output_attentions))
     mask_B1LS = attention_mask(input_mask_BL, cfg.causal)
     hidden, attentions = [x_BLD], []
     if cfg.scan_layers and last_positions_BQ is not None:

@@ -297,10 +297,12 @@ def test_scanned_rematerialised_layers_flash_equals_explicit():
 
 
 def test_train_step_lowers_for_cuda_with_triton():
-  """BERT-tiny's train step with attention_impl='flash' (bf16, dropout 0.1), resolved for a
-  GPU, lowers for CUDA: three Triton kernels a layer (forward, dK/dV, dQ), not interpreted."""
+  """BERT-tiny's train step with the default backend fields ('auto'; bf16, dropout 0.1),
+  resolved for a GPU, lowers for CUDA with the flash kernels: three Triton kernels a layer
+  (forward, dK/dV, dQ), not interpreted."""
   c = _micro_config("auto", dropout=0.1)
-  c.model.update(dropout_rng="hash", attention_impl="flash", dtype="bfloat16")
+  c.model.update(dtype="bfloat16")
+  assert (c.model.dropout_rng, c.model.attention_impl) == ("auto", "auto")
   cfg = model_lib.resolve_kernels(train.bert_config(c), "cuda")
   model = BertForPreTraining(cfg)
   tx = optim.make_optimizer(c.opt)
@@ -315,12 +317,14 @@ def test_train_step_lowers_for_cuda_with_triton():
 
 
 def test_flash_config():
-  """'flash' is a valid attention_impl with attention dropout, never 'auto''s choice; the
-  model refuses it on a TPU in one line."""
+  """'flash' is a valid attention_impl with attention dropout, 'auto''s choice on GPUs only;
+  the model refuses it on a TPU in one line."""
   cfg = BertConfig(attention_impl="flash", attention_dropout_prob=0.1)
   assert model_lib.attention_choice(cfg, 128, dropout=True, probs=False) == "flash"
   assert model_lib.attention_choice(cfg, 128, dropout=True, probs=True) == "explicit"
-  assert all("flash" not in choice for choice in model_lib.AUTO_ATTENTION.values())
+  assert {p for p, _ in model_lib.AUTO_ATTENTION if "flash" in model_lib.AUTO_ATTENTION[p, _]} == {
+    "gpu"
+  }
   tpu = model_lib.resolve_kernels(dataclasses.replace(cfg, vocab_size=64), "tpu")
   model = BertForPreTraining(dataclasses.replace(tpu, num_layers=1, hidden_size=32, num_heads=2))
   ids = jnp.zeros((1, 8), jnp.int32)
@@ -329,3 +333,47 @@ def test_flash_config():
       lambda: model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, ids,
                          deterministic=False)
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["classification", "span_qa"])
+def test_finetuning_flash_equals_explicit_with_padding(kind):
+  """Fine-tuning's model (tasks.heads.FinetuneModel) on a padded batch as fine-tuning feeds it
+  (rows of 128, 96 and 17 real tokens and one of 128), dropout 0.1 with dropout_rng='hash':
+  attention_impl='flash' (interpreted) gives explicit's logits and gradients. The pooled kind
+  runs its last layer at [CLS] only (a query block of 1), span_qa at every position."""
+  from bert_jax.tasks import heads
+
+  cfg = model_lib.config_for_size(
+    "tiny", vocab_size=64, max_position_embeddings=128, dropout_rng="hash", platform="cpu",
+    kernels="xla",
+  )  # fmt: skip
+  lengths = np.array([128, 96, 17, 128])
+  input_mask = jnp.asarray((np.arange(128)[None] < lengths[:, None]).astype(np.int32))
+  ids = jnp.asarray(np.random.default_rng(0).integers(1, 64, (4, 128))) * input_mask
+  segments = (jnp.arange(128)[None] >= 40) * input_mask
+  outputs = 3 if kind == "classification" else 2
+  params = heads.FinetuneModel(cfg, kind, outputs).init(jax.random.key(0), ids)["params"]
+  results = []
+  for impl in ("explicit", "flash"):
+    model = heads.FinetuneModel(dataclasses.replace(cfg, attention_impl=impl), kind, outputs)
+
+    def loss(p, model=model):
+      logits = model.apply(
+        {"params": p}, ids, segments, input_mask, deterministic=False,
+        rngs={"dropout": jax.random.key(4)},
+      )  # fmt: skip
+      return jnp.sum(jnp.sin(logits)), logits
+
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss, has_aux=True))(params))
+    assert ("pallas_call" in jaxpr) == (impl == "flash")
+    results.append(jax.jit(jax.value_and_grad(loss, has_aux=True))(params))
+  ((_, logits_e), grads_e), ((_, logits_f), grads_f) = results
+  scale = float(jnp.abs(logits_e).max())
+  _assert_close(logits_f, logits_e, "logits", atol=1e-5 * scale)
+  # The dropout masks are in play: without them the logits are others.
+  plain = heads.FinetuneModel(cfg, kind, outputs).apply(
+    {"params": params}, ids, segments, input_mask
+  )
+  assert float(jnp.abs(plain - logits_e).max()) > 1e-2 * scale
+  for x, y in zip(jax.tree.leaves(grads_f), jax.tree.leaves(grads_e), strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)

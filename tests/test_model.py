@@ -678,6 +678,9 @@ def test_library_attention_implementations(monkeypatch):
     return real(q, k, v, mask=mask, implementation="xla")
 
   monkeypatch.setattr(jax.nn, "dot_product_attention", record)
+  # As in a process with a CUDA GPU (without one, 'cudnn' takes 'xla': backends.cudnn_unavailable).
+  gpu = type("Gpu", (), {"device_kind": "NVIDIA H200", "compute_capability": "9.0"})
+  monkeypatch.setattr(model_lib.backends, "_local_gpu", gpu)
   base = dataclasses.replace(TINY, dtype="bfloat16", attention_dropout_prob=0.0)
   out_e, g_e = _attention_loss(dataclasses.replace(base, attention_impl="explicit"), params, 1)
   assert calls == []
