@@ -254,20 +254,6 @@ XLA_OPS = Ops(
   layer_norm=functools.partial(nn.LayerNorm, use_fast_variance=False),
 )
 
-# The stock ops, but the products whose float32 results feed float32 math (the tied MLM logits,
-# the attention scores and context) differentiate in the compute dtype: their backward dots
-# take the cotangent cast to bf16 with float32 accumulation (kernels.py's custom VJPs; XLA's
-# autodiff runs them on the float32 cotangent, in TF32 or float32 on a GPU, reading the [B, P, V]
-# logits' cotangent at 4 bytes an element). Equal to 'xla' in float32 (tests/test_kernels.py);
-# in bf16 the gradients within bf16 rounding. For accelerators; not yet run on a GPU
-# (docs/gpu.md), so no platform's 'auto' picks it.
-LOWP_OPS = dataclasses.replace(
-  XLA_OPS,
-  logits=kernels.tied_logits,
-  scores=kernels.attention_scores,
-  context=kernels.attention_context,
-)
-
 CPU_OPS = Ops(
   matmul=kernels.matmul,
   add_bias=kernels.add_bias,
@@ -281,7 +267,7 @@ CPU_OPS = Ops(
 def ops_for(cfg: BertConfig) -> Ops:
   """The one place `BertConfig.kernels` acts (an unresolved 'auto' resolves for the default
   backend of the process)."""
-  return {"cpu": CPU_OPS, "lowp": LOWP_OPS}.get(resolved(cfg).kernels, XLA_OPS)
+  return CPU_OPS if resolved(cfg).kernels == "cpu" else XLA_OPS
 
 
 # ----------------------------------------------------------------------------- dropout masks
@@ -289,18 +275,5 @@ def ops_for(cfg: BertConfig) -> Ops:
 # dropout_rng -> (key, shape, rate) -> boolean keep-mask, True with probability 1 - rate.
 KEEP_MASKS: dict[str, Callable[[Array, tuple[int, ...], float], Array]] = {
   "threefry": lambda key, shape, rate: jax.random.bernoulli(key, 1.0 - rate, shape),
-  "rbg": kernels.rbg_keep_mask,
   "hash": kernels.keep_mask,
-}
-
-# dropout_rng -> (key, shape, rate) -> what the model's dropouts apply (kernels.dropout,
-# kernels.attention_probs): the drawn keep-mask, or for 'hash_redraw' the seed of 'hash''s mask
-# (kernels.HashMask), which they draw where they use it, in the forward pass and again in the
-# backward: the same masks, none kept for the backward pass. (XLA fuses a hash mask into its
-# consumers on its own within one unrolled program, checked on XLA:CPU and the TPU compile; it
-# cannot across a scanned layer's loop, where autodiff stacks every layer's masks.) Not yet run
-# on a GPU (docs/gpu.md): no platform's 'auto' picks it.
-DROPOUT_MASKS: dict[str, Callable[[Array, tuple[int, ...], float], Array | kernels.HashMask]] = {
-  **KEEP_MASKS,
-  "hash_redraw": lambda key, shape, rate: kernels.HashMask.from_key(key),
 }

@@ -25,7 +25,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from bert_jax import files
+from bert_jax import files, model_config
 from bert_jax import model as model_lib
 
 T = TypeVar("T")
@@ -396,10 +396,11 @@ def read_meta(path: str, step: int | None = None) -> tuple[dict, int, str]:
 
 def bert_config_from_meta(meta: dict, **overrides: Any) -> model_lib.BertConfig:
   """The stored BertConfig; fields this version does not have (older or newer ones) are
-  ignored, so checkpoints move between versions."""
+  ignored and values it no longer has read as their current ones (`model_config.RETIRED`), so
+  checkpoints move between versions."""
   fields = {f.name for f in dataclasses.fields(model_lib.BertConfig)}
   stored = {k: v for k, v in meta["model"].items() if k in fields}
-  return model_lib.BertConfig(**{**stored, **overrides})
+  return model_lib.BertConfig(**model_config.retired_to_current({**stored, **overrides}))
 
 
 def check_same_architecture(meta: dict, cfg: model_lib.BertConfig, source: str) -> None:

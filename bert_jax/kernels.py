@@ -15,8 +15,7 @@ keep probability) and differs in how XLA executes it:
 - `add_bias`, `LayerNorm`: float32 bias and scale gradients (autodiff would sum a bf16
   cotangent with a bf16 accumulator: lossy, and far slower on XLA:CPU than a float32 sum).
 - `keep_mask` (dropout_rng='hash'): keep-masks from a counter hash (murmur3's finaliser) instead
-  of threefry, an element-wise computation XLA fuses into its neighbours; `rbg_keep_mask`
-  (dropout_rng='rbg'): bits from XLA's RngBitGenerator.
+  of threefry, an element-wise computation XLA fuses into its neighbours.
 - `attention_probs`: softmax probabilities (dropped out) in the compute dtype from float32
   statistics, whose backward keeps only those low-precision probabilities (and the mask), not
   a float32 copy: half the bytes of the largest attention tensors.
@@ -27,7 +26,6 @@ for attention B batch, Q queries, S keys, H heads, K head dim.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -315,78 +313,29 @@ def keep_mask(key: Array, shape: tuple[int, ...], rate: float) -> Array:
   return _seeded_mask(hash_seed(key), shape, rate)
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class HashMask:
-  """A hash keep-mask not drawn yet: `keep_mask`'s seed words. `dropout` and
-  `attention_probs` draw it where they use it, in the forward pass and again in the backward,
-  so no mask is kept between them (an autodiff select keeps one per dropout, and a scanned
-  layer stacks them over the layers)."""
-
-  seed: Array  # uint32[2], `hash_seed`
-
-  @classmethod
-  def from_key(cls, key: Array) -> HashMask:
-    return cls(hash_seed(key))
-
-
-def dropout(x: Array, keep: Array | HashMask, rate: float) -> Array:
+def dropout(x: Array, keep: Array, rate: float) -> Array:
   """x with the elements where `keep` is False zeroed and the rest scaled by 1 / (1 - rate):
-  flax's nn.Dropout given its mask. A `HashMask` gives the same values and gradients as its
-  drawn mask, from a backward that draws the mask again."""
-  if isinstance(keep, HashMask):
-    return _hash_dropout(x, keep.seed, rate)
+  flax's nn.Dropout given its mask."""
   return jax.lax.select(keep, x / (1.0 - rate), jnp.zeros_like(x))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _hash_dropout(x: Array, seed: Array, rate: float) -> Array:
-  return jax.lax.select(_seeded_mask(seed, x.shape, rate), x / (1.0 - rate), jnp.zeros_like(x))
-
-
-def _hash_dropout_fwd(x, seed, rate):
-  return _hash_dropout(x, seed, rate), seed
-
-
-def _hash_dropout_bwd(rate, seed, g):
-  keep = _seeded_mask(seed, g.shape, rate)
-  return jax.lax.select(keep, g / (1.0 - rate), jnp.zeros_like(g)), None
-
-
-_hash_dropout.defvjp(_hash_dropout_fwd, _hash_dropout_bwd)
-
-
-def rbg_keep_mask(key: Array, shape: tuple[int, ...], rate: float) -> Array:
-  """Boolean dropout keep-mask, True with probability 1 - rate (exact to 2**-32), from XLA's
-  RngBitGenerator (jax.random's 'rbg' implementation) seeded with four words drawn from the
-  threefry `key`: one threefry block per mask, then the backend's own bit generator (Philox
-  on CPU and GPU). Deterministic per backend and compiler version only; and XLA's SPMD
-  partitioner generates the whole (global) mask on every device and slices it, so a
-  data-parallel mesh pays the global batch's bits on each device."""
-  seed = jax.random.bits(key, (4,), jnp.uint32)
-  bits = jax.random.bits(jax.random.wrap_key_data(seed, impl="rbg"), shape, jnp.uint32)
-  return bits >= _threshold(rate)
 
 
 # ----------------------------------------------------------------------------- attention probs
 
 
 def attention_probs(
-  logits: Array, dtype: Any, keep: Array | HashMask | None = None, rate: float = 0.0
+  logits: Array, dtype: Any, keep: Array | None = None, rate: float = 0.0
 ) -> Array:
   """softmax(logits) over the last axis, dropped out where `keep` is False (the kept ones
   scaled by 1 / (1 - rate)), in `dtype`.
 
   The forward is jax.nn.softmax in float32 and the dropout in float32, then one cast: the
   values equal `dropout(softmax(logits)).astype(dtype)`. The custom VJP keeps only the
-  probabilities in `dtype` and the mask (a `HashMask`: its seed, the mask drawn again) for the
-  backward, where autodiff keeps them in float32, and computes dlogits = p * (g - sum(g * p))
-  in float32 from them: equal to autodiff's up to `dtype`'s rounding of p."""
+  probabilities in `dtype` and the mask for the backward, where autodiff keeps them in float32,
+  and computes dlogits = p * (g - sum(g * p)) in float32 from them: equal to autodiff's up to
+  `dtype`'s rounding of p."""
   dtype = jnp.dtype(dtype)
   if keep is None:
     return _probs(logits, dtype)
-  if isinstance(keep, HashMask):
-    return _hash_dropped_probs(logits, keep.seed, dtype, rate)
   return _dropped_probs(logits, keep, dtype, 1.0 - rate)
 
 
@@ -432,23 +381,3 @@ def _dropped_bwd(dtype, keep_prob, res, g):
 
 
 _dropped_probs.defvjp(_dropped_fwd, _dropped_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _hash_dropped_probs(logits: Array, seed: Array, dtype, rate: float) -> Array:
-  return _dropped_probs(logits, _seeded_mask(seed, logits.shape, rate), dtype, 1.0 - rate)
-
-
-def _hash_dropped_fwd(logits, seed, dtype, rate):
-  p = jax.nn.softmax(logits, axis=-1)
-  keep = _seeded_mask(seed, logits.shape, rate)
-  return _drop_probs(p, keep, 1.0 - rate).astype(dtype), (p.astype(dtype), seed)
-
-
-def _hash_dropped_bwd(dtype, rate, res, g):
-  p, seed = res
-  keep = _seeded_mask(seed, g.shape, rate)
-  return _softmax_bwd(p, _drop_probs(g.astype(jnp.float32), keep, 1.0 - rate)), None
-
-
-_hash_dropped_probs.defvjp(_hash_dropped_fwd, _hash_dropped_bwd)

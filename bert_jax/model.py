@@ -45,7 +45,6 @@ from bert_jax.backends import (  # noqa: F401
   DEFAULT_ATTENTION,
   DROPOUT_RNG_AUTO,
   KEEP_MASKS,
-  LOWP_OPS,
   XLA_OPS,
   Ops,
   attention_choice,
@@ -127,15 +126,14 @@ def layer_norm(cfg: BertConfig, name: str) -> nn.Module:
 
 class Dropout(nn.Module):
   """Inverted dropout with the 'dropout' rng collection, as flax's nn.Dropout (with 'threefry'
-  the same masks and values), keep-masks drawn by `backends.DROPOUT_MASKS[rng]`."""
+  the same masks and values), keep-masks drawn by `backends.KEEP_MASKS[rng]`."""
 
   rate: float
   rng_impl: str = "threefry"  # a resolved BertConfig.dropout_rng
 
-  def keep_mask(self, shape: tuple[int, ...]) -> Array | kernels.HashMask:
-    """The keep-mask for an input of `shape`, or for 'hash_redraw' its seed (drawn where it is
-    used: `backends.DROPOUT_MASKS`)."""
-    return backends.DROPOUT_MASKS[self.rng_impl](self.make_rng("dropout"), shape, self.rate)
+  def keep_mask(self, shape: tuple[int, ...]) -> Array:
+    """The keep-mask for an input of `shape`."""
+    return backends.KEEP_MASKS[self.rng_impl](self.make_rng("dropout"), shape, self.rate)
 
   def hash_seed(self) -> Array:
     """The seed words of the 'hash' mask `keep_mask` would draw (whatever rng_impl): for

@@ -14,9 +14,22 @@ import jax
 import jax.numpy as jnp
 
 # The values of BertConfig's backend fields (what each means: backends.py).
-KERNELS = ("auto", "xla", "lowp", "cpu")
-DROPOUT_RNGS = ("auto", "threefry", "rbg", "hash", "hash_redraw")
+KERNELS = ("auto", "xla", "cpu")
+DROPOUT_RNGS = ("auto", "threefry", "hash")
 ATTENTION_IMPLS = ("auto", "explicit", "explicit_lowp", "xla", "cudnn", "flash")
+# Values earlier versions had, as their checkpoints' configs are read (`retired_to_current`):
+# 'lowp' computed what 'xla' computes, 'hash_redraw' drew the 'hash' masks; 'rbg' drew masks no
+# current value draws ('auto': a resume reports the change).
+RETIRED = {
+  "attention_impl": {"fused": "auto"},
+  "kernels": {"lowp": "xla"},
+  "dropout_rng": {"rbg": "auto", "hash_redraw": "hash"},
+}
+
+
+def retired_to_current(fields: dict[str, Any]) -> dict[str, Any]:
+  """`fields` (a stored BertConfig) with the values of earlier versions (`RETIRED`) replaced."""
+  return {k: RETIRED.get(k, {}).get(v, v) if isinstance(v, str) else v for k, v in fields.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,17 +64,14 @@ class BertConfig:
   # only outputs the MLM and NSP heads read (keys and values still cover every position). Same
   # losses and gradients, ~(1 - (P+1)/L) of one layer's FLOPs fewer.
   prune_last_layer: bool = True
-  # Which ops the layers run: 'xla' stock Flax/XLA ops, 'lowp' the same whose float32-output
-  # products (tied MLM logits, attention scores and context) differentiate in the compute
-  # dtype, 'cpu' the XLA:CPU kernels of kernels.py (same values and parameters), 'auto' =
-  # 'cpu' on the CPU backend, else 'xla' (see `backends.resolve_kernels`).
+  # Which ops the layers run: 'xla' stock Flax/XLA ops, 'cpu' the XLA:CPU kernels of kernels.py
+  # (same values and parameters), 'auto' = 'cpu' on the CPU backend, else 'xla' (see
+  # `backends.resolve_kernels`).
   kernels: str = "auto"
   # How dropout keep-masks are drawn from the 'dropout' rng (same keep probability, other
-  # masks): 'threefry' jax.random's default generator (flax's nn.Dropout), 'rbg' XLA's
-  # RngBitGenerator seeded from the threefry key, 'hash' a counter hash of each element's
-  # index (kernels.py), 'hash_redraw' the same masks drawn again in the backward pass instead
-  # of kept for it (kernels.HashMask; not yet run on a GPU, never an 'auto' choice); 'auto' per
-  # backend, `backends.DROPOUT_RNG_AUTO`. MLM masking never uses it.
+  # masks): 'threefry' jax.random's default generator (flax's nn.Dropout), 'hash' a counter
+  # hash of each element's index (kernels.py); 'auto' per backend, `backends.DROPOUT_RNG_AUTO`.
+  # MLM masking never uses it.
   dropout_rng: str = "auto"
   # Self-attention: 'explicit' softmax with float32 probabilities materialised; 'explicit_lowp'
   # the same with the probabilities kept in the compute dtype from float32 statistics
@@ -69,7 +79,7 @@ class BertConfig:
   # jax.nn.dot_product_attention with that implementation (no attention dropout; cudnn: on a
   # GPU, bf16 or fp16, float32 falls back to 'xla'); 'auto' per backend and length,
   # `backends.AUTO_ATTENTION`; 'flash' the Pallas kernels of flash_attention.py (GPU; on CPU
-  # interpreted, slowly; never an 'auto' choice), whose attention dropout is always the
+  # interpreted, slowly; 'auto''s choice on GPUs), whose attention dropout is always the
   # dropout_rng='hash' mask: equal to 'explicit' with dropout_rng='hash' (another dropout_rng
   # still draws every other dropout mask). Attention probabilities asked for
   # (output_attentions) come from 'explicit'.
@@ -86,8 +96,6 @@ class BertConfig:
       )
     if self.kernels not in KERNELS:
       raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, not {self.kernels!r}")
-    if self.attention_impl == "fused":  # its name in checkpoints of earlier versions
-      object.__setattr__(self, "attention_impl", "auto")
     if self.dropout_rng not in DROPOUT_RNGS:
       raise ValueError(
         f"dropout_rng must be one of {', '.join(DROPOUT_RNGS)}, not {self.dropout_rng!r}"

@@ -40,9 +40,9 @@ def test_resolve_kernels_by_platform():
     assert (got.kernels, got.platform) == (kernels, family)
     assert got.dropout_rng == backends.DROPOUT_RNG_AUTO[family]
     assert backends.resolved(got) is got
-  pinned = dataclasses.replace(TINY, kernels="xla", dropout_rng="rbg")
+  pinned = dataclasses.replace(TINY, kernels="xla", dropout_rng="threefry")
   got = backends.resolve_kernels(pinned, "cpu")
-  assert (got.kernels, got.dropout_rng) == ("xla", "rbg")
+  assert (got.kernels, got.dropout_rng) == ("xla", "threefry")
   assert backends.ops_for(got) is backends.XLA_OPS
 
 

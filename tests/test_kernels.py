@@ -51,8 +51,8 @@ def test_resolve_kernels():
   assert model_lib.resolve_kernels(resolved, "cuda") == resolved
   shapes = lambda cfg: jax.tree.map(lambda x: (x.shape, x.dtype), model_lib.abstract_params(cfg))
   assert shapes(resolved) == shapes(dataclasses.replace(TINY, kernels="cpu"))
-  with pytest.raises(ValueError, match="^kernels must be one of auto, xla, lowp, cpu, not 'fast'$"):
-    BertConfig(kernels="fast")
+  with pytest.raises(ValueError, match="^kernels must be one of auto, xla, cpu, not 'lowp'$"):
+    BertConfig(kernels="lowp")  # a value of earlier versions
 
 
 def test_unresolved_auto_follows_the_default_backend():
@@ -162,66 +162,6 @@ def test_cpu_kernels_match_stock_ops(case):
   assert not zero, zero
 
 
-def _float32_dots(jaxpr) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-  """Operand shapes of every dot_general of a float32 operand with a low-precision one in
-  `jaxpr` and all its sub-jaxprs (custom VJPs, pjit calls): XLA runs it in float32 (the
-  lowering converts the other operand)."""
-  found = []
-  for eqn in jaxpr.eqns:
-    if eqn.primitive is jax.lax.dot_general_p:
-      a, b = (v.aval for v in eqn.invars)
-      if a.dtype != b.dtype and jnp.float32 in (a.dtype, b.dtype):
-        found.append((tuple(a.shape), tuple(b.shape)))
-    for value in eqn.params.values():
-      subs = value if isinstance(value, (tuple, list)) else (value,)
-      for sub in subs:
-        sub = getattr(sub, "jaxpr", sub)
-        if hasattr(sub, "eqns"):
-          found += _float32_dots(sub)
-  return found
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_lowp_kernels_match_stock_ops(dtype):
-  """kernels='lowp' (the accelerators' candidate): in float32 the stock program's outputs and
-  gradients exactly; in bf16 the same outputs, the gradients within bf16 tolerance, and no
-  backward dot on float32 operands (the stock ops run the tied logits' and the attention's
-  backward dots on their float32 cotangents)."""
-  # (A vocabulary apart from the hidden size, to tell the tied logits' dots.)
-  xla = dataclasses.replace(
-    TINY, vocab_size=160, kernels="xla", attention_impl="explicit", dtype=dtype
-  )
-  lowp = dataclasses.replace(xla, kernels="lowp")
-  assert model_lib.ops_for(lowp) is model_lib.LOWP_OPS
-  params = _random_params(xla)
-  loss_x, out_x, g_x, _ = _loss_outputs_grads(xla, params, True, False)
-  loss_l, out_l, g_l, _ = _loss_outputs_grads(lowp, params, True, False)
-  for key in ("mlm_logits", "nsp_logits"):
-    np.testing.assert_array_equal(out_l[key], out_x[key])
-  if dtype == "float32":
-    jax.tree.map(np.testing.assert_array_equal, g_l, g_x)
-    return
-  scale = 0.01 * max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g_x))
-  flat_l = jax.tree_util.tree_leaves_with_path(g_l)
-  for (path, gl), gx in zip(flat_l, jax.tree.leaves(g_x), strict=True):
-    name = jax.tree_util.keystr(path)
-    if not name.endswith("['key']['bias']"):  # softmax ignores it: rounding noise
-      _assert_close(gl, gx, 2e-2, name, scale)
-
-  def dots(cfg):
-    model = BertForPreTraining(cfg)
-    ids, seg, mask = _batch()
-    positions = np.array([[1, 3, 6], [2, 4, 0]], np.int32)
-    f = lambda p: jnp.sum(model.apply({"params": p}, ids, seg, mask, positions)["mlm_logits"])
-    return _float32_dots(jax.make_jaxpr(jax.grad(f))(params).jaxpr)
-
-  # The tied logits' two (a [B, P, V] cotangent), the attention's four per layer.
-  stock = dots(xla)
-  assert len([a for a, _ in stock if a[-1] == xla.vocab_size]) == 2, stock
-  assert len([a for a, _ in stock if len(a) == 4]) == 4 * TINY.num_layers, stock
-  assert dots(lowp) == [], dots(lowp)
-
-
 def test_cpu_kernels_reach_every_dense_layer():
   """kernels='cpu': every Dense matmul and bias add runs through the kernels' VJPs (one per
   kernel), every LayerNorm through kernels.LayerNorm; kernels='xla': none of them."""
@@ -278,14 +218,13 @@ def test_dropout_masks_follow_dropout_rng_not_kernels():
 
   det = BertForPreTraining(TINY).apply({"params": params}, ids, seg, mask)["nsp_logits"]
   outs = {}
-  for rng_impl in ("threefry", "rbg", "hash"):
+  for rng_impl in ("threefry", "hash"):
     outs[rng_impl] = run("cpu", rng_impl)
     np.testing.assert_allclose(outs[rng_impl], run("xla", rng_impl), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(outs[rng_impl], run("cpu", rng_impl))
     assert np.abs(np.asarray(outs[rng_impl] - det)).max() > 1e-3
     assert np.abs(np.asarray(outs[rng_impl] - run("cpu", rng_impl, seed=2))).max() > 1e-3
-  for a, b in (("threefry", "rbg"), ("rbg", "hash"), ("hash", "threefry")):
-    assert np.abs(np.asarray(outs[a] - outs[b])).max() > 1e-3
+  assert np.abs(np.asarray(outs["hash"] - outs["threefry"])).max() > 1e-3
 
 
 # --- the real train step ----------------------------------------------------------------------
@@ -373,7 +312,7 @@ def _train_params(c, step_rng: int, steps: int = 2, mesh_shape=(1, 1, 1)):
   return jax.tree.map(np.asarray, nn.meta.unbox(state["params"]))
 
 
-@pytest.mark.parametrize("dropout_rng", ["threefry", "rbg", "hash"])
+@pytest.mark.parametrize("dropout_rng", ["threefry", "hash"])
 @pytest.mark.slow
 def test_train_step_is_deterministic_per_dropout_rng(dropout_rng):
   """Same command and seed, same bytes: two runs of the jitted train step (dropout 0.1, on a
@@ -410,7 +349,6 @@ def test_default_train_step_for_accelerators_has_no_cpu_kernels():
     text = _train_step_jaxpr(c, platform)
     assert not [op for op in CPU_KERNELS if op in text], platform
     assert (HASH in text) == (model_lib.DROPOUT_RNG_AUTO[platform] == "hash"), platform
-    assert ("impl=rbg" in text) == (model_lib.DROPOUT_RNG_AUTO[platform] == "rbg"), platform
   text = _train_step_jaxpr(c, "cpu")
   assert all(op in text for op in CPU_KERNELS)
   assert (HASH in text) == (model_lib.DROPOUT_RNG_AUTO["cpu"] == "hash")
@@ -574,116 +512,3 @@ def test_tpu_compile_of_auto_is_the_stock_program(monkeypatch):
     "xla_flops_per_device",
   ):
     assert results["auto"][key] == results["xla"][key], key
-
-
-# --- the hash dropout's mask, drawn where it is used -------------------------------------------
-
-
-def _residual_types(f, *args) -> list[str]:
-  import contextlib
-  import io
-
-  from jax import ad_checkpoint
-
-  buf = io.StringIO()
-  with contextlib.redirect_stdout(buf):
-    ad_checkpoint.print_saved_residuals(f, *args)
-  return [line.split()[0] for line in buf.getvalue().splitlines() if line.strip()]
-
-
-def _value_and_vjp(f, x, g):
-  y, vjp = jax.vjp(f, x)
-  return y, vjp(g)[0]
-
-
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_hash_mask_dropout_equals_the_drawn_mask_and_keeps_none(dtype):
-  """kernels.dropout with a HashMask: the values and the gradient of the select with the
-  drawn mask (kernels.keep_mask), bit for bit; its backward keeps the two seed words, the
-  select's keeps the [6, 40] mask."""
-  x = jnp.asarray(np.random.default_rng(0).normal(size=(6, 40)), dtype)
-  g = jnp.asarray(np.random.default_rng(1).normal(size=(6, 40)), dtype)
-  key, rate = jax.random.key(3), 0.3
-  lazy = lambda x: kernels.dropout(x, kernels.HashMask.from_key(key), rate)
-  drawn = lambda x: kernels.dropout(x, kernels.keep_mask(key, x.shape, rate), rate)
-  # Jitted, as in a train step (XLA turns the division by 1 - rate into a multiplication in
-  # both).
-  y, dx = jax.jit(lambda x, g: _value_and_vjp(lazy, x, g))(x, g)
-  y_ref, dx_ref = jax.jit(lambda x, g: _value_and_vjp(drawn, x, g))(x, g)
-  np.testing.assert_array_equal(y, y_ref)
-  assert 0.5 < float(jnp.mean(y != 0)) < 0.9
-  np.testing.assert_array_equal(dx, dx_ref)
-  assert _residual_types(lazy, x) == ["u32[2]"]
-  assert "bool[6,40]" in _residual_types(drawn, x)
-
-
-def test_hash_mask_attention_probs_equal_the_drawn_mask():
-  """kernels.attention_probs with a HashMask: values and gradient of the drawn mask's, bit for
-  bit; the backward keeps the bf16 probabilities and the seed, no mask."""
-  rng = np.random.default_rng(0)
-  logits = jnp.asarray(3 * rng.normal(size=(2, 3, 5, 8)), jnp.float32)
-  g = jnp.asarray(rng.normal(size=(2, 3, 5, 8)), jnp.bfloat16)
-  key, rate = jax.random.key(5), 0.2
-  lazy = lambda x: kernels.attention_probs(x, jnp.bfloat16, kernels.HashMask.from_key(key), rate)
-  mask = kernels.keep_mask(key, logits.shape, rate)
-  drawn = lambda x: kernels.attention_probs(x, jnp.bfloat16, mask, rate)
-  y, dx = jax.jit(lambda x, g: _value_and_vjp(lazy, x, g))(logits, g)
-  y_ref, dx_ref = jax.jit(lambda x, g: _value_and_vjp(drawn, x, g))(logits, g)
-  np.testing.assert_array_equal(y, y_ref)
-  np.testing.assert_array_equal(dx, dx_ref)
-  assert sorted(_residual_types(lazy, logits)) == ["bf16[2,3,5,8]", "u32[2]"]
-  assert "bool[2,3,5,8]" in _residual_types(drawn, logits)
-
-
-@pytest.mark.parametrize(
-  "attention_impl, dtype", [("explicit", "float32"), ("explicit_lowp", "bfloat16")]
-)
-def test_hash_dropout_model_equals_drawn_masks_and_stacks_none(attention_impl, dtype):
-  """The model with dropout_rng='hash_redraw' (scanned layers, dropout 0.1): the same loss and
-  gradients as 'hash', its masks drawn up front (the select's autodiff; up to rounding: XLA
-  orders and rounds the two programs' intermediates apart), and its backward keeps no layer's
-  dropout mask, where 'hash''s stack one per layer."""
-  cfg = dataclasses.replace(
-    TINY,
-    num_layers=3,  # not the batch size: stacked residuals are [3, ...]
-    dtype=dtype,
-    scan_layers=True,
-    dropout_rng="hash_redraw",
-    attention_impl=attention_impl,
-    platform="cpu",
-    kernels="xla",
-  )
-  drawn = dataclasses.replace(cfg, dropout_rng="hash")
-  init = BertForPreTraining(cfg).init(jax.random.key(0), *model_lib.dummy_inputs(2, 16))
-  params = nn.meta.unbox(init["params"])
-  ids, seg, mask = _batch()
-
-  def loss_of(cfg):
-    def loss(p):
-      rngs = {"dropout": jax.random.key(7)}
-      out = BertForPreTraining(cfg).apply(
-        {"params": p}, ids, seg, mask, deterministic=False, rngs=rngs
-      )
-      return jnp.sum(out["mlm_logits"]) + jnp.sum(out["nsp_logits"])
-
-    return loss
-
-  value, grads = jax.jit(jax.value_and_grad(loss_of(cfg)))(params)
-  lazy_residuals = _residual_types(loss_of(cfg), params)
-  value_ref, grads_ref = jax.jit(jax.value_and_grad(loss_of(drawn)))(params)
-  drawn_residuals = _residual_types(loss_of(drawn), params)
-  assert float(value) == float(value_ref)
-  tol = 1e-6 if dtype == "float32" else 1e-2  # float32: XLA orders the two programs' sums apart
-  # (At least 1: the key biases' gradients are zero up to rounding.)
-  close = lambda a, b: np.testing.assert_allclose(a, b, atol=tol * max(np.abs(b).max(), 1.0))
-  jax.tree.map(close, grads, grads_ref)
-  n = cfg.num_layers
-  assert not [t for t in lazy_residuals if t.startswith(f"bool[{n},")], lazy_residuals
-  assert len([t for t in drawn_residuals if t.startswith(f"bool[{n},")]) >= 2, drawn_residuals
-
-
-def test_auto_never_picks_the_paths_not_yet_run_on_a_gpu():
-  """kernels='lowp' and dropout_rng='hash_redraw' stay opt-in: no platform's 'auto' is either."""
-  for platform in ("cpu", "tpu", "gpu", "cuda"):
-    cfg = model_lib.resolve_kernels(BertConfig(), platform)
-    assert cfg.kernels != "lowp" and cfg.dropout_rng != "hash_redraw", platform
