@@ -238,9 +238,19 @@ class Embeddings(nn.Module):
     return _constrain(x_BLD, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_EMBED))
 
   def attend(self, h_BPD: Array) -> Array:
-    """Logits against the word embeddings (the tied MLM decoder), in float32."""
+    """Logits against the word embeddings (the tied MLM decoder), in float32, [B, P, V].
+
+    The product runs on the table padded with zero rows to `backends.vocab_rows` (on a GPU a
+    multiple of 128, the dots' aligned tiles), and its padded columns are sliced off before
+    anything reads them: no padded row takes probability or wins an argmax, and the
+    parameters keep V rows."""
     table_VD = self.word_embeddings.embedding
-    return backends.ops_for(self.cfg).logits(h_BPD, table_VD, self.cfg.compute_dtype)
+    vocab = table_VD.shape[0]
+    rows = backends.vocab_rows(self.cfg, vocab)
+    if rows != vocab:
+      table_VD = jnp.pad(table_VD, ((0, rows - vocab), (0, 0)))
+    logits_BPV = backends.ops_for(self.cfg).logits(h_BPD, table_VD, self.cfg.compute_dtype)
+    return logits_BPV[..., :vocab]
 
 
 # ----------------------------------------------------------------------------- attention

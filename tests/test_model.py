@@ -710,3 +710,70 @@ def test_resume_refuses_a_dropout_rng_change():
   now["model"]["dropout_rng"] = "threefry"
   with pytest.raises(ValueError, match="model.dropout_rng 'hash' -> 'threefry'"):
     resume.check(stored, now, meta, "wd")
+
+
+# --- the tied decoder's vocabulary, padded inside the step -----------------------------------
+
+
+@pytest.mark.parametrize("kernels_mode", ["xla", "cpu"])
+def test_padded_vocabulary_changes_no_loss_prediction_or_parameter(monkeypatch, kernels_mode):
+  """With the decoder's table padded to a multiple of 128 inside the step (a GPU's
+  `backends.VOCAB_MULTIPLE`, here forced on the CPU), a 200-word model computes its product on
+  256 rows and gives the same [B, P, 200] logits, predictions, MLM+NSP loss and gradients as
+  unpadded, with parameters of 200 rows: no padded row takes probability or wins an argmax."""
+  cfg = dataclasses.replace(TINY, vocab_size=200, kernels=kernels_mode, platform="cpu")
+  params = _params(cfg)
+  assert params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape == (200, 32)
+  assert params["predictions"]["bias"].shape == (200,)
+  ids, seg, mask = _batch([8, 6], 8, vocab=200)
+  positions = np.array([[1, 3, 6], [2, 4, 0]], np.int32)
+  targets = np.array([[199, 5, 150], [7, 198, 0]], np.int32)
+
+  def grad_fn():  # a new function per setting (jit caches traces by function)
+    def loss(p):
+      out = BertForPreTraining(cfg).apply({"params": p}, ids, seg, mask, positions)
+      logp = jax.nn.log_softmax(out["mlm_logits"])
+      mlm = -jnp.take_along_axis(logp, targets[..., None], -1).mean()
+      return mlm - jax.nn.log_softmax(out["nsp_logits"])[:, 1].mean(), out["mlm_logits"]
+
+    return jax.value_and_grad(loss, has_aux=True)
+
+  results = {}
+  for multiple in (1, 128):
+    monkeypatch.setattr(model_lib.backends, "VOCAB_MULTIPLE", {"cpu": multiple})
+    assert model_lib.backends.vocab_rows(cfg, 200) == (256 if multiple == 128 else 200)
+    grad = grad_fn()
+    text = str(jax.make_jaxpr(grad)(params))
+    assert ("f32[256,32]" in text) == (multiple == 128)  # the padded table
+    results[multiple] = jax.jit(grad)(params)
+  ((loss_p, logits_p), grads_p), ((loss_u, logits_u), grads_u) = results[128], results[1]
+  assert logits_p.shape == (2, 3, 200)
+  np.testing.assert_allclose(logits_p, logits_u, rtol=1e-6, atol=1e-6)
+  np.testing.assert_array_equal(np.argmax(logits_p, -1), np.argmax(logits_u, -1))
+  assert float(loss_p) == pytest.approx(float(loss_u), rel=1e-6)
+  assert jax.tree.map(jnp.shape, grads_p) == jax.tree.map(jnp.shape, grads_u)
+  for x, y in zip(jax.tree.leaves(grads_p), jax.tree.leaves(grads_u), strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+  # Targets 198 and 199 (the table's last rows, next to the padding) get their gradient.
+  table_grad = grads_p["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  assert float(jnp.abs(table_grad[198:]).min()) > 0
+
+
+def test_padded_vocabulary_leaves_the_trained_parameters(monkeypatch):
+  """Two steps of the real jitted train step (dropout 0.1, a (2, 2, 2) mesh, vocab 300, the
+  CPU kernels) with the decoder padded to 384 rows: the parameters a checkpoint saves have
+  the unpadded shapes (300 rows) and the unpadded run's values."""
+  from test_kernels import _micro_config, _train_params, _train_step_jaxpr
+
+  c = _micro_config("auto", dropout=0.1)
+  c.model.vocab_size = 300  # the batches' ids are below 256
+  runs = {}
+  for multiple in (1, 128):
+    monkeypatch.setattr(model_lib.backends, "VOCAB_MULTIPLE", {"cpu": multiple})
+    runs[multiple] = _train_params(c, 1, mesh_shape=(2, 2, 2))
+    assert ("f32[384,128]" in _train_step_jaxpr(c, "cpu")) == (multiple == 128)
+  word = runs[128]["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  assert word.shape == (300, 128) and runs[128]["predictions"]["bias"].shape == (300,)
+  assert jax.tree.map(np.shape, runs[128]) == jax.tree.map(np.shape, runs[1])
+  for x, y in zip(jax.tree.leaves(runs[128]), jax.tree.leaves(runs[1]), strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
