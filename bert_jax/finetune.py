@@ -41,8 +41,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from bert_jax import checkpoints as ckpt_lib
 from bert_jax import (
+  backends,
   files,
   hf_io,
   input_pipeline,
@@ -53,11 +53,12 @@ from bert_jax import (
   params_tree,
   resume,
 )
-from bert_jax import model as model_lib
+from bert_jax import checkpoints as ckpt_lib
 from bert_jax import preemption as preemption_lib
 from bert_jax import sharding as sh
 from bert_jax import tasks as tasks_lib
 from bert_jax import tokenizer as tokenizer_lib
+from bert_jax.model_config import BertConfig
 from bert_jax.tasks import batches as batches_lib
 from bert_jax.tasks import features as features_lib
 from bert_jax.tasks import kinds
@@ -83,13 +84,13 @@ RUN_FIELDS = (
 # ----------------------------------------------------------------------------- set-up
 
 
-def model_config(config: ml_collections.ConfigDict) -> tuple[model_lib.BertConfig, Any]:
+def model_config(config: ml_collections.ConfigDict) -> tuple[BertConfig, Any]:
   """(BertConfig, tokenizer or None): the checkpoint's architecture (or config.model's for a
   random init, `config.init=""`) with the run fields of config.model on top."""
   run = {k: config.model[k] for k in RUN_FIELDS if k in config.model}
   if not config.init:
     fields = {k: v for k, v in config.model.to_dict().items() if k != "causal"}
-    cfg = model_lib.BertConfig(**fields)
+    cfg = BertConfig(**fields)
     # A vocab.txt, or a tokenizer directory (a pretraining run's <workdir>/tokenizer).
     vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
     return cfg, tokenizer_lib.load_tokenizer(vocab)
@@ -412,7 +413,7 @@ def _peer_lost(workdir: str, config, lock) -> None:
 class Prepared:
   mesh: Any
   rules: Any
-  cfg: model_lib.BertConfig
+  cfg: BertConfig
   tokenizer: Any
   init_params: Any
   task: tasks_lib.Task
@@ -578,7 +579,7 @@ def run_seed(config, workdir, k, cfg, task, data, tokenizer, init_params, mesh, 
   opt = optimizer_config(config, per_epoch)
   total_steps = opt.total_steps
   eval_every = config.eval.every_steps or per_epoch
-  run_cfg = model_lib.resolve_kernels(cfg, mesh.devices.flat[0].platform)
+  run_cfg = backends.resolve_kernels(cfg, mesh.devices.flat[0].platform)
   if features_lib.enabled(config):
     model = features_lib.model(config, run_cfg, task)
   else:

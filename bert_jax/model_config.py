@@ -1,7 +1,7 @@
-"""BERT's hyper-parameters: `BertConfig` (the keys of `config.model` in configs/), the values
-its backend fields may take, and the named sizes (the released models and the paper's Table 6).
+"""BERT's hyper-parameters: `BertConfig` (the keys of `config.model` in configs/) and the named
+sizes (the released models and the paper's Table 6).
 
-Which ops, dropout bits and attention a backend runs for the 'auto' values: backends.py.
+The values its backend fields take and what a platform runs for 'auto': bert_jax/backends.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-# The values of BertConfig's backend fields (what each means: backends.py).
+# The values of BertConfig's backend fields (what each runs per platform: bert_jax/backends).
 KERNELS = ("auto", "xla", "cpu")
 DROPOUT_RNGS = ("auto", "threefry", "hash")
 ATTENTION_IMPLS = ("auto", "explicit", "explicit_lowp", "xla", "cudnn", "flash")
@@ -53,40 +53,16 @@ class BertConfig:
   # and losses are always float32.
   dtype: str = "float32"
   param_dtype: str = "float32"
-  scan_layers: bool = False  # nn.scan over layers: compile time independent of depth
-  # With scan_layers: a pretraining step (masked positions) scans the first N - 1 layers and
-  # runs the last on its own, so prune_last_layer applies; the parameters keep the scanned
-  # layout (`layers/layer`, [N, ...]). Other calls scan all N (the same values, deterministic).
-  unroll_last_layer: bool = False
+  # Speed switches: what each value runs and the measurement behind each default in
+  # docs/gpu.md ("Model paths and why each stays").
+  scan_layers: bool = False  # nn.scan over the layers (compile time independent of depth)
+  unroll_last_layer: bool = False  # with scan_layers: the last layer unrolled (and pruned)
   remat_policy: str = "none"  # none | full | dots | dots_no_batch | minimal
-  # Pretraining with masked positions (unrolled layers, or unroll_last_layer): the last layer
-  # computes its queries, attention output and FFN only at [CLS] and the masked positions, the
-  # only outputs the MLM and NSP heads read (keys and values still cover every position). Same
-  # losses and gradients, ~(1 - (P+1)/L) of one layer's FLOPs fewer.
-  prune_last_layer: bool = True
-  # Which ops the layers run: 'xla' stock Flax/XLA ops, 'cpu' the XLA:CPU kernels of kernels.py
-  # (same values and parameters), 'auto' = 'cpu' on the CPU backend, else 'xla' (see
-  # `backends.resolve_kernels`).
-  kernels: str = "auto"
-  # How dropout keep-masks are drawn from the 'dropout' rng (same keep probability, other
-  # masks): 'threefry' jax.random's default generator (flax's nn.Dropout), 'hash' a counter
-  # hash of each element's index (kernels.py); 'auto' per backend, `backends.DROPOUT_RNG_AUTO`.
-  # MLM masking never uses it.
-  dropout_rng: str = "auto"
-  # Self-attention: 'explicit' softmax with float32 probabilities materialised; 'explicit_lowp'
-  # the same with the probabilities kept in the compute dtype from float32 statistics
-  # (kernels.attention_probs; equal to 'explicit' in float32); 'xla' / 'cudnn'
-  # jax.nn.dot_product_attention with that implementation (no attention dropout; cudnn: on a
-  # GPU, bf16 or fp16, float32 falls back to 'xla'); 'auto' per backend and length,
-  # `backends.AUTO_ATTENTION`; 'flash' the Pallas kernels of flash_attention.py (GPU; on CPU
-  # interpreted, slowly; 'auto''s choice on GPUs), whose attention dropout is always the
-  # dropout_rng='hash' mask: equal to 'explicit' with dropout_rng='hash' (another dropout_rng
-  # still draws every other dropout mask). Attention probabilities asked for
-  # (output_attentions) come from 'explicit'.
-  attention_impl: str = "auto"
-  # The JAX platform `backends.resolve_kernels` resolved the 'auto' fields for ('' = not
-  # resolved: the process's default backend when traced). Set by resolve_kernels, not by
-  # configs.
+  prune_last_layer: bool = True  # the last layer only where the heads read (same losses)
+  kernels: str = "auto"  # auto | xla | cpu (the XLA:CPU kernels)
+  dropout_rng: str = "auto"  # auto | threefry | hash (MLM masking never uses it)
+  attention_impl: str = "auto"  # auto | explicit | explicit_lowp | xla | cudnn | flash
+  # The platform `backends.resolve_kernels` resolved the 'auto' fields for ('' = not yet).
   platform: str = ""
 
   def __post_init__(self):
@@ -108,7 +84,7 @@ class BertConfig:
       raise ValueError(
         f"attention_impl={self.attention_impl!r} has no attention dropout: set "
         f"attention_dropout_prob=0 (it is {self.attention_dropout_prob}) or attention_impl to "
-        "auto, explicit or explicit_lowp"
+        "auto, explicit, explicit_lowp or flash"
       )
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f"remat_policy {self.remat_policy!r} not in {sorted(REMAT_POLICIES)}")

@@ -45,8 +45,7 @@ stayed on the unigram plateau (15.3%) and the 4-deep row left it late (31.1%):
 docs/replication/budget.md section 5.
 """
 
-from bert_jax import config_lib
-from bert_jax import model as model_lib
+from bert_jax import config_lib, model_config
 
 # The published rows and claims the report puts beside ours (bert_jax.report --paper).
 PAPER = "table6"
@@ -92,7 +91,7 @@ def get_config(arg=None):
   if a.row not in _rows(a.scale):
     raise ValueError(f"row must be one of {', '.join(_rows(a.scale))}, not {a.row!r}")
   # The ablated fields.
-  c.model.update(model_lib.size_fields(a.row))
+  c.model.update(model_config.size_fields(a.row))
   if a.scale != "full":
     # The reduced scales' lr was chosen on tiny (2 x 128); a bigger row gets it halved per
     # doubling of width or depth. At 1.4e-3 the 256-wide row stayed on the unigram plateau

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from test_model import NNEmbedEmbeddings
 
-from bert_jax import aot, backends, config_lib, objectives, optim, train
+from bert_jax import aot, backends, config_lib, model_config, objectives, optim, train
 from bert_jax import model as model_lib
 from bert_jax.model import BertForPreTraining
 from bert_jax.tasks import heads
@@ -70,14 +70,14 @@ def scatter_adds(jaxpr) -> list[tuple[tuple[int, ...], np.dtype]]:
   return found
 
 
-def table_shapes(cfg: model_lib.BertConfig) -> set[tuple[int, int]]:
+def table_shapes(cfg: model_config.BertConfig) -> set[tuple[int, int]]:
   d = cfg.hidden_size
   return {(cfg.vocab_size, d), (cfg.max_position_embeddings, d), (cfg.type_vocab_size, d)}
 
 
-def _train_step_scatters(c, platform: str) -> tuple[model_lib.BertConfig, list]:
+def _train_step_scatters(c, platform: str) -> tuple[model_config.BertConfig, list]:
   """The scatter-adds of `train.make_train_step`'s jaxpr, the model resolved for `platform`."""
-  cfg = model_lib.resolve_kernels(train.bert_config(c), platform)
+  cfg = backends.resolve_kernels(train.bert_config(c), platform)
   model = BertForPreTraining(cfg)
   tx = optim.make_optimizer(c.opt)
   step = train.make_train_step(
@@ -125,13 +125,13 @@ def test_finetuning_model_shares_lookups_dropout_and_attention(monkeypatch):
   no low-precision table scatter, its dropouts (encoder and head) draw from dropout_rng's
   generator ('auto': the hash, attention dropout in the flash kernels), and its layers run
   attention_impl's implementation."""
-  base = model_lib.config_for_size(
+  base = model_config.config_for_size(
     "tiny", vocab_size=256, max_position_embeddings=64, dtype="bfloat16"
   )
   ids = jnp.ones((4, 16), jnp.int32)
 
   def trace(cfg):
-    model = heads.FinetuneModel(model_lib.resolve_kernels(cfg, "gpu"), "tagging", 3)
+    model = heads.FinetuneModel(backends.resolve_kernels(cfg, "gpu"), "tagging", 3)
     params = jax.eval_shape(lambda: model.init(jax.random.key(0), ids)["params"])
     params = jax.tree.map(lambda x: getattr(x, "value", x), params, is_leaf=_is_box)
 
@@ -174,7 +174,7 @@ def test_finetuning_config_sets_dropout_rng_and_attention_on_a_checkpoint(tmp_pa
   spec = importlib.util.spec_from_file_location("finetune_config", f"{REPO}/configs/finetune.py")
   finetune_configs = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(finetune_configs)
-  stored = dataclasses.asdict(model_lib.config_for_size("tiny"))
+  stored = dataclasses.asdict(model_config.config_for_size("tiny"))
   stored.update(attention_impl="fused", dropout_rng="hash_redraw", kernels="lowp")
   (tmp_path / hf_io.PARAMS_CONFIG).write_text(json.dumps(stored))
   (tmp_path / hf_io.PARAMS_FILE).write_bytes(b"")

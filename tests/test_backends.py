@@ -16,15 +16,20 @@ TINY = model_config.BertConfig(
 )
 
 
-def test_model_keeps_the_names():
-  """`model.X` is the object backends.py / model_config.py define (configs, tools and users
-  spell them model.X)."""
-  for name in ("BertConfig", "REMAT_POLICIES", "SIZES", "size_fields", "config_for_size"):
-    assert getattr(model_lib, name) is getattr(model_config, name), name
-  for name in ("resolve_kernels", "resolved", "attention_choice", "ops_for", "XLA_OPS", "CPU_OPS"):
-    assert getattr(model_lib, name) is getattr(backends, name), name
-  for name in ("KEEP_MASKS", "DROPOUT_RNG_AUTO", "AUTO_ATTENTION", "platform_family", "Ops"):
-    assert getattr(model_lib, name) is getattr(backends, name), name
+def test_model_reexports_nothing():
+  """Every class and function reachable as `model.X` is defined in model.py: a name of
+  backends or model_config has one import path, its own module's."""
+  import inspect
+
+  foreign = [
+    name
+    for name, obj in vars(model_lib).items()
+    if (inspect.isclass(obj) or inspect.isfunction(obj))
+    and obj.__module__.startswith("bert_jax")
+    and obj.__module__ != "bert_jax.model"
+  ]
+  assert foreign == []
+  assert not hasattr(model_lib, "BertConfig") and not hasattr(model_lib, "resolve_kernels")
 
 
 def test_resolve_kernels_by_platform():

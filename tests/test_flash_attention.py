@@ -1,6 +1,6 @@
-"""bert_jax.flash_attention in Pallas' interpreter: the same outputs and gradients as the
-explicit attention (model.explicit_attention) with the same mask and the same hash dropout
-(model.Dropout with dropout_rng='hash'), on one device and sharded; the kernels lower for
+"""bert_jax.backends.flash in Pallas' interpreter: the same outputs and gradients as the
+explicit attention (backends.attention.explicit_attention) with the same mask and the same hash
+dropout (backends.dropout.Dropout with dropout_rng='hash'), on one device and sharded; the kernels lower for
 CUDA through Pallas' Triton backend; and the model with attention_impl='flash' trains as with
 'explicit' and dropout_rng='hash'."""
 
@@ -15,11 +15,14 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 from test_kernels import _micro_config, _train_batch
 
-from bert_jax import aot, kernels, objectives, optim, train
+from bert_jax import aot, backends, model_config, objectives, optim, train
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
-from bert_jax.flash_attention import flash_attention
-from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.backends import attention as attention_lib
+from bert_jax.backends import dropout as dropout_lib
+from bert_jax.backends.flash import flash_attention
+from bert_jax.model import BertForPreTraining
+from bert_jax.model_config import BertConfig
 
 GRADS = ("dq", "dk", "dv")
 
@@ -46,14 +49,14 @@ def _input_mask(b, s):
 def _hash_dropout(rate, key):
   """model.Dropout with dropout_rng='hash' bound to `key`, and the seed words its first mask
   hashes with (its first make_rng)."""
-  drop = lambda: model_lib.Dropout(rate, "hash").bind({}, rngs={"dropout": key})
-  return drop(), kernels.hash_seed(drop().make_rng("dropout"))
+  drop = lambda: dropout_lib.Dropout(rate, "hash").bind({}, rngs={"dropout": key})
+  return drop(), dropout_lib.hash_seed(drop().make_rng("dropout"))
 
 
 def explicit(q, k, v, input_mask, causal, positions, rate, key):
   drop = _hash_dropout(rate, key)[0] if rate > 0 else None
-  mask = model_lib.attention_mask(input_mask, causal, positions)
-  return model_lib.explicit_attention(q, k, v, mask, model_lib.XLA_OPS, drop)[0]
+  mask = attention_lib.attention_mask(input_mask, causal, positions)
+  return attention_lib.explicit_attention(q, k, v, mask, backends.XLA_OPS, drop)[0]
 
 
 def flash(q, k, v, input_mask, causal, positions, rate, key, **kw):
@@ -201,7 +204,7 @@ def test_lowers_for_cuda_with_triton(dtype):
   b, q_len, s, h, k = 2, 21, 128, 2, 64
   q, keys, values, g = _inputs(b, q_len, s, h, k, dtype)
   input_mask, positions = _input_mask(b, s), _positions(b, q_len, s)
-  seed = kernels.hash_seed(jax.random.key(0))
+  seed = dropout_lib.hash_seed(jax.random.key(0))
 
   def step(q, k, v, g):
     fn = lambda q, k, v: flash_attention(
@@ -225,7 +228,7 @@ def _train_step_results(c, mesh_shape):
   CPU: its metrics, its Adam first moments (after one step, (1 - b1) times the clipped
   gradients) by parameter path, and whether its program holds a Pallas kernel."""
   mesh = sh.make_mesh(mesh_shape, jax.devices()[: int(np.prod(mesh_shape))])
-  cfg = model_lib.resolve_kernels(train.bert_config(c), "cpu")
+  cfg = backends.resolve_kernels(train.bert_config(c), "cpu")
   model = BertForPreTraining(cfg)
   tx = optim.make_optimizer(c.opt)
   obj = objectives.Objective.from_config(c)
@@ -271,7 +274,7 @@ def test_model_flash_equals_explicit_with_hash_dropout(objective, mesh_shape):
 def test_scanned_rematerialised_layers_flash_equals_explicit():
   """Scanned layers (per-layer dropout rngs split by nn.scan) under full remat: 'flash' gives
   the loss and gradients of 'explicit' with dropout_rng='hash'."""
-  cfg = model_lib.config_for_size(
+  cfg = model_config.config_for_size(
     "tiny", vocab_size=64, max_position_embeddings=16, dropout_rng="hash", scan_layers=True,
     remat_policy="full",
   )  # fmt: skip
@@ -303,7 +306,7 @@ def test_train_step_lowers_for_cuda_with_triton():
   c = _micro_config("auto", dropout=0.1)
   c.model.update(dtype="bfloat16")
   assert (c.model.dropout_rng, c.model.attention_impl) == ("auto", "auto")
-  cfg = model_lib.resolve_kernels(train.bert_config(c), "cuda")
+  cfg = backends.resolve_kernels(train.bert_config(c), "cuda")
   model = BertForPreTraining(cfg)
   tx = optim.make_optimizer(c.opt)
   step = train.make_train_step(
@@ -320,12 +323,12 @@ def test_flash_config():
   """'flash' is a valid attention_impl with attention dropout, 'auto''s choice on GPUs only;
   the model refuses it on a TPU in one line."""
   cfg = BertConfig(attention_impl="flash", attention_dropout_prob=0.1)
-  assert model_lib.attention_choice(cfg, 128, dropout=True, probs=False) == "flash"
-  assert model_lib.attention_choice(cfg, 128, dropout=True, probs=True) == "explicit"
-  assert {p for p, _ in model_lib.AUTO_ATTENTION if "flash" in model_lib.AUTO_ATTENTION[p, _]} == {
+  assert backends.attention_choice(cfg, 128, dropout=True, probs=False) == "flash"
+  assert backends.attention_choice(cfg, 128, dropout=True, probs=True) == "explicit"
+  assert {p for p, _ in backends.AUTO_ATTENTION if "flash" in backends.AUTO_ATTENTION[p, _]} == {
     "gpu"
   }
-  tpu = model_lib.resolve_kernels(dataclasses.replace(cfg, vocab_size=64), "tpu")
+  tpu = backends.resolve_kernels(dataclasses.replace(cfg, vocab_size=64), "tpu")
   model = BertForPreTraining(dataclasses.replace(tpu, num_layers=1, hidden_size=32, num_heads=2))
   ids = jnp.zeros((1, 8), jnp.int32)
   with pytest.raises(ValueError, match="^attention_impl='flash' runs on GPUs .* not on tpu"):
@@ -343,7 +346,7 @@ def test_finetuning_flash_equals_explicit_with_padding(kind):
   runs its last layer at [CLS] only (a query block of 1), span_qa at every position."""
   from bert_jax.tasks import heads
 
-  cfg = model_lib.config_for_size(
+  cfg = model_config.config_for_size(
     "tiny", vocab_size=64, max_position_embeddings=128, dropout_rng="hash", platform="cpu",
     kernels="xla",
   )  # fmt: skip

@@ -1,4 +1,4 @@
-"""bert_jax.kernels behind BertConfig.kernels: the CPU kernels give the stock XLA path's
+"""bert_jax.backends.cpu behind BertConfig.kernels: the CPU kernels give the stock XLA path's
 outputs, losses and gradients; 'auto' takes the stock path on every backend but the CPU.
 
 Each parity check also asserts that the two runs really used different ops (custom-VJP calls
@@ -15,14 +15,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import aot, config_lib, kernels, objectives, optim, train
+from bert_jax import aot, backends, config_lib, model_config, objectives, optim, train
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
-from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.backends import cpu as cpu_kernels
+from bert_jax.model import BertForPreTraining
+from bert_jax.model_config import BertConfig
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 
-TINY = model_lib.config_for_size("tiny", vocab_size=128, max_position_embeddings=16)
+TINY = model_config.config_for_size("tiny", vocab_size=128, max_position_embeddings=16)
 # What only the CPU kernels put in a program: custom VJPs and the CPU/default weight-gradient
 # switch (lax.platform_dependent). The hash dropout's murmur3 multiplier marks
 # dropout_rng='hash', and the low-precision attention probabilities are a custom VJP of their
@@ -37,18 +39,18 @@ HASH = str(0x85EBCA6B)
 
 def test_resolve_kernels():
   for platform in ("tpu", "gpu", "cuda", "rocm"):
-    assert model_lib.resolve_kernels(TINY, platform).kernels == "xla"
-  assert model_lib.resolve_kernels(TINY, "cpu").kernels == "cpu"
+    assert backends.resolve_kernels(TINY, platform).kernels == "xla"
+  assert backends.resolve_kernels(TINY, "cpu").kernels == "cpu"
   for explicit in ("xla", "cpu"):
     cfg = dataclasses.replace(TINY, kernels=explicit)
     for platform in ("cpu", "tpu", "gpu"):
-      assert model_lib.resolve_kernels(cfg, platform).kernels == explicit
+      assert backends.resolve_kernels(cfg, platform).kernels == explicit
   # Only the 'auto' fields and the platform change, and the parameters are the same in every
   # mode.
-  resolved = model_lib.resolve_kernels(TINY, "cuda")
+  resolved = backends.resolve_kernels(TINY, "cuda")
   assert resolved.platform == "gpu"
   assert dataclasses.replace(resolved, kernels="auto", dropout_rng="auto", platform="") == TINY
-  assert model_lib.resolve_kernels(resolved, "cuda") == resolved
+  assert backends.resolve_kernels(resolved, "cuda") == resolved
   shapes = lambda cfg: jax.tree.map(lambda x: (x.shape, x.dtype), model_lib.abstract_params(cfg))
   assert shapes(resolved) == shapes(dataclasses.replace(TINY, kernels="cpu"))
   with pytest.raises(ValueError, match="^kernels must be one of auto, xla, cpu, not 'lowp'$"):
@@ -57,9 +59,9 @@ def test_resolve_kernels():
 
 def test_unresolved_auto_follows_the_default_backend():
   assert jax.default_backend() == "cpu"  # conftest
-  assert model_lib.ops_for(TINY) is model_lib.CPU_OPS
-  assert model_lib.ops_for(dataclasses.replace(TINY, kernels="xla")) is model_lib.XLA_OPS
-  assert model_lib.ops_for(model_lib.resolve_kernels(TINY, "tpu")) is model_lib.XLA_OPS
+  assert backends.ops_for(TINY) is backends.CPU_OPS
+  assert backends.ops_for(dataclasses.replace(TINY, kernels="xla")) is backends.XLA_OPS
+  assert backends.ops_for(backends.resolve_kernels(TINY, "tpu")) is backends.XLA_OPS
 
 
 # --- model parity: CPU kernels vs stock XLA ops ------------------------------------------------
@@ -164,7 +166,7 @@ def test_cpu_kernels_match_stock_ops(case):
 
 def test_cpu_kernels_reach_every_dense_layer():
   """kernels='cpu': every Dense matmul and bias add runs through the kernels' VJPs (one per
-  kernel), every LayerNorm through kernels.LayerNorm; kernels='xla': none of them."""
+  kernel), every LayerNorm through cpu_kernels.LayerNorm; kernels='xla': none of them."""
 
   def counts(mode):
     cfg = dataclasses.replace(TINY, kernels=mode)
@@ -182,7 +184,7 @@ def test_cpu_kernels_reach_every_dense_layer():
   assert matmuls == n_kernels and biases == n_kernels + 1  # + the MLM output bias
   assert counts("xla")[:2] == (0, 0)
   layer_norms = lambda mode: sum(
-    isinstance(m, kernels.LayerNorm)
+    isinstance(m, cpu_kernels.LayerNorm)
     for m in _modules(BertForPreTraining(dataclasses.replace(TINY, kernels=mode)))
   )
   assert layer_norms("cpu") == 2 * TINY.num_layers + 2 and layer_norms("xla") == 0
@@ -269,7 +271,7 @@ def _train_losses(kernels_mode: str, steps: int) -> tuple[list[float], str]:
   the trainer resolves it, and the step's jaxpr."""
   c = _micro_config(kernels_mode)
   mesh = sh.make_mesh((1, 1, 1), jax.devices()[:1])
-  cfg = model_lib.resolve_kernels(train.bert_config(c), mesh.devices.flat[0].platform)
+  cfg = backends.resolve_kernels(train.bert_config(c), mesh.devices.flat[0].platform)
   model = BertForPreTraining(cfg)
   tx = optim.make_optimizer(c.opt)
   obj = objectives.Objective.from_config(c)
@@ -299,7 +301,7 @@ def test_train_loop_losses_match_between_kernels():
 def _train_params(c, step_rng: int, steps: int = 2, mesh_shape=(1, 1, 1)):
   """Params (as host arrays) after `steps` steps of the real jitted train step."""
   mesh = sh.make_mesh(mesh_shape, jax.devices()[: int(np.prod(mesh_shape))])
-  cfg = model_lib.resolve_kernels(train.bert_config(c), mesh.devices.flat[0].platform)
+  cfg = backends.resolve_kernels(train.bert_config(c), mesh.devices.flat[0].platform)
   model = BertForPreTraining(cfg)
   tx = optim.make_optimizer(c.opt)
   obj = objectives.Objective.from_config(c)
@@ -328,7 +330,7 @@ def test_train_step_is_deterministic_per_dropout_rng(dropout_rng):
 
 
 def _train_step_jaxpr(c, platform: str) -> str:
-  cfg = model_lib.resolve_kernels(train.bert_config(c), platform)
+  cfg = backends.resolve_kernels(train.bert_config(c), platform)
   model = BertForPreTraining(cfg)
   tx = optim.make_optimizer(c.opt)
   obj = objectives.Objective.from_config(c)
@@ -348,10 +350,10 @@ def test_default_train_step_for_accelerators_has_no_cpu_kernels():
   for platform in ("tpu", "gpu"):
     text = _train_step_jaxpr(c, platform)
     assert not [op for op in CPU_KERNELS if op in text], platform
-    assert (HASH in text) == (model_lib.DROPOUT_RNG_AUTO[platform] == "hash"), platform
+    assert (HASH in text) == (backends.DROPOUT_RNG_AUTO[platform] == "hash"), platform
   text = _train_step_jaxpr(c, "cpu")
   assert all(op in text for op in CPU_KERNELS)
-  assert (HASH in text) == (model_lib.DROPOUT_RNG_AUTO["cpu"] == "hash")
+  assert (HASH in text) == (backends.DROPOUT_RNG_AUTO["cpu"] == "hash")
 
 
 # --- the kernels themselves -------------------------------------------------------------------
@@ -368,8 +370,8 @@ def test_cpu_weight_gradient_layout_matches_plain_dot(in_shape, out):
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(3, 5, *in_shape)), jnp.bfloat16)
   g = jnp.asarray(rng.normal(size=(3, 5, out)), jnp.bfloat16)
-  a = jax.jit(functools.partial(kernels._dw_cpu, 2))(x, g)
-  b = jax.jit(functools.partial(kernels._dw, 2))(x, g)
+  a = jax.jit(functools.partial(cpu_kernels._dw_cpu, 2))(x, g)
+  b = jax.jit(functools.partial(cpu_kernels._dw, 2))(x, g)
   ref = np.einsum("abij,abk->ijk", np.asarray(x, np.float32), np.asarray(g, np.float32))
   assert a.shape == (*in_shape, out) and a.dtype == jnp.float32
   np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-5)
@@ -390,7 +392,7 @@ def test_float32_matmul_vjp_matches_autodiff(x_shape, w_shape, contract):
   gy = jnp.asarray(rng.normal(size=x_shape[: len(x_shape) - contract] + w_shape[contract:]))
 
   def fast(x, w):
-    return jnp.sum(kernels.matmul(x, w, contract, "float32") * gy)
+    return jnp.sum(cpu_kernels.matmul(x, w, contract, "float32") * gy)
 
   def ref(x, w):
     return jnp.sum(jnp.tensordot(x, w, contract) * gy)
@@ -415,8 +417,8 @@ def test_low_precision_custom_vjps_match_float32_autodiff():
   gl = _bf16_round(rng.normal(size=(2, 64, 50)))
 
   def fast(x, w, b, table):
-    y = kernels.add_bias(kernels.matmul(x, w, 1, "bfloat16"), b)
-    logits = kernels.tied_logits(x, table, "bfloat16")
+    y = cpu_kernels.add_bias(cpu_kernels.matmul(x, w, 1, "bfloat16"), b)
+    logits = cpu_kernels.tied_logits(x, table, "bfloat16")
     return jnp.sum(y.astype(jnp.float32) * gy) + jnp.sum(logits * gl)
 
   def ref(x, w, b, table):
@@ -440,8 +442,8 @@ def test_attention_custom_vjps_match_float32_autodiff():
 
   def fast(q, k, p, v):
     q, k, p, v = bf(q, k, p, v)
-    s = kernels.attention_scores(q, k)
-    c = kernels.attention_context(p, v)
+    s = cpu_kernels.attention_scores(q, k)
+    c = cpu_kernels.attention_context(p, v)
     return jnp.sum(s * gs) + jnp.sum(c * gc)
 
   def ref(q, k, p, v):
@@ -457,18 +459,18 @@ def test_attention_custom_vjps_match_float32_autodiff():
 
 
 def test_layer_norm_kernel_matches_flax():
-  """kernels.LayerNorm: nn.LayerNorm's parameters and values, float32 inside for bf16 input."""
+  """cpu_kernels.LayerNorm: nn.LayerNorm's parameters and values, float32 inside for bf16 input."""
   rng = np.random.default_rng(4)
   x = jnp.asarray(3.0 + rng.normal(size=(2, 5, 16)), jnp.float32)
   init = dict(epsilon=1e-12, param_dtype=jnp.float32)
-  ours, flax_ln = kernels.LayerNorm(**init), nn.LayerNorm(**init, use_fast_variance=False)
+  ours, flax_ln = cpu_kernels.LayerNorm(**init), nn.LayerNorm(**init, use_fast_variance=False)
   params = jax.tree.map(
     lambda a: jnp.asarray(rng.normal(size=a.shape), a.dtype),
     flax_ln.init(jax.random.key(0), x),
   )
   assert jax.tree.structure(ours.init(jax.random.key(0), x)) == jax.tree.structure(params)
   np.testing.assert_allclose(ours.apply(params, x), flax_ln.apply(params, x), rtol=1e-5, atol=1e-5)
-  y16 = kernels.LayerNorm(**init, dtype=jnp.bfloat16).apply(params, x.astype(jnp.bfloat16))
+  y16 = cpu_kernels.LayerNorm(**init, dtype=jnp.bfloat16).apply(params, x.astype(jnp.bfloat16))
   assert y16.dtype == jnp.bfloat16
   np.testing.assert_allclose(y16.astype(jnp.float32), ours.apply(params, x), atol=0.05)
 

@@ -1,10 +1,12 @@
-"""What each backend runs: the choices behind BertConfig's `kernels`, `dropout_rng` and
-`attention_impl`, and the measurements that set their 'auto' values per platform.
+"""Every per-platform speed choice of the model: what BertConfig's `kernels`, `dropout_rng`
+and `attention_impl` resolve to on each platform for 'auto' (their values:
+`model_config.KERNELS`, ...), and the array ops, tied-decoder padding and attention plan that
+follow. The model asks here and never
+branches on a platform itself. The measurement behind each 'auto' entry: docs/gpu.md ("Model
+paths and why each stays") and docs/backends.md (CPU and TPU).
 
-model.py writes the layers once; they ask here which array ops (`ops_for`: stock XLA ops or the
-XLA:CPU kernels of kernels.py), which dropout keep-masks (`KEEP_MASKS`) and which attention
-(`attention_choice`) to run. An 'auto' value moves to another choice on a platform only after a
-measurement there says it pays (the comments on `DROPOUT_RNG_AUTO` and `AUTO_ATTENTION`).
+Modules: `attention` (`attend`, the one attention dispatch), `dropout` (keep-masks and the
+Dropout module), `cpu` (the XLA:CPU kernels), `flash` (Pallas flash attention).
 """
 
 from __future__ import annotations
@@ -12,51 +14,26 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax import kernels
-from bert_jax.model_config import BertConfig
+from bert_jax.backends import cpu
+
+if TYPE_CHECKING:  # model_config imports the values above from here
+  from bert_jax.model_config import BertConfig
 
 Array = jax.Array
 
 # ----------------------------------------------------------------------------- 'auto' per platform
 
-# dropout_rng='auto' per platform, each from a measurement on that platform:
-# - cpu: 'hash'. tools/probes/lockstep_ab.py --size=tiny --layers=0 --rounds=12 --turn_s=3 (bf16,
-#   seq 128, batch 32), step time over hash's: rbg 1.125, threefry 1.047 (medians).
-# - tpu: 'hash'. bert_jax.aot, BERT-Base (scanned layers) bf16, 256 x 128 on v5e-16, mesh
-#   (1,16,1): temporaries per device threefry 1.81, hash 1.81, rbg 1.92 GiB (XLA's
-#   RngBitGenerator partitioning makes every device generate the global batch's mask);
-#   XLA-counted FLOPs threefry 7.41e10, hash 7.23e10 (rbg 7.18e10: its bits count as none).
-# - gpu: 'hash'. H200, 2026-11-28 (docs/gpu.md): with attention_impl='flash' (which draws the
-#   hash mask in its kernels) Base 128 x 256 ran 1.12x torch.compile, against 0.93x for
-#   threefry + explicit; hash alone 0.99x.
+# dropout_rng='auto' per platform (docs/gpu.md, docs/backends.md).
 DROPOUT_RNG_AUTO = {"cpu": "hash", "tpu": "hash", "gpu": "hash"}
 
-# attention_impl='auto' per (platform, key length S): (the implementation without attention
-# dropout, the one with it). Only measured entries (another length takes the nearest measured
-# one); a platform without any entry keeps the behaviour before attention_impl existed: 'xla'
-# without attention dropout, 'explicit' with it.
-# - tpu: bert_jax.aot, BERT-Base (scanned layers) bf16 on v5e-16, mesh (1,16,1), dropout_rng
-#   hash; temporaries per device (XLA-counted FLOPs within 0.6% of each other):
-#     S=128, batch 256: with attention dropout explicit 1.81, explicit_lowp 1.74 GiB; without
-#       xla 1.78, explicit 1.78, explicit_lowp 1.67 GiB.
-#     S=512, batch 64: with explicit 2.58, explicit_lowp 2.30 GiB; without xla 2.44,
-#       explicit_lowp 1.87 GiB.
-# - cpu: tools/probes/lockstep_ab.py, bf16, step time of B over A (medians of 12-16 rounds):
-#     without attention dropout, explicit_lowp over xla: BERT-tiny S=128 batch 32 0.935,
-#       S=512 batch 8 0.882; 4-layer Base S=128 0.860; over explicit: tiny S=512 0.948.
-#       (float32, where explicit_lowp is explicit: over xla, tiny S=128 1.004.)
-#     with attention dropout, explicit_lowp over explicit: tiny S=128 0.991, S=512 1.006 (no
-#       gain: 'explicit' stays).
-# - gpu: H200, 2026-11-28 (docs/gpu.md), Base 128 x 256 against torch.compile in the same call:
-#     with attention dropout 0.1, flash (with dropout_rng='hash') 1.12x, explicit 0.93x;
-#     without attention dropout, cudnn 1.13x (4,383 against 3,886 seq/s).
-#   Where the choice cannot run, `attention_choice` falls back: flash to explicit (the same
-#   hash mask), cudnn to xla.
+# attention_impl='auto' per (platform, key length S): (without attention dropout, with it); a
+# length takes the nearest measured one (docs/gpu.md, docs/backends.md).
 AUTO_ATTENTION: dict[tuple[str, int], tuple[str, str]] = {
   ("cpu", 128): ("explicit_lowp", "explicit"),
   ("cpu", 512): ("explicit_lowp", "explicit"),
@@ -64,28 +41,25 @@ AUTO_ATTENTION: dict[tuple[str, int], tuple[str, str]] = {
   ("tpu", 512): ("explicit_lowp", "explicit_lowp"),
   ("gpu", 128): ("cudnn", "flash"),
 }
+# A platform without a measured entry (before attention_impl existed).
 DEFAULT_ATTENTION = ("xla", "explicit")
 
-# attention_impl='flash' (flash_attention.py's Pallas kernels) per platform: whether Pallas
-# interprets them. On a GPU they lower through Triton; on the CPU the interpreter runs them
-# (slowly: for tests); no TPU (Mosaic) version.
+# Whether Pallas interprets the flash kernels, per platform (GPU: Triton; CPU: for tests).
 FLASH_INTERPRET = {"gpu": False, "cpu": True}
-# The largest head dim 'auto' runs the flash kernels at: their tiles hold [block, head dim]
-# rows in registers, and only head dim 64 (Base, Large) has run on a GPU. A larger head (the
-# Table 6 row L6_H768_A3 has 256) runs the explicit attention until a GPU measures it.
+# The largest head dim 'auto' runs flash at (only 64 has run on a GPU: docs/gpu.md).
 FLASH_MAX_HEAD_DIM = 128
-# The oldest CUDA compute capability 'auto' runs the flash kernels on: Triton's bf16 dots need
-# Ampere (8.0); they ran on Hopper (9.0).
+# The oldest CUDA compute capability 'auto' runs flash on (Triton's bf16 dots: Ampere).
 FLASH_MIN_CAPABILITY = 8.0
-# cuDNN's fused attention (jax.nn.dot_product_attention) needs Ampere or newer.
+# The oldest CUDA compute capability cuDNN's fused attention runs on.
 CUDNN_MIN_CAPABILITY = 8.0
 
-
-# The tied MLM decoder's vocabulary rows are padded (inside the step, with zero rows whose
-# logits are sliced off) to a multiple of this per platform. GPU: the H200 profile of Base
-# (2026-11-28) ran the 30,522-row product as a TF32 `align1` cutlass kernel, 1.9 ms in one
-# call at 12.5% occupancy; NVIDIA's BERT pads to 30,528.
+# The tied decoder's rows padded inside the step to a multiple of this (docs/gpu.md).
 VOCAB_MULTIPLE = {"gpu": 128}
+
+
+def platform_family(platform: str) -> str:
+  """A JAX platform name as DROPOUT_RNG_AUTO and AUTO_ATTENTION key it ('cuda', 'rocm' -> 'gpu')."""
+  return "gpu" if platform in ("gpu", "cuda", "rocm") else platform
 
 
 def vocab_rows(cfg: BertConfig, vocab: int) -> int:
@@ -93,11 +67,6 @@ def vocab_rows(cfg: BertConfig, vocab: int) -> int:
   to cfg's platform's VOCAB_MULTIPLE (1 where none is given)."""
   multiple = VOCAB_MULTIPLE.get(resolved(cfg).platform, 1)
   return -(-vocab // multiple) * multiple
-
-
-def platform_family(platform: str) -> str:
-  """A JAX platform name as DROPOUT_RNG_AUTO and AUTO_ATTENTION key it ('cuda', 'rocm' -> 'gpu')."""
-  return "gpu" if platform in ("gpu", "cuda", "rocm") else platform
 
 
 def resolve_kernels(cfg: BertConfig, platform: str) -> BertConfig:
@@ -269,12 +238,12 @@ XLA_OPS = Ops(
 )
 
 CPU_OPS = Ops(
-  matmul=kernels.matmul,
-  add_bias=kernels.add_bias,
-  logits=kernels.tied_logits,
-  scores=kernels.attention_scores,
-  context=kernels.attention_context,
-  layer_norm=kernels.LayerNorm,
+  matmul=cpu.matmul,
+  add_bias=cpu.add_bias,
+  logits=cpu.tied_logits,
+  scores=cpu.attention_scores,
+  context=cpu.attention_context,
+  layer_norm=cpu.LayerNorm,
 )
 
 
@@ -284,10 +253,13 @@ def ops_for(cfg: BertConfig) -> Ops:
   return CPU_OPS if resolved(cfg).kernels == "cpu" else XLA_OPS
 
 
-# ----------------------------------------------------------------------------- dropout masks
-
-# dropout_rng -> (key, shape, rate) -> boolean keep-mask, True with probability 1 - rate.
-KEEP_MASKS: dict[str, Callable[[Array, tuple[int, ...], float], Array]] = {
-  "threefry": lambda key, shape, rate: jax.random.bernoulli(key, 1.0 - rate, shape),
-  "hash": kernels.keep_mask,
-}
+def decoder_logits(cfg: BertConfig, h_BPD: Array, table_VD: Array) -> Array:
+  """float32 logits [B, P, V] of h against a vocabulary table (the tied MLM decoder). The
+  product runs on the table padded with zero rows to `vocab_rows` (on a GPU a multiple of 128,
+  the dots' aligned tiles); the padded columns are sliced off before anything reads them, so
+  none takes probability or wins an argmax, and the parameters keep V rows."""
+  vocab = table_VD.shape[0]
+  rows = vocab_rows(cfg, vocab)
+  if rows != vocab:
+    table_VD = jnp.pad(table_VD, ((0, rows - vocab), (0, 0)))
+  return ops_for(cfg).logits(h_BPD, table_VD, cfg.compute_dtype)[..., :vocab]
