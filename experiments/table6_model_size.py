@@ -3,7 +3,7 @@
 Hypothesis: bigger is better, even on small downstream tasks: held-out MLM perplexity and
 fine-tuned accuracy improve monotonically from 3 to 24 layers, 768 to 1024 hidden.
 
-Rows (`row=`, the paper's #L/#H/#A; names from bert_jax.model.SIZES), each changing only
+Rows (`row=`, the paper's #L/#H/#A; names from bert_jax.model_config.SIZES), each changing only
 the model's depth, width and heads (intermediate = 4 x hidden) from the base recipe (at the
 reduced scales also the lr, halved per doubling of width or depth: the recipe's lr was
 chosen on tiny):
@@ -60,7 +60,7 @@ ROWS = (
 )
 
 
-# The reduced scales' rows, of bert_jax.model.SIZES: gpu, four sizes of 0.4M to 3.1M
+# The reduced scales' rows, of bert_jax.model_config.SIZES: gpu, four sizes of 0.4M to 3.1M
 # non-embedding parameters; cpu, the three that fit its 2-core budget (mini alone would take
 # about as long as the rest of the cpu replication).
 GPU_ROWS = ("tiny", "L4_H128_A2", "L2_H256_A4", "mini")

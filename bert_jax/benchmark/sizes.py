@@ -1,4 +1,4 @@
-"""The benchmark's model sizes (`bert_jax.model.SIZES` plus the shape of a released checkpoint
+"""The benchmark's model sizes (`model_config.SIZES` plus the shape of a released checkpoint
 the fine-tuning benchmark times, MiniLM-L6-H384: all-MiniLM-L6-v2's encoder), the masked
 positions per sequence, and the FLOPs of a step."""
 
