@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import backends, loader, model_config, params_tree
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import loader, params_tree
 from bert_jax import model as model_lib
 
 MASK_TEXT = "[MASK]"
@@ -44,7 +44,7 @@ class Bert:
 
   def __init__(
     self,
-    config: model_lib.BertConfig,
+    config: model_config.BertConfig,
     params: Any,
     tokenizer,
     meta: dict,
@@ -209,6 +209,6 @@ def load(path: str, step: int | None = None, device: Any = None, dtype: str | No
     ck = loader.load_checkpoint(path, step)
   dtype = ck.config.dtype if dtype is None else dtype
   cfg = dataclasses.replace(ck.config, remat_policy="none", dtype=dtype)
-  cfg = model_lib.resolve_kernels(cfg, target_device.platform)
+  cfg = backends.resolve_kernels(cfg, target_device.platform)
   params = jax.device_put(ck.params, target_device)
   return Bert(cfg, params, ck.tokenizer, ck.meta, ck.step, ck.format)

@@ -25,8 +25,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from bert_jax import files
-from bert_jax import model as model_lib
+from bert_jax import files, model_config
 
 T = TypeVar("T")
 FORMAT = "bert_jax/1"
@@ -404,15 +403,16 @@ def read_meta(path: str, step: int | None = None) -> tuple[dict, int, str]:
   return meta, step, directory
 
 
-def bert_config_from_meta(meta: dict, **overrides: Any) -> model_lib.BertConfig:
+def bert_config_from_meta(meta: dict, **overrides: Any) -> model_config.BertConfig:
   """The stored BertConfig; fields this version does not have (older or newer ones) are
-  ignored, so checkpoints move between versions."""
-  fields = {f.name for f in dataclasses.fields(model_lib.BertConfig)}
+  ignored and values it no longer has read as their current ones (`model_config.RETIRED`), so
+  checkpoints move between versions."""
+  fields = {f.name for f in dataclasses.fields(model_config.BertConfig)}
   stored = {k: v for k, v in meta["model"].items() if k in fields}
-  return model_lib.BertConfig(**{**stored, **overrides})
+  return model_config.BertConfig(**model_config.retired_to_current({**stored, **overrides}))
 
 
-def check_same_architecture(meta: dict, cfg: model_lib.BertConfig, source: str) -> None:
+def check_same_architecture(meta: dict, cfg: model_config.BertConfig, source: str) -> None:
   """One-line error when a checkpoint's parameter shapes differ from `cfg`'s."""
   diffs = [
     f"{k}={meta['model'].get(k)} (checkpoint) vs {getattr(cfg, k)} (config)"

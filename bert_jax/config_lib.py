@@ -10,7 +10,7 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
-from bert_jax import model as model_lib
+from bert_jax import model_config
 from bert_jax import sharding as sh
 
 
@@ -166,10 +166,10 @@ def base_config(size: str = "base") -> ml_collections.ConfigDict:
   # data's tokenizer fingerprint, also for init_from), 'dataset' (the data's options) or '*'.
   c.resume_allow_changes = ""
 
-  fields = {f.name: f.default for f in dataclasses.fields(model_lib.BertConfig)}
+  fields = {f.name: f.default for f in dataclasses.fields(model_config.BertConfig)}
   fields.pop("causal")  # derived from objective.ltr
   fields.pop("platform")  # set by model.resolve_kernels for the devices a run uses
-  fields.update(model_lib.size_fields(size))
+  fields.update(model_config.size_fields(size))
   c.model = ml_collections.ConfigDict(fields)
 
   c.objective = ml_collections.ConfigDict(dict(mlm=True, nsp=True, ltr=False))

@@ -32,7 +32,7 @@ from bert_jax import model as model_lib
 from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.files import PathLike, read_json
 from bert_jax.hf_io import HF_CONFIG, HF_WEIGHTS, PARAMS_CONFIG, PARAMS_FILE, TF_CKPT
-from bert_jax.model import BertConfig
+from bert_jax.model_config import BertConfig
 from bert_jax.params_tree import Params
 
 FORMATS = ("workdir", "orbax", "tf", "bert_jax", "hf")

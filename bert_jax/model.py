@@ -1,17 +1,15 @@
 """BERT (Devlin et al. 2019) in Flax linen, faithful to the released models and sharded by
-logical axes.
+logical axes; read from the embeddings to the heads as the paper describes them.
 
 Post-LN Transformer encoder, exact-erf GELU, LayerNorm eps 1e-12, truncated-normal init
 (std 0.02), learned positions, 2 token types, tanh pooler, MLM head (dense + GELU + LayerNorm,
 decoder tied to the word embeddings plus an output bias) evaluated only at the gathered masked
 positions, and a 2-way NSP head. Parameter names map 1:1 onto HuggingFace's
-`BertForPreTraining` (see convert.py).
+`BertForPreTraining` (see convert.py). The hyper-parameters are `model_config.BertConfig`.
 
-The hyper-parameters are `BertConfig` (model_config.py). The layers are written once, in
-stock Flax/XLA ops; what a backend swaps in is asked of backends.py: the array ops
-(`backends.ops_for`: `BertConfig.kernels='cpu'` is the XLA:CPU speed kernels of kernels.py, same
-values, gradients and parameters), the dropout keep-masks (`dropout_rng`) and the attention
-(`attention_impl`), whose 'auto' values come from measurements per backend.
+The layers are written once; what runs on a given platform (the array ops, the dropout masks,
+the attention implementation, the tied decoder's padding) is asked of `bert_jax.backends`,
+whose 'auto' choices come from measurements per platform. Scanned layers: layer_scan.py.
 
 Embedding lookups read the float32 (param_dtype) tables and cast after: the word gather's
 gradient is then a float32 scatter-add, the 2-row token-type table is a select and positions a
@@ -26,43 +24,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from absl import logging
 
-from bert_jax import backends, kernels
-from bert_jax import flash_attention as flash_lib
+from bert_jax import backends, layer_scan
 from bert_jax import sharding as sh
+from bert_jax.backends import attention, dropout
 
-# The config, its sizes (model_config.py) and the per-backend choices (backends.py) have rooms
-# of their own; their names stay importable from here, as configs, tools and users spell them.
-from bert_jax.backends import (  # noqa: F401
-  AUTO_ATTENTION,
-  CPU_OPS,
-  DEFAULT_ATTENTION,
-  DROPOUT_RNG_AUTO,
-  KEEP_MASKS,
-  LOWP_OPS,
-  XLA_OPS,
-  Ops,
-  attention_choice,
-  ops_for,
-  platform_family,
-  resolve_kernels,
-  resolved,
-)
-from bert_jax.model_config import (  # noqa: F401
-  ATTENTION_IMPLS,
-  DROPOUT_RNGS,
-  KERNELS,
-  REMAT_POLICIES,
-  SIZES,
-  BertConfig,
-  config_for_size,
-  size_fields,
-)
+if TYPE_CHECKING:  # (a type for annotations; no name of another module is importable from here)
+  from bert_jax.model_config import BertConfig
 
 Array = jax.Array
 
@@ -122,35 +96,6 @@ def layer_norm(cfg: BertConfig, name: str) -> nn.Module:
     bias_init=_zeros((sh.EMBED,)),
     name=name,
   )
-
-
-class Dropout(nn.Module):
-  """Inverted dropout with the 'dropout' rng collection, as flax's nn.Dropout (with 'threefry'
-  the same masks and values), keep-masks drawn by `backends.DROPOUT_MASKS[rng]`."""
-
-  rate: float
-  rng_impl: str = "threefry"  # a resolved BertConfig.dropout_rng
-
-  def keep_mask(self, shape: tuple[int, ...]) -> Array | kernels.HashMask:
-    """The keep-mask for an input of `shape`, or for 'hash_redraw' its seed (drawn where it is
-    used: `backends.DROPOUT_MASKS`)."""
-    return backends.DROPOUT_MASKS[self.rng_impl](self.make_rng("dropout"), shape, self.rate)
-
-  def hash_seed(self) -> Array:
-    """The seed words of the 'hash' mask `keep_mask` would draw (whatever rng_impl): for
-    kernels that hash their own tiles (attention_impl='flash')."""
-    return kernels.hash_seed(self.make_rng("dropout"))
-
-  def __call__(self, x: Array, deterministic: bool) -> Array:
-    if deterministic or self.rate == 0.0:
-      return x
-    if self.rate >= 1.0:
-      return jnp.zeros_like(x)
-    return kernels.dropout(x, self.keep_mask(x.shape), self.rate)
-
-
-def dropout(cfg: BertConfig, rate: float) -> Dropout:
-  return Dropout(rate, backends.resolved(cfg).dropout_rng)
 
 
 def gather_positions(x_BL: Array, positions_BP: Array) -> Array:
@@ -217,7 +162,7 @@ class Embeddings(nn.Module):
       dtype=cfg.compute_dtype,
     )
     self.LayerNorm = layer_norm(cfg, "LayerNorm")
-    self.dropout = dropout(cfg, cfg.hidden_dropout_prob)
+    self.dropout = dropout.for_config(cfg, cfg.hidden_dropout_prob)
 
   def __call__(self, input_ids_BL: Array, segment_ids_BL: Array, deterministic: bool) -> Array:
     cfg = self.cfg
@@ -239,129 +184,25 @@ class Embeddings(nn.Module):
     return _constrain(x_BLD, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_EMBED))
 
   def attend(self, h_BPD: Array) -> Array:
-    """Logits against the word embeddings (the tied MLM decoder), in float32."""
-    table_VD = self.word_embeddings.embedding
-    return backends.ops_for(self.cfg).logits(h_BPD, table_VD, self.cfg.compute_dtype)
+    """Logits against the word embeddings (the tied MLM decoder), float32 [B, P, V]."""
+    return backends.decoder_logits(self.cfg, h_BPD, self.word_embeddings.embedding)
 
 
 # ----------------------------------------------------------------------------- attention
-
-
-def attention_mask(
-  input_mask_BS: Array, causal: bool, query_positions_BQ: Array | None = None
-) -> Array:
-  """Boolean [B, 1, Q, S]: the query at position query_positions[b, q] (default: every
-  position, Q = S) may attend key s. Padding keys are never attended; causal: nor later keys."""
-  keys_S = jnp.arange(input_mask_BS.shape[1])
-  if query_positions_BQ is None:
-    query_positions_BQ = jnp.broadcast_to(keys_S, input_mask_BS.shape)
-  mask_B1QS = jnp.broadcast_to(
-    input_mask_BS.astype(bool)[:, None, None, :],
-    (input_mask_BS.shape[0], 1, query_positions_BQ.shape[1], input_mask_BS.shape[1]),
-  )
-  if causal:
-    mask_B1QS = mask_B1QS & (query_positions_BQ[:, None, :, None] >= keys_S)
-  return mask_B1QS
-
-
-def explicit_attention(
-  q_BQHK: Array,
-  k_BSHK: Array,
-  v_BSHK: Array,
-  mask_B1QS: Array,
-  ops: backends.Ops,
-  drop: Dropout | None = None,
-  lowp: bool = False,
-) -> tuple[Array, Array | None]:
-  """Softmax attention with the probabilities materialised: (context, probabilities).
-
-  Logits and softmax are float32 whatever the compute dtype; `drop` (if given) is applied to
-  the probabilities. With `lowp` and a compute dtype below float32 the probabilities are kept
-  in that dtype (`kernels.attention_probs`: same forward values, a low-precision backward) and
-  not returned (None).
-  """
-  logits_BHQS = ops.scores(q_BQHK, k_BSHK) / jnp.sqrt(jnp.float32(q_BQHK.shape[-1]))
-  logits_BHQS = jnp.where(mask_B1QS, logits_BHQS, jnp.finfo(jnp.float32).min)
-  if lowp and q_BQHK.dtype != jnp.float32:
-    keep_BHQS = None if drop is None else drop.keep_mask(logits_BHQS.shape)
-    rate = 0.0 if drop is None else drop.rate
-    dropped_BHQS = kernels.attention_probs(logits_BHQS, q_BQHK.dtype, keep_BHQS, rate)
-    ctx_BQHK = ops.context(dropped_BHQS, v_BSHK)
-    return ctx_BQHK.astype(q_BQHK.dtype), None
-  probs_BHQS = jax.nn.softmax(logits_BHQS, axis=-1)
-  dropped_BHQS = probs_BHQS if drop is None else drop(probs_BHQS, deterministic=False)
-  ctx_BQHK = ops.context(dropped_BHQS.astype(q_BQHK.dtype), v_BSHK)
-  return ctx_BQHK.astype(q_BQHK.dtype), probs_BHQS
-
-
-def library_attention(
-  q_BQHK: Array, k_BSHK: Array, v_BSHK: Array, mask_B1QS: Array, implementation: str
-) -> Array:
-  """jax.nn.dot_product_attention with `implementation` ('xla' or 'cudnn'), no dropout.
-
-  cuDNN's fused attention with a mask (passed as a bias) needs even query and key lengths
-  when training: an odd query length (a pruned last layer's 1 + P positions) gets one padding
-  query, sliced off again; an odd key length falls back to 'xla'."""
-  if implementation == "cudnn":
-    q_len, k_len = q_BQHK.shape[1], k_BSHK.shape[1]
-    if k_len % 2:
-      implementation = "xla"
-    elif q_len % 2:
-      q_BQHK = jnp.pad(q_BQHK, ((0, 0), (0, 1), (0, 0), (0, 0)))
-      mask_B1QS = jnp.pad(mask_B1QS, ((0, 0), (0, 0), (0, 1), (0, 0)))
-      ctx_BQHK = jax.nn.dot_product_attention(
-        q_BQHK, k_BSHK, v_BSHK, mask=mask_B1QS, implementation="cudnn"
-      )
-      return ctx_BQHK[:, :q_len]
-  return jax.nn.dot_product_attention(
-    q_BQHK, k_BSHK, v_BSHK, mask=mask_B1QS, implementation=implementation
-  )
-
-
-def flash_attention(
-  cfg: BertConfig,
-  q_BQHK: Array,
-  k_BSHK: Array,
-  v_BSHK: Array,
-  input_mask_BS: Array,
-  positions_BQ: Array | None,
-  drop: Dropout | None,
-) -> Array:
-  """attention_impl='flash': flash_attention.py's Pallas kernels (Triton on a GPU, Pallas'
-  interpreter on the CPU), equal to 'explicit' with the 'hash' dropout mask whatever
-  `dropout_rng` (the seeds are those `drop.keep_mask` would hash with), run per shard of the
-  batch and head axes the logical rules place."""
-  interpret = backends.flash_interpret(cfg)
-  batch_axes, head_axes = nn.logical_to_mesh_axes((sh.ACT_BATCH, sh.ACT_HEADS))
-  return flash_lib.flash_attention(
-    q_BQHK,
-    k_BSHK,
-    v_BSHK,
-    input_mask_BS,
-    causal=cfg.causal,
-    query_positions_BQ=positions_BQ,
-    dropout_rate=0.0 if drop is None else drop.rate,
-    dropout_seed=None if drop is None else drop.hash_seed(),
-    interpret=interpret,
-    batch_axes=batch_axes,
-    head_axes=head_axes,
-  )
 
 
 def self_attention(
   cfg: BertConfig,
   xq_BQD: Array,
   x_BSD: Array,
-  mask_B1QS: Array,
+  input_mask_BS: Array,
+  positions_BQ: Array | None,
   deterministic: bool,
   output_attentions: bool,
-  input_mask_BS: Array | None = None,
-  positions_BQ: Array | None = None,
 ) -> tuple[Array, Array | None]:
-  """Multi-head self-attention with queries from `xq_BQD`, keys and values from `x_BSD`,
-  then the output projection: ([B, Q, D], the probabilities when asked for, else None).
-  The implementation is `attention_choice`'s; 'flash' reads the compact mask (`input_mask_BS`,
-  the queries' `positions_BQ`, cfg.causal), the others `mask_B1QS`.
+  """Multi-head self-attention with queries from `xq_BQD` (at `positions_BQ`, default every
+  position), keys and values from `x_BSD`, then the output projection: ([B, Q, D], the
+  probabilities when asked for, else None). The attention itself is `attention.attend`'s.
 
   Called inside `Layer`, whose params (`query`, `key`, `value`, `attention_output`) these are.
   """
@@ -371,30 +212,21 @@ def self_attention(
   q_BQHK = _constrain(Dense((h, k), qkv_axes, cfg, name="query")(xq_BQD), act)
   k_BSHK = _constrain(Dense((h, k), qkv_axes, cfg, name="key")(x_BSD), act)
   v_BSHK = _constrain(Dense((h, k), qkv_axes, cfg, name="value")(x_BSD), act)
-
-  dropping = not deterministic and cfg.attention_dropout_prob > 0
-  impl = backends.attention_choice(cfg, x_BSD.shape[1], dropping, output_attentions)
-  if impl == "cudnn" and q_BQHK.dtype == jnp.float32:
-    impl = "xla"  # cuDNN's fused attention has no float32 kernels
-  probs_BHQS = None
-  drop = dropout(cfg, cfg.attention_dropout_prob) if dropping else None
-  if impl in ("explicit", "explicit_lowp"):
-    ctx_BQHK, probs_BHQS = explicit_attention(
-      q_BQHK, k_BSHK, v_BSHK, mask_B1QS, backends.ops_for(cfg), drop, lowp=impl == "explicit_lowp"
-    )
-  elif impl == "flash":
-    if input_mask_BS is None:
-      raise ValueError("attention_impl='flash' needs the input mask (input_mask_BS)")
-    ctx_BQHK = flash_attention(cfg, q_BQHK, k_BSHK, v_BSHK, input_mask_BS, positions_BQ, drop)
-  elif dropping:
-    raise ValueError(f"attention_impl={impl!r} has no attention dropout")
-  else:
-    ctx_BQHK = library_attention(q_BQHK, k_BSHK, v_BSHK, mask_B1QS, impl)
+  ctx_BQHK, probs_BHQS = attention.attend(
+    cfg,
+    q_BQHK,
+    k_BSHK,
+    v_BSHK,
+    input_mask_BS,
+    positions_BQ,
+    deterministic=deterministic,
+    output_attentions=output_attentions,
+  )
   ctx_BQHK = _constrain(ctx_BQHK, act)
   out_BQD = Dense(
     (cfg.hidden_size,), (sh.HEADS, sh.KV, sh.EMBED), cfg, contract=2, name="attention_output"
   )(ctx_BQHK)
-  return out_BQD, (probs_BHQS if output_attentions else None)
+  return out_BQD, probs_BHQS
 
 
 # ----------------------------------------------------------------------------- layer
@@ -409,145 +241,32 @@ class Layer(nn.Module):
 
   @nn.compact
   def __call__(
-    self,
-    x_BLD: Array,
-    mask_B1QS: Array,
-    positions_BQ: Array | None = None,
-    input_mask_BL: Array | None = None,
+    self, x_BLD: Array, input_mask_BL: Array, positions_BQ: Array | None = None
   ) -> tuple[Array, Array | None]:
     """[B, L, D] -> [B, Q, D]: with `positions_BQ` only those positions' outputs (the queries,
     attention output and FFN run at the Q gathered positions, keys and values at all L),
-    else Q = L. `input_mask_BL`: the mask `mask_B1QS` was made from (attention_impl='flash')."""
+    else Q = L. Keys where `input_mask_BL` is 0 are never attended."""
     cfg = self.cfg
     xq_BQD = x_BLD if positions_BQ is None else gather_positions(x_BLD, positions_BQ)
     attn_BQD, probs_BHQS = self_attention(
-      cfg,
-      xq_BQD,
-      x_BLD,
-      mask_B1QS,
-      self.deterministic,
-      self.output_attentions,
-      input_mask_BL,
-      positions_BQ,
+      cfg, xq_BQD, x_BLD, input_mask_BL, positions_BQ, self.deterministic, self.output_attentions
     )
-    attn_BQD = dropout(cfg, cfg.hidden_dropout_prob)(attn_BQD, deterministic=self.deterministic)
+    drop = dropout.for_config(cfg, cfg.hidden_dropout_prob)
+    attn_BQD = drop(attn_BQD, deterministic=self.deterministic)
     x_BQD = layer_norm(cfg, "attention_LayerNorm")(attn_BQD + xq_BQD)
     x_BQD = _constrain(x_BQD, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_EMBED))
 
     ff_BQF = Dense((cfg.intermediate_size,), (sh.EMBED, sh.MLP), cfg, name="intermediate")(x_BQD)
     ff_BQF = _constrain(gelu(ff_BQF), (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_MLP))
     ff_BQD = Dense((cfg.hidden_size,), (sh.MLP, sh.EMBED), cfg, name="output")(ff_BQF)
-    ff_BQD = dropout(cfg, cfg.hidden_dropout_prob)(ff_BQD, deterministic=self.deterministic)
+    drop = dropout.for_config(cfg, cfg.hidden_dropout_prob)
+    ff_BQD = drop(ff_BQD, deterministic=self.deterministic)
     x_BQD = layer_norm(cfg, "output_LayerNorm")(ff_BQD + x_BQD)
     x_BQD = _constrain(x_BQD, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_EMBED))
     return x_BQD, probs_BHQS
 
 
 # ----------------------------------------------------------------------------- encoder
-
-
-class _ScanLayer(nn.Module):
-  """Layer with the (carry, per-step output) signature nn.scan needs."""
-
-  cfg: BertConfig
-  deterministic: bool = True
-  output_hidden_states: bool = False
-  output_attentions: bool = False
-
-  @nn.compact
-  def __call__(self, x_BLD: Array, mask_B1LS: Array, input_mask_BL: Array):
-    layer_cls = _maybe_remat(Layer, self.cfg, prevent_cse=False)
-    x_BLD, probs_BHLS = layer_cls(
-      self.cfg, self.deterministic, self.output_attentions, name="layer"
-    )(x_BLD, mask_B1LS, None, input_mask_BL)
-    return x_BLD, (x_BLD if self.output_hidden_states else None, probs_BHLS)
-
-
-def _maybe_remat(cls, cfg: BertConfig, prevent_cse: bool):
-  if cfg.remat_policy == "none":
-    return cls
-  return nn.remat(cls, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=prevent_cse)
-
-
-def _scan(length: int):
-  """nn.scan of `length` _ScanLayers: params `layer/...` with a leading layer axis."""
-  return nn.scan(
-    _ScanLayer,
-    variable_axes={"params": 0},
-    split_rngs={"params": True, "dropout": True},
-    in_axes=(nn.broadcast, nn.broadcast),
-    length=length,
-    metadata_params={nn.PARTITION_NAME: sh.LAYERS},
-  )
-
-
-class _ScanThenLast(nn.Module):
-  """The first N - 1 layers scanned (`scan`), then the last on its own (`last`) at the
-  positions asked for: `_scan_then_last` gives it the scanned layers' parameters."""
-
-  cfg: BertConfig
-  deterministic: bool
-
-  @nn.compact
-  def __call__(self, x_BLD, mask_B1LS, mask_B1QS, positions_BQ, input_mask_BL):
-    cfg = self.cfg
-    x_BLD, _ = _scan(cfg.num_layers - 1)(cfg, self.deterministic, name="scan")(
-      x_BLD, mask_B1LS, input_mask_BL
-    )
-    layer_cls = _maybe_remat(Layer, cfg, prevent_cse=True)
-    x_BQD, _ = layer_cls(cfg, self.deterministic, name="last")(
-      x_BLD, mask_B1QS, positions_BQ, input_mask_BL
-    )
-    return x_BQD
-
-
-def _is_box(x) -> bool:
-  return isinstance(x, nn.meta.AxisMetadata)
-
-
-def _split_last(variables):
-  """{"layer": [N, ...] leaves} -> {"scan": {"layer": the first N - 1}, "last": the N-th}
-  (boxed leaves keep their logical names, the last without the layer axis)."""
-  tree = variables.get("params")
-  if not tree or "layer" not in tree:
-    return variables
-  first = lambda x: x.replace_boxed(x.unbox()[:-1]) if _is_box(x) else x[:-1]
-  last = lambda x: x.replace(value=x.value[-1], names=x.names[1:]) if _is_box(x) else x[-1]
-  return {
-    **variables,
-    "params": {
-      "scan": {"layer": jax.tree.map(first, tree["layer"], is_leaf=_is_box)},
-      "last": jax.tree.map(last, tree["layer"], is_leaf=_is_box),
-    },
-  }
-
-
-def _join_last(variables):
-  """`_split_last`'s inverse: the scanned layers' layout, `layer/...` [N, ...]."""
-  tree = variables.get("params")
-  if not tree or "scan" not in tree:
-    return variables
-
-  def stack(a, b):
-    if _is_box(a):
-      return a.replace_boxed(jnp.concatenate([a.unbox(), b.unbox()[None]]))
-    return jnp.concatenate([a, b[None]])
-
-  layer = jax.tree.map(stack, tree["scan"]["layer"], tree["last"], is_leaf=_is_box)
-  return {**variables, "params": {"layer": layer}}
-
-
-def _scan_then_last(initializing: bool):
-  """_ScanThenLast on the parameters of an N-layer `_scan`: the same tree, so a checkpoint
-  of scanned layers runs either way."""
-  return nn.map_variables(
-    _ScanThenLast,
-    "params",
-    trans_in_fn=_split_last,
-    trans_out_fn=_join_last,
-    init=initializing,
-    mutable=initializing,
-  )
 
 
 class Encoder(nn.Module):
@@ -574,30 +293,28 @@ class Encoder(nn.Module):
         "output positions (a pruned last layer) need unrolled layers: scan_layers=False, or "
         "unroll_last_layer=True"
       )
-    mask_B1LS = attention_mask(input_mask_BL, cfg.causal)
+    dropping = not deterministic and cfg.attention_dropout_prob > 0
+    # Once per trace of the model: every layer makes the same choice.
+    logging.info(backends.attention_line(cfg, x_BLD.shape[1], dropping, output_attentions))
     hidden, attentions = [x_BLD], []
     if cfg.scan_layers and last_positions_BQ is not None:
-      mask_B1QS = attention_mask(input_mask_BL, cfg.causal, last_positions_BQ)
-      x_BLD = _scan_then_last(self.is_initializing())(cfg, deterministic, name="layers")(
-        x_BLD, mask_B1LS, mask_B1QS, last_positions_BQ, input_mask_BL
-      )
+      layers = layer_scan.scanned_then_last(Layer, self.is_initializing())
+      x_BLD = layers(cfg, deterministic, name="layers")(x_BLD, input_mask_BL, last_positions_BQ)
     elif cfg.scan_layers:
-      x_BLD, (h_NBLD, p_NBHLS) = _scan(cfg.num_layers)(
+      x_BLD, (h_NBLD, p_NBHLS) = layer_scan.scanned(Layer, cfg.num_layers)(
         cfg, deterministic, output_hidden_states, output_attentions, name="layers"
-      )(x_BLD, mask_B1LS, input_mask_BL)
+      )(x_BLD, input_mask_BL)
       if output_hidden_states:
         hidden += list(h_NBLD)
       if output_attentions:
         attentions = list(p_NBHLS)
     else:
-      layer_cls = _maybe_remat(Layer, cfg, prevent_cse=True)
+      layer_cls = layer_scan.remat(Layer, cfg, prevent_cse=True)
       for i in range(cfg.num_layers):
-        positions_BQ, mask_B1QS = None, mask_B1LS
-        if i == cfg.num_layers - 1 and last_positions_BQ is not None:
-          positions_BQ = last_positions_BQ
-          mask_B1QS = attention_mask(input_mask_BL, cfg.causal, positions_BQ)
+        last = i == cfg.num_layers - 1
+        positions_BQ = last_positions_BQ if last else None
         x_BLD, probs_BHQS = layer_cls(cfg, deterministic, output_attentions, name=f"layer_{i}")(
-          x_BLD, mask_B1QS, positions_BQ, input_mask_BL
+          x_BLD, input_mask_BL, positions_BQ
         )
         hidden.append(x_BLD)
         attentions.append(probs_BHQS)

@@ -1,7 +1,7 @@
-"""BERT's hyper-parameters: `BertConfig` (the keys of `config.model` in configs/), the values
-its backend fields may take, and the named sizes (the released models and the paper's Table 6).
+"""BERT's hyper-parameters: `BertConfig` (the keys of `config.model` in configs/) and the named
+sizes (the released models and the paper's Table 6).
 
-Which ops, dropout bits and attention a backend runs for the 'auto' values: backends.py.
+The values its backend fields take and what a platform runs for 'auto': bert_jax/backends.
 """
 
 from __future__ import annotations
@@ -13,10 +13,23 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-# The values of BertConfig's backend fields (what each means: backends.py).
-KERNELS = ("auto", "xla", "lowp", "cpu")
-DROPOUT_RNGS = ("auto", "threefry", "rbg", "hash", "hash_redraw")
+# The values of BertConfig's backend fields (what each runs per platform: bert_jax/backends).
+KERNELS = ("auto", "xla", "cpu")
+DROPOUT_RNGS = ("auto", "threefry", "hash")
 ATTENTION_IMPLS = ("auto", "explicit", "explicit_lowp", "xla", "cudnn", "flash")
+# Values earlier versions had, as their checkpoints' configs are read (`retired_to_current`):
+# 'lowp' computed what 'xla' computes, 'hash_redraw' drew the 'hash' masks; 'rbg' drew masks no
+# current value draws ('auto': a resume reports the change).
+RETIRED = {
+  "attention_impl": {"fused": "auto"},
+  "kernels": {"lowp": "xla"},
+  "dropout_rng": {"rbg": "auto", "hash_redraw": "hash"},
+}
+
+
+def retired_to_current(fields: dict[str, Any]) -> dict[str, Any]:
+  """`fields` (a stored BertConfig) with the values of earlier versions (`RETIRED`) replaced."""
+  return {k: RETIRED.get(k, {}).get(v, v) if isinstance(v, str) else v for k, v in fields.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,43 +53,16 @@ class BertConfig:
   # and losses are always float32.
   dtype: str = "float32"
   param_dtype: str = "float32"
-  scan_layers: bool = False  # nn.scan over layers: compile time independent of depth
-  # With scan_layers: a pretraining step (masked positions) scans the first N - 1 layers and
-  # runs the last on its own, so prune_last_layer applies; the parameters keep the scanned
-  # layout (`layers/layer`, [N, ...]). Other calls scan all N (the same values, deterministic).
-  unroll_last_layer: bool = False
+  # Speed switches: what each value runs and the measurement behind each default in
+  # docs/gpu.md ("Model paths and why each stays").
+  scan_layers: bool = False  # nn.scan over the layers (compile time independent of depth)
+  unroll_last_layer: bool = False  # with scan_layers: the last layer unrolled (and pruned)
   remat_policy: str = "none"  # none | full | dots | dots_no_batch | minimal
-  # Pretraining with masked positions (unrolled layers, or unroll_last_layer): the last layer
-  # computes its queries, attention output and FFN only at [CLS] and the masked positions, the
-  # only outputs the MLM and NSP heads read (keys and values still cover every position). Same
-  # losses and gradients, ~(1 - (P+1)/L) of one layer's FLOPs fewer.
-  prune_last_layer: bool = True
-  # Which ops the layers run: 'xla' stock Flax/XLA ops, 'lowp' the same whose float32-output
-  # products (tied MLM logits, attention scores and context) differentiate in the compute
-  # dtype, 'cpu' the XLA:CPU kernels of kernels.py (same values and parameters), 'auto' =
-  # 'cpu' on the CPU backend, else 'xla' (see `backends.resolve_kernels`).
-  kernels: str = "auto"
-  # How dropout keep-masks are drawn from the 'dropout' rng (same keep probability, other
-  # masks): 'threefry' jax.random's default generator (flax's nn.Dropout), 'rbg' XLA's
-  # RngBitGenerator seeded from the threefry key, 'hash' a counter hash of each element's
-  # index (kernels.py), 'hash_redraw' the same masks drawn again in the backward pass instead
-  # of kept for it (kernels.HashMask; not yet run on a GPU, never an 'auto' choice); 'auto' per
-  # backend, `backends.DROPOUT_RNG_AUTO`. MLM masking never uses it.
-  dropout_rng: str = "auto"
-  # Self-attention: 'explicit' softmax with float32 probabilities materialised; 'explicit_lowp'
-  # the same with the probabilities kept in the compute dtype from float32 statistics
-  # (kernels.attention_probs; equal to 'explicit' in float32); 'xla' / 'cudnn'
-  # jax.nn.dot_product_attention with that implementation (no attention dropout; cudnn: on a
-  # GPU, bf16 or fp16, float32 falls back to 'xla'); 'auto' per backend and length,
-  # `backends.AUTO_ATTENTION`; 'flash' the Pallas kernels of flash_attention.py (GPU; on CPU
-  # interpreted, slowly; never an 'auto' choice), whose attention dropout is always the
-  # dropout_rng='hash' mask: equal to 'explicit' with dropout_rng='hash' (another dropout_rng
-  # still draws every other dropout mask). Attention probabilities asked for
-  # (output_attentions) come from 'explicit'.
-  attention_impl: str = "auto"
-  # The JAX platform `backends.resolve_kernels` resolved the 'auto' fields for ('' = not
-  # resolved: the process's default backend when traced). Set by resolve_kernels, not by
-  # configs.
+  prune_last_layer: bool = True  # the last layer only where the heads read (same losses)
+  kernels: str = "auto"  # auto | xla | cpu (the XLA:CPU kernels)
+  dropout_rng: str = "auto"  # auto | threefry | hash (MLM masking never uses it)
+  attention_impl: str = "auto"  # auto | explicit | explicit_lowp | xla | cudnn | flash
+  # The platform `backends.resolve_kernels` resolved the 'auto' fields for ('' = not yet).
   platform: str = ""
 
   def __post_init__(self):
@@ -86,8 +72,6 @@ class BertConfig:
       )
     if self.kernels not in KERNELS:
       raise ValueError(f"kernels must be one of {', '.join(KERNELS)}, not {self.kernels!r}")
-    if self.attention_impl == "fused":  # its name in checkpoints of earlier versions
-      object.__setattr__(self, "attention_impl", "auto")
     if self.dropout_rng not in DROPOUT_RNGS:
       raise ValueError(
         f"dropout_rng must be one of {', '.join(DROPOUT_RNGS)}, not {self.dropout_rng!r}"
@@ -100,7 +84,7 @@ class BertConfig:
       raise ValueError(
         f"attention_impl={self.attention_impl!r} has no attention dropout: set "
         f"attention_dropout_prob=0 (it is {self.attention_dropout_prob}) or attention_impl to "
-        "auto, explicit or explicit_lowp"
+        "auto, explicit, explicit_lowp or flash"
       )
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f"remat_policy {self.remat_policy!r} not in {sorted(REMAT_POLICIES)}")

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from bert_jax import model as model_lib
-from bert_jax.model import BertConfig
+from bert_jax.model_config import BertConfig
 from bert_jax.trees import flatten, unflatten
 
 Params = dict[str, Any]

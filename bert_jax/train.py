@@ -25,14 +25,15 @@ import optax
 from absl import logging
 from etils import epath
 
-from bert_jax import checkpoints as ckpt_lib
 from bert_jax import (
+  backends,
   config_schema,
   files,
   input_pipeline,
   loader,
   loop,
   masking,
+  model_config,
   multihost,
   ngram_reference,
   objectives,
@@ -40,6 +41,7 @@ from bert_jax import (
   pretraining_data,
   resume,
 )
+from bert_jax import checkpoints as ckpt_lib
 from bert_jax import model as model_lib
 from bert_jax import preemption as preemption_lib
 from bert_jax import sharding as sh
@@ -66,18 +68,18 @@ PEAK_FLOPS = {
 # ----------------------------------------------------------------------------- set-up
 
 
-def bert_config(config: ml_collections.ConfigDict) -> model_lib.BertConfig:
+def bert_config(config: ml_collections.ConfigDict) -> model_config.BertConfig:
   """BertConfig from `config.model`; `causal` follows the LTR objective."""
-  return model_lib.BertConfig(**config.model.to_dict(), causal=bool(config.objective.ltr))
+  return model_config.BertConfig(**config.model.to_dict(), causal=bool(config.objective.ltr))
 
 
 def model_and_optimizer(
   config: ml_collections.ConfigDict, platform: str
-) -> tuple[model_lib.BertConfig, nn.Module, optax.GradientTransformation, objectives.Objective]:
+) -> tuple[model_config.BertConfig, nn.Module, optax.GradientTransformation, objectives.Objective]:
   """(BertConfig as configured, the model with its kernels resolved for `platform`, the
   optimizer, the objective): what the trainer, aot and the benchmark compile."""
   cfg = bert_config(config)
-  model = model_lib.BertForPreTraining(model_lib.resolve_kernels(cfg, platform))
+  model = model_lib.BertForPreTraining(backends.resolve_kernels(cfg, platform))
   return cfg, model, optim.make_optimizer(config.opt), objectives.Objective.from_config(config)
 
 

@@ -14,7 +14,7 @@ accuracy ~0.7 and NSP accuracy ~0.97-0.98, what BERT-Base reaches (bert_jax has 
 run it end to end: no TPU has been available).
 
 ARG: `size=NAME` (a bare first value works: `:large`, `:L6_H768_A12`; see
-bert_jax.model.SIZES) and `phase=1|2`.
+bert_jax.model_config.SIZES) and `phase=1|2`.
 """
 
 from bert_jax import config_lib

@@ -3,7 +3,7 @@
 Hypothesis: bigger is better, even on small downstream tasks: held-out MLM perplexity and
 fine-tuned accuracy improve monotonically from 3 to 24 layers, 768 to 1024 hidden.
 
-Rows (`row=`, the paper's #L/#H/#A; names from bert_jax.model.SIZES), each changing only
+Rows (`row=`, the paper's #L/#H/#A; names from bert_jax.model_config.SIZES), each changing only
 the model's depth, width and heads (intermediate = 4 x hidden) from the base recipe (at the
 reduced scales also the lr, halved per doubling of width or depth: the recipe's lr was
 chosen on tiny):
@@ -34,8 +34,7 @@ Expected at cpu scale: every row above its count-based reference on held-out mas
 docs/replication/budget.md section 5). Numbers and verdicts: docs/replication.md.
 """
 
-from bert_jax import config_lib
-from bert_jax import model as model_lib
+from bert_jax import config_lib, model_config
 
 # The published rows and claims the report puts beside ours (bert_jax.report --paper).
 PAPER = "table6"
@@ -50,7 +49,7 @@ ROWS = (
 )
 
 
-# The reduced scales' rows, of bert_jax.model.SIZES: gpu, four sizes of 0.4M to 3.1M
+# The reduced scales' rows, of bert_jax.model_config.SIZES: gpu, four sizes of 0.4M to 3.1M
 # non-embedding parameters; cpu, the three that fit its 2-core budget (mini alone would take
 # about as long as the rest of the cpu replication).
 GPU_ROWS = ("tiny", "L4_H128_A2", "L2_H256_A4", "mini")
@@ -81,7 +80,7 @@ def get_config(arg=None):
   if a.row not in _rows(a.scale):
     raise ValueError(f"row must be one of {', '.join(_rows(a.scale))}, not {a.row!r}")
   # The ablated fields.
-  c.model.update(model_lib.size_fields(a.row))
+  c.model.update(model_config.size_fields(a.row))
   if a.scale != "full":
     # The reduced scales' lr was chosen on tiny (2 x 128); a bigger row gets it halved per
     # doubling of width or depth. At 1.4e-3 the 256-wide row stayed on the unigram plateau

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from test_model import NNEmbedEmbeddings
 
-from bert_jax import aot, config_lib, objectives, optim, train
+from bert_jax import aot, backends, config_lib, model_config, objectives, optim, train
 from bert_jax import model as model_lib
 from bert_jax.model import BertForPreTraining
 from bert_jax.tasks import heads
@@ -70,14 +70,14 @@ def scatter_adds(jaxpr) -> list[tuple[tuple[int, ...], np.dtype]]:
   return found
 
 
-def table_shapes(cfg: model_lib.BertConfig) -> set[tuple[int, int]]:
+def table_shapes(cfg: model_config.BertConfig) -> set[tuple[int, int]]:
   d = cfg.hidden_size
   return {(cfg.vocab_size, d), (cfg.max_position_embeddings, d), (cfg.type_vocab_size, d)}
 
 
-def _train_step_scatters(c, platform: str) -> tuple[model_lib.BertConfig, list]:
+def _train_step_scatters(c, platform: str) -> tuple[model_config.BertConfig, list]:
   """The scatter-adds of `train.make_train_step`'s jaxpr, the model resolved for `platform`."""
-  cfg = model_lib.resolve_kernels(train.bert_config(c), platform)
+  cfg = backends.resolve_kernels(train.bert_config(c), platform)
   model = BertForPreTraining(cfg)
   tx = optim.make_optimizer(c.opt)
   step = train.make_train_step(
@@ -123,14 +123,15 @@ def test_train_step_for_accelerators_has_no_low_precision_table_scatter(platform
 def test_finetuning_model_shares_lookups_dropout_and_attention(monkeypatch):
   """FinetuneModel builds on the same encoder: resolved for a GPU in bf16 its gradient has
   no low-precision table scatter, its dropouts (encoder and head) draw from dropout_rng's
-  generator, and its layers run attention_impl's implementation."""
-  base = model_lib.config_for_size(
+  generator ('auto': the hash, attention dropout in the flash kernels), and its layers run
+  attention_impl's implementation."""
+  base = model_config.config_for_size(
     "tiny", vocab_size=256, max_position_embeddings=64, dtype="bfloat16"
   )
   ids = jnp.ones((4, 16), jnp.int32)
 
   def trace(cfg):
-    model = heads.FinetuneModel(model_lib.resolve_kernels(cfg, "gpu"), "tagging", 3)
+    model = heads.FinetuneModel(backends.resolve_kernels(cfg, "gpu"), "tagging", 3)
     params = jax.eval_shape(lambda: model.init(jax.random.key(0), ids)["params"])
     params = jax.tree.map(lambda x: getattr(x, "value", x), params, is_leaf=_is_box)
 
@@ -142,10 +143,15 @@ def test_finetuning_model_shares_lookups_dropout_and_attention(monkeypatch):
 
   closed = trace(base)
   assert not _low_precision_table_scatters(base, scatter_adds(closed.jaxpr))
-  assert "impl=rbg" not in str(closed)
-  rbg = trace(dataclasses.replace(base, dropout_rng="rbg"))
+  hash_seeds = lambda jaxpr: str(jaxpr).count("random_bits[bit_width=32 shape=(2,)]")
   # Embeddings, 2 x (attention probabilities, attention output, FFN output), the head.
-  assert str(rbg).count("random_wrap[impl=rbg]") == 8
+  assert hash_seeds(closed) == 8 and "pallas_call" in str(closed)
+  threefry = trace(dataclasses.replace(base, dropout_rng="threefry"))
+  assert hash_seeds(threefry) == 0 and "pallas_call" not in str(threefry)
+  assert "random_bits[bit_width=32 shape=(4, 2, 16, 16)]" in str(threefry)  # attention probs
+  # As in a process with a CUDA GPU (cuDNN's attention is traced only there).
+  gpu = type("Gpu", (), {"device_kind": "NVIDIA H200", "compute_capability": "9.0"})
+  monkeypatch.setattr(backends, "_local_gpu", gpu)
   calls = []
   real = jax.nn.dot_product_attention
 
@@ -160,24 +166,26 @@ def test_finetuning_model_shares_lookups_dropout_and_attention(monkeypatch):
 
 def test_finetuning_config_sets_dropout_rng_and_attention_on_a_checkpoint(tmp_path):
   """A fine-tuning config's dropout_rng and attention_impl apply on top of a checkpoint's
-  architecture (as dtype and kernels do); a checkpoint of an earlier version storing
-  attention_impl='fused' (today's 'auto') still reads."""
+  architecture (as dtype and kernels do); a checkpoint of an earlier version storing values
+  this version no longer has (attention_impl='fused', today's 'auto'; kernels='lowp', which
+  computed 'xla''s values; dropout_rng='hash_redraw', the 'hash' masks) still reads."""
   from bert_jax import hf_io, loader
   from bert_jax.finetune import inputs as ft_inputs
 
   spec = importlib.util.spec_from_file_location("finetune_config", f"{REPO}/configs/finetune.py")
   finetune_configs = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(finetune_configs)
-  stored = dataclasses.asdict(model_lib.config_for_size("tiny"))
-  stored.update(attention_impl="fused", dropout_rng="hash")
+  stored = dataclasses.asdict(model_config.config_for_size("tiny"))
+  stored.update(attention_impl="fused", dropout_rng="hash_redraw", kernels="lowp")
   (tmp_path / hf_io.PARAMS_CONFIG).write_text(json.dumps(stored))
   (tmp_path / hf_io.PARAMS_FILE).write_bytes(b"")
-  assert loader.read_config(tmp_path)[1].attention_impl == "auto"
+  read = loader.read_config(tmp_path)[1]
+  assert (read.attention_impl, read.dropout_rng, read.kernels) == ("auto", "hash", "xla")
   c = finetune_configs.get_config("custom,seeds=1,size=tiny")
   c.init = str(tmp_path)
-  c.model.dropout_rng, c.model.attention_impl = "rbg", "explicit_lowp"
+  c.model.dropout_rng, c.model.attention_impl = "threefry", "explicit_lowp"
   cfg, _ = ft_inputs.model_config(c)
-  assert (cfg.dropout_rng, cfg.attention_impl) == ("rbg", "explicit_lowp")
+  assert (cfg.dropout_rng, cfg.attention_impl) == ("threefry", "explicit_lowp")
   assert cfg.hidden_size == 128 and cfg.num_layers == 2
 
 

@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bert_jax import backends, model_config, train
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
-from bert_jax import train
 from bert_jax.benchmark import (
   batches,
   data,
@@ -66,7 +66,7 @@ def test_build_step_is_the_trainers_jitted_step(monkeypatch):
   assert calls == ["abstract_state", "state_init_fn", "jit_train_step", "state_init_fn"]
   assert s.init is not None and s.init_compile_s > 0
   # The trainer's model config, its kernels resolved for this (CPU) backend as train does.
-  assert s.cfg == model_lib.resolve_kernels(train.bert_config(config), "cpu")
+  assert s.cfg == backends.resolve_kernels(train.bert_config(config), "cpu")
   assert s.cfg.kernels == "cpu" and s.cfg.hidden_dropout_prob == 0.0
   _, losses = step.run_steps(s, 2)
   # A fresh model: MLM over the vocab + NSP, ~ ln(V) + ln(2); one AdamW step lowers it.
@@ -82,7 +82,7 @@ def test_kernel_variants_are_model_fields():
     config = step.bench_config("tiny", 32, 2, "float32", variant)
     assert config.model.kernels == kernels
     # An explicit setting is what runs, on any backend.
-    assert model_lib.resolve_kernels(train.bert_config(config), "tpu").kernels == kernels
+    assert backends.resolve_kernels(train.bert_config(config), "tpu").kernels == kernels
 
 
 @pytest.mark.slow
@@ -106,7 +106,7 @@ def test_tiny_run_emits_sane_json(tmp_path):
   assert r["variant"] == {} and r["kernels"] == "cpu"  # the trainer's default on CPU
   assert r["step_ms_min"] <= r["step_ms_median"] <= r["step_ms_max"]
   assert math.isclose(r["tokens_per_s"], 4 * 64 / (r["step_ms_median"] / 1e3), rel_tol=1e-9)
-  cfg = model_lib.config_for_size("tiny")
+  cfg = model_config.config_for_size("tiny")
   # MLM head at max_predictions(64) = 10 gathered positions, not at all 64.
   assert r["flops_per_token"] == model_lib.train_flops_per_token(cfg, 64, 10)
   assert math.isclose(r["gflops"], r["flops_per_token"] * r["tokens_per_s"] / 1e9, rel_tol=1e-9)
@@ -159,7 +159,7 @@ def test_large_measurement_path_on_a_tiny_model():
   rec = measure.measure_ours(**spec)
   assert rec["variant"] == memory.LARGE_VARIANT and len(rec["step_s"]) == 2
   assert "mfu" not in rec  # no matmul peak for this one
-  n_params = model_lib.count_params(model_lib.abstract_params(model_lib.config_for_size("tiny")))
+  n_params = model_lib.count_params(model_lib.abstract_params(model_config.config_for_size("tiny")))
   assert rec["param_gb"] == pytest.approx(4 * n_params / 1e9)
   # The state (params + 2 Adam moments) is an argument; the peak holds at least it.
   assert rec["xla_argument_gb"] >= 3 * rec["param_gb"]
@@ -329,7 +329,7 @@ def test_torch_peer_times_a_fresh_bert():
   assert rec["impl"] == "torch" and rec["size"] == "tiny" and len(rec["step_s"]) == 2
   assert len(rec["losses"]) == 3 and "torch" in rec["versions"]
   # HF's loss: MLM over the vocab + NSP, ~ ln(V) + ln(2) for a fresh model.
-  cfg = model_lib.config_for_size("tiny")
+  cfg = model_config.config_for_size("tiny")
   assert abs(rec["losses"][0] - (math.log(cfg.vocab_size) + math.log(2))) < 0.5
   # The peers' FLOPs count the MLM head at every position.
   assert rec["flops_per_token"] == model_lib.train_flops_per_token(cfg, 32, 32)
@@ -438,7 +438,7 @@ def test_minilm_size_and_finetune_flops():
   cfg = sizes.config_for_size("minilm")
   assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads) == (6, 384, 12)
   assert (cfg.intermediate_size, cfg.vocab_size) == (1536, 30522)  # all-MiniLM-L6-v2's shape
-  assert sizes.config_for_size("base") == model_lib.config_for_size("base")
+  assert sizes.config_for_size("base") == model_config.config_for_size("base")
   with pytest.raises(ValueError, match=r"^--sizes: unknown size 'huge'; choose from tiny, "):
     sizes.size_fields("huge")
   assert step.bench_config("minilm", 128, 2, "float32", {}).model.hidden_size == 384

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from bert_jax import model as model_lib
+from bert_jax import model_config
 from bert_jax.benchmark import (
   gpu,
   gpu_ours,
@@ -57,7 +58,7 @@ def test_standard_flops_and_mfu_against_a_hand_count():
   assert 12 * per_layer + head + pooler == 546_320_232
   assert sizes.standard_flops_per_token("base", 128) == 546_320_232
   # The pruned last layer is not credited: the same count as an unpruned model.
-  cfg = model_lib.config_for_size("base")
+  cfg = model_config.config_for_size("base")
   assert sizes.standard_flops_per_token("base", 128) > model_lib.train_flops_per_token(cfg, 128, 20)
   # NOTES-gpu.md's Base row: 1,154 sequences/s is 8% of an H200's 989 TFLOP/s.
   rec = dict(task="pretrain", size="base", seq=128, batch=256, step_s=256 / 1154)
@@ -345,7 +346,7 @@ def _stand_in_prepare(plan, delay_s=0.0):
   t0 = time.perf_counter()
   lowered = jax.jit(step_fn, donate_argnums=0).lower(abstract, jnp.ones((2, n)), 0)
   lower_s = time.perf_counter() - t0
-  cfg = model_lib.config_for_size("tiny")
+  cfg = model_config.config_for_size("tiny")
   return step.Prepared(
     lowered, init.lower(jax.random.key(0)), jnp.ones((2, n)), 0, jax.random.key(0), cfg, lower_s
   )
@@ -836,7 +837,7 @@ def _smoke_checks(records, torch_side: bool):
     ("pretrain", "tiny", 128), ("pretrain", "tiny", 64), ("finetune", "tiny", 128)
   }  # fmt: skip
   (peak,) = [r for r in records if r["kind"] == "peak" and r["side"] == "ours"]
-  vocab = model_lib.config_for_size("tiny").vocab_size
+  vocab = model_config.config_for_size("tiny").vocab_size
   for r in steps:
     assert r["step_s"] == min(r["step_s_all"]) and len(r["step_s_all"]) == 2
     assert r["tokens_per_s"] == pytest.approx(r["batch"] * r["seq"] / r["step_s"])

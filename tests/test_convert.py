@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from bert_jax import hf_io, hf_names, loader
+from bert_jax import hf_io, hf_names, loader, model_config
 from bert_jax import model as model_lib
-from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.model import BertForPreTraining
+from bert_jax.model_config import BertConfig
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
 NAMES = ["l2_h32_a4", "l3_h24_a3", "l1_h16_a2_causal"]
@@ -204,7 +205,7 @@ def test_config_round_trip():
   base = hf_names.config_from_hf(
     dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12)
   )
-  assert base == model_lib.config_for_size("base")
+  assert base == model_config.config_for_size("base")
 
 
 # --- bert_jax params dir + CLI -----------------------------------------------------------------

@@ -22,7 +22,7 @@ import bert_jax
 from bert_jax import hf_io, loader, params_tree
 from bert_jax import model as model_lib
 from bert_jax import tokenizer as tokenizer_lib
-from bert_jax.model import BertConfig
+from bert_jax.model_config import BertConfig
 
 LIVE = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
 CFG = BertConfig(

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_finetune import _sentences, _splits, finetune_config, tiny_config
 
-from bert_jax import finetune, hf_io, loader, optim
+from bert_jax import finetune, hf_io, loader, model_config, optim
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax.finetune import data as ft_data
@@ -35,7 +35,7 @@ def test_each_table7_row_selects_its_hidden_states(row):
   (0 embeddings, 1..5 the layers of a 5-layer model), row by row, unpadded."""
   c = finetune_config.get_config(f"custom,features={row},size=tiny")
   c.data.max_seq_length, c.data.buckets, c.data.eval_batch_size = 16, (), 8
-  cfg = model_lib.BertConfig(**{**c.model.to_dict(), "num_layers": 5, "hidden_size": 32})
+  cfg = model_config.BertConfig(**{**c.model.to_dict(), "num_layers": 5, "hidden_size": 32})
   cfg = dataclasses.replace(cfg, num_heads=2, intermediate_size=64)
   want = {
     "embeddings": [0],
@@ -151,7 +151,7 @@ def test_bfloat16_features_match_float32(tmp_path):
   """dtype=bfloat16 halves the stored features; the values stay within bf16 rounding."""
   c = tiny_config("tagging", _splits(tmp_path, cities, (24, 8, 8)))
   c.features.update(features.ROWS["last"])
-  cfg = model_lib.BertConfig(**c.model.to_dict())
+  cfg = model_config.BertConfig(**c.model.to_dict())
   mesh = sh.make_mesh((1, -1, 1))
   out = {}
   for dtype in ("float32", "bfloat16"):

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import config_lib, finetune
+from bert_jax import config_lib, finetune, model_config
 from bert_jax.finetune import data as ft_data
 from bert_jax.finetune import grid as ft_grid
 from bert_jax.finetune import inputs as ft_inputs
@@ -438,10 +438,11 @@ def test_pooled_heads_run_the_last_layer_at_the_pooled_token_only(kind, causal):
   import jax
   import jax.numpy as jnp
 
-  from bert_jax import model as model_lib
   from bert_jax.tasks import Task
 
-  cfg = model_lib.config_for_size("tiny", vocab_size=64, max_position_embeddings=16, causal=causal)
+  cfg = model_config.config_for_size(
+    "tiny", vocab_size=64, max_position_embeddings=16, causal=causal
+  )
   task = Task("t", kind, ("a", "b", "c") if kind == "classification" else (), ("accuracy",))
   pruned, full = task.model(cfg), task.model(dataclasses.replace(cfg, prune_last_layer=False))
   shape = (3, 2, 12) if kind == "multiple_choice" else (3, 12)

@@ -1,8 +1,8 @@
-"""bert_jax.flash_attention in Pallas' interpreter: the same outputs and gradients as the
-explicit attention (model.explicit_attention) with the same mask and the same hash dropout
-(model.Dropout with dropout_rng='hash'), on one device and sharded; the kernels lower for
-CUDA through Pallas' Triton backend; and the model with attention_impl='flash' trains as with
-'explicit' and dropout_rng='hash'."""
+"""bert_jax.backends.flash in Pallas' interpreter: the same outputs and gradients as the
+explicit attention (backends.attention.explicit_attention) with the same mask and the same hash
+dropout (backends.dropout.Dropout with dropout_rng='hash'), on one device and sharded; the
+kernels lower for CUDA through Pallas' Triton backend; and the model with
+attention_impl='flash' trains as with 'explicit' and dropout_rng='hash'."""
 
 import dataclasses
 import functools
@@ -15,11 +15,14 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 from test_kernels import _micro_config, _train_batch
 
-from bert_jax import aot, kernels, objectives, optim, train
+from bert_jax import aot, backends, model_config, objectives, optim, train
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
-from bert_jax.flash_attention import flash_attention
-from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.backends import attention as attention_lib
+from bert_jax.backends import dropout as dropout_lib
+from bert_jax.backends.flash import flash_attention
+from bert_jax.model import BertForPreTraining
+from bert_jax.model_config import BertConfig
 
 GRADS = ("dq", "dk", "dv")
 
@@ -46,14 +49,14 @@ def _input_mask(b, s):
 def _hash_dropout(rate, key):
   """model.Dropout with dropout_rng='hash' bound to `key`, and the seed words its first mask
   hashes with (its first make_rng)."""
-  drop = lambda: model_lib.Dropout(rate, "hash").bind({}, rngs={"dropout": key})
-  return drop(), kernels.hash_seed(drop().make_rng("dropout"))
+  drop = lambda: dropout_lib.Dropout(rate, "hash").bind({}, rngs={"dropout": key})
+  return drop(), dropout_lib.hash_seed(drop().make_rng("dropout"))
 
 
 def explicit(q, k, v, input_mask, causal, positions, rate, key):
   drop = _hash_dropout(rate, key)[0] if rate > 0 else None
-  mask = model_lib.attention_mask(input_mask, causal, positions)
-  return model_lib.explicit_attention(q, k, v, mask, model_lib.XLA_OPS, drop)[0]
+  mask = attention_lib.attention_mask(input_mask, causal, positions)
+  return attention_lib.explicit_attention(q, k, v, mask, backends.XLA_OPS, drop)[0]
 
 
 def flash(q, k, v, input_mask, causal, positions, rate, key, **kw):
@@ -201,7 +204,7 @@ def test_lowers_for_cuda_with_triton(dtype):
   b, q_len, s, h, k = 2, 21, 128, 2, 64
   q, keys, values, g = _inputs(b, q_len, s, h, k, dtype)
   input_mask, positions = _input_mask(b, s), _positions(b, q_len, s)
-  seed = kernels.hash_seed(jax.random.key(0))
+  seed = dropout_lib.hash_seed(jax.random.key(0))
 
   def step(q, k, v, g):
     fn = lambda q, k, v: flash_attention(
@@ -225,7 +228,7 @@ def _train_step_results(c, mesh_shape):
   CPU: its metrics, its Adam first moments (after one step, (1 - b1) times the clipped
   gradients) by parameter path, and whether its program holds a Pallas kernel."""
   mesh = sh.make_mesh(mesh_shape, jax.devices()[: int(np.prod(mesh_shape))])
-  cfg = model_lib.resolve_kernels(train.bert_config(c), "cpu")
+  cfg = backends.resolve_kernels(train.bert_config(c), "cpu")
   model = BertForPreTraining(cfg)
   tx = optim.make_optimizer(c.opt)
   obj = objectives.Objective.from_config(c)
@@ -271,7 +274,7 @@ def test_model_flash_equals_explicit_with_hash_dropout(objective, mesh_shape):
 def test_scanned_rematerialised_layers_flash_equals_explicit():
   """Scanned layers (per-layer dropout rngs split by nn.scan) under full remat: 'flash' gives
   the loss and gradients of 'explicit' with dropout_rng='hash'."""
-  cfg = model_lib.config_for_size(
+  cfg = model_config.config_for_size(
     "tiny", vocab_size=64, max_position_embeddings=16, dropout_rng="hash", scan_layers=True,
     remat_policy="full",
   )  # fmt: skip
@@ -297,11 +300,13 @@ def test_scanned_rematerialised_layers_flash_equals_explicit():
 
 
 def test_train_step_lowers_for_cuda_with_triton():
-  """BERT-tiny's train step with attention_impl='flash' (bf16, dropout 0.1), resolved for a
-  GPU, lowers for CUDA: three Triton kernels a layer (forward, dK/dV, dQ), not interpreted."""
+  """BERT-tiny's train step with the default backend fields ('auto'; bf16, dropout 0.1),
+  resolved for a GPU, lowers for CUDA with the flash kernels: three Triton kernels a layer
+  (forward, dK/dV, dQ), not interpreted."""
   c = _micro_config("auto", dropout=0.1)
-  c.model.update(dropout_rng="hash", attention_impl="flash", dtype="bfloat16")
-  cfg = model_lib.resolve_kernels(train.bert_config(c), "cuda")
+  c.model.update(dtype="bfloat16")
+  assert (c.model.dropout_rng, c.model.attention_impl) == ("auto", "auto")
+  cfg = backends.resolve_kernels(train.bert_config(c), "cuda")
   model = BertForPreTraining(cfg)
   tx = optim.make_optimizer(c.opt)
   step = train.make_train_step(
@@ -315,13 +320,15 @@ def test_train_step_lowers_for_cuda_with_triton():
 
 
 def test_flash_config():
-  """'flash' is a valid attention_impl with attention dropout, never 'auto''s choice; the
-  model refuses it on a TPU in one line."""
+  """'flash' is a valid attention_impl with attention dropout, 'auto''s choice on GPUs only;
+  the model refuses it on a TPU in one line."""
   cfg = BertConfig(attention_impl="flash", attention_dropout_prob=0.1)
-  assert model_lib.attention_choice(cfg, 128, dropout=True, probs=False) == "flash"
-  assert model_lib.attention_choice(cfg, 128, dropout=True, probs=True) == "explicit"
-  assert all("flash" not in choice for choice in model_lib.AUTO_ATTENTION.values())
-  tpu = model_lib.resolve_kernels(dataclasses.replace(cfg, vocab_size=64), "tpu")
+  assert backends.attention_choice(cfg, 128, dropout=True, probs=False) == "flash"
+  assert backends.attention_choice(cfg, 128, dropout=True, probs=True) == "explicit"
+  assert {p for p, _ in backends.AUTO_ATTENTION if "flash" in backends.AUTO_ATTENTION[p, _]} == {
+    "gpu"
+  }
+  tpu = backends.resolve_kernels(dataclasses.replace(cfg, vocab_size=64), "tpu")
   model = BertForPreTraining(dataclasses.replace(tpu, num_layers=1, hidden_size=32, num_heads=2))
   ids = jnp.zeros((1, 8), jnp.int32)
   with pytest.raises(ValueError, match="^attention_impl='flash' runs on GPUs .* not on tpu"):
@@ -329,3 +336,47 @@ def test_flash_config():
       lambda: model.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, ids,
                          deterministic=False)
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["classification", "span_qa"])
+def test_finetuning_flash_equals_explicit_with_padding(kind):
+  """Fine-tuning's model (tasks.heads.FinetuneModel) on a padded batch as fine-tuning feeds it
+  (rows of 128, 96 and 17 real tokens and one of 128), dropout 0.1 with dropout_rng='hash':
+  attention_impl='flash' (interpreted) gives explicit's logits and gradients. The pooled kind
+  runs its last layer at [CLS] only (a query block of 1), span_qa at every position."""
+  from bert_jax.tasks import heads
+
+  cfg = model_config.config_for_size(
+    "tiny", vocab_size=64, max_position_embeddings=128, dropout_rng="hash", platform="cpu",
+    kernels="xla",
+  )  # fmt: skip
+  lengths = np.array([128, 96, 17, 128])
+  input_mask = jnp.asarray((np.arange(128)[None] < lengths[:, None]).astype(np.int32))
+  ids = jnp.asarray(np.random.default_rng(0).integers(1, 64, (4, 128))) * input_mask
+  segments = (jnp.arange(128)[None] >= 40) * input_mask
+  outputs = 3 if kind == "classification" else 2
+  params = heads.FinetuneModel(cfg, kind, outputs).init(jax.random.key(0), ids)["params"]
+  results = []
+  for impl in ("explicit", "flash"):
+    model = heads.FinetuneModel(dataclasses.replace(cfg, attention_impl=impl), kind, outputs)
+
+    def loss(p, model=model):
+      logits = model.apply(
+        {"params": p}, ids, segments, input_mask, deterministic=False,
+        rngs={"dropout": jax.random.key(4)},
+      )  # fmt: skip
+      return jnp.sum(jnp.sin(logits)), logits
+
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss, has_aux=True))(params))
+    assert ("pallas_call" in jaxpr) == (impl == "flash")
+    results.append(jax.jit(jax.value_and_grad(loss, has_aux=True))(params))
+  ((_, logits_e), grads_e), ((_, logits_f), grads_f) = results
+  scale = float(jnp.abs(logits_e).max())
+  _assert_close(logits_f, logits_e, "logits", atol=1e-5 * scale)
+  # The dropout masks are in play: without them the logits are others.
+  plain = heads.FinetuneModel(cfg, kind, outputs).apply(
+    {"params": params}, ids, segments, input_mask
+  )
+  assert float(jnp.abs(plain - logits_e).max()) > 1e-2 * scale
+  for x, y in zip(jax.tree.leaves(grads_f), jax.tree.leaves(grads_e), strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)

@@ -1,4 +1,4 @@
-"""bert_jax.kernels behind BertConfig.kernels: the CPU kernels give the stock XLA path's
+"""bert_jax.backends.cpu behind BertConfig.kernels: the CPU kernels give the stock XLA path's
 outputs, losses and gradients; 'auto' takes the stock path on every backend but the CPU.
 
 Each parity check also asserts that the two runs really used different ops (custom-VJP calls
@@ -15,14 +15,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import aot, config_lib, kernels, objectives, optim, train
+from bert_jax import aot, backends, config_lib, model_config, objectives, optim, train
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
-from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.backends import cpu as cpu_kernels
+from bert_jax.model import BertForPreTraining
+from bert_jax.model_config import BertConfig
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 
-TINY = model_lib.config_for_size("tiny", vocab_size=128, max_position_embeddings=16)
+TINY = model_config.config_for_size("tiny", vocab_size=128, max_position_embeddings=16)
 # What only the CPU kernels put in a program: custom VJPs and the CPU/default weight-gradient
 # switch (lax.platform_dependent). The hash dropout's murmur3 multiplier marks
 # dropout_rng='hash', and the low-precision attention probabilities are a custom VJP of their
@@ -37,29 +39,29 @@ HASH = str(0x85EBCA6B)
 
 def test_resolve_kernels():
   for platform in ("tpu", "gpu", "cuda", "rocm"):
-    assert model_lib.resolve_kernels(TINY, platform).kernels == "xla"
-  assert model_lib.resolve_kernels(TINY, "cpu").kernels == "cpu"
+    assert backends.resolve_kernels(TINY, platform).kernels == "xla"
+  assert backends.resolve_kernels(TINY, "cpu").kernels == "cpu"
   for explicit in ("xla", "cpu"):
     cfg = dataclasses.replace(TINY, kernels=explicit)
     for platform in ("cpu", "tpu", "gpu"):
-      assert model_lib.resolve_kernels(cfg, platform).kernels == explicit
+      assert backends.resolve_kernels(cfg, platform).kernels == explicit
   # Only the 'auto' fields and the platform change, and the parameters are the same in every
   # mode.
-  resolved = model_lib.resolve_kernels(TINY, "cuda")
+  resolved = backends.resolve_kernels(TINY, "cuda")
   assert resolved.platform == "gpu"
   assert dataclasses.replace(resolved, kernels="auto", dropout_rng="auto", platform="") == TINY
-  assert model_lib.resolve_kernels(resolved, "cuda") == resolved
+  assert backends.resolve_kernels(resolved, "cuda") == resolved
   shapes = lambda cfg: jax.tree.map(lambda x: (x.shape, x.dtype), model_lib.abstract_params(cfg))
   assert shapes(resolved) == shapes(dataclasses.replace(TINY, kernels="cpu"))
-  with pytest.raises(ValueError, match="^kernels must be one of auto, xla, lowp, cpu, not 'fast'$"):
-    BertConfig(kernels="fast")
+  with pytest.raises(ValueError, match="^kernels must be one of auto, xla, cpu, not 'lowp'$"):
+    BertConfig(kernels="lowp")  # a value of earlier versions
 
 
 def test_unresolved_auto_follows_the_default_backend():
   assert jax.default_backend() == "cpu"  # conftest
-  assert model_lib.ops_for(TINY) is model_lib.CPU_OPS
-  assert model_lib.ops_for(dataclasses.replace(TINY, kernels="xla")) is model_lib.XLA_OPS
-  assert model_lib.ops_for(model_lib.resolve_kernels(TINY, "tpu")) is model_lib.XLA_OPS
+  assert backends.ops_for(TINY) is backends.CPU_OPS
+  assert backends.ops_for(dataclasses.replace(TINY, kernels="xla")) is backends.XLA_OPS
+  assert backends.ops_for(backends.resolve_kernels(TINY, "tpu")) is backends.XLA_OPS
 
 
 # --- model parity: CPU kernels vs stock XLA ops ------------------------------------------------
@@ -162,69 +164,9 @@ def test_cpu_kernels_match_stock_ops(case):
   assert not zero, zero
 
 
-def _float32_dots(jaxpr) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-  """Operand shapes of every dot_general of a float32 operand with a low-precision one in
-  `jaxpr` and all its sub-jaxprs (custom VJPs, pjit calls): XLA runs it in float32 (the
-  lowering converts the other operand)."""
-  found = []
-  for eqn in jaxpr.eqns:
-    if eqn.primitive is jax.lax.dot_general_p:
-      a, b = (v.aval for v in eqn.invars)
-      if a.dtype != b.dtype and jnp.float32 in (a.dtype, b.dtype):
-        found.append((tuple(a.shape), tuple(b.shape)))
-    for value in eqn.params.values():
-      subs = value if isinstance(value, (tuple, list)) else (value,)
-      for sub in subs:
-        sub = getattr(sub, "jaxpr", sub)
-        if hasattr(sub, "eqns"):
-          found += _float32_dots(sub)
-  return found
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_lowp_kernels_match_stock_ops(dtype):
-  """kernels='lowp' (the accelerators' candidate): in float32 the stock program's outputs and
-  gradients exactly; in bf16 the same outputs, the gradients within bf16 tolerance, and no
-  backward dot on float32 operands (the stock ops run the tied logits' and the attention's
-  backward dots on their float32 cotangents)."""
-  # (A vocabulary apart from the hidden size, to tell the tied logits' dots.)
-  xla = dataclasses.replace(
-    TINY, vocab_size=160, kernels="xla", attention_impl="explicit", dtype=dtype
-  )
-  lowp = dataclasses.replace(xla, kernels="lowp")
-  assert model_lib.ops_for(lowp) is model_lib.LOWP_OPS
-  params = _random_params(xla)
-  loss_x, out_x, g_x, _ = _loss_outputs_grads(xla, params, True, False)
-  loss_l, out_l, g_l, _ = _loss_outputs_grads(lowp, params, True, False)
-  for key in ("mlm_logits", "nsp_logits"):
-    np.testing.assert_array_equal(out_l[key], out_x[key])
-  if dtype == "float32":
-    jax.tree.map(np.testing.assert_array_equal, g_l, g_x)
-    return
-  scale = 0.01 * max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g_x))
-  flat_l = jax.tree_util.tree_leaves_with_path(g_l)
-  for (path, gl), gx in zip(flat_l, jax.tree.leaves(g_x), strict=True):
-    name = jax.tree_util.keystr(path)
-    if not name.endswith("['key']['bias']"):  # softmax ignores it: rounding noise
-      _assert_close(gl, gx, 2e-2, name, scale)
-
-  def dots(cfg):
-    model = BertForPreTraining(cfg)
-    ids, seg, mask = _batch()
-    positions = np.array([[1, 3, 6], [2, 4, 0]], np.int32)
-    f = lambda p: jnp.sum(model.apply({"params": p}, ids, seg, mask, positions)["mlm_logits"])
-    return _float32_dots(jax.make_jaxpr(jax.grad(f))(params).jaxpr)
-
-  # The tied logits' two (a [B, P, V] cotangent), the attention's four per layer.
-  stock = dots(xla)
-  assert len([a for a, _ in stock if a[-1] == xla.vocab_size]) == 2, stock
-  assert len([a for a, _ in stock if len(a) == 4]) == 4 * TINY.num_layers, stock
-  assert dots(lowp) == [], dots(lowp)
-
-
 def test_cpu_kernels_reach_every_dense_layer():
   """kernels='cpu': every Dense matmul and bias add runs through the kernels' VJPs (one per
-  kernel), every LayerNorm through kernels.LayerNorm; kernels='xla': none of them."""
+  kernel), every LayerNorm through cpu_kernels.LayerNorm; kernels='xla': none of them."""
 
   def counts(mode):
     cfg = dataclasses.replace(TINY, kernels=mode)
@@ -242,7 +184,7 @@ def test_cpu_kernels_reach_every_dense_layer():
   assert matmuls == n_kernels and biases == n_kernels + 1  # + the MLM output bias
   assert counts("xla")[:2] == (0, 0)
   layer_norms = lambda mode: sum(
-    isinstance(m, kernels.LayerNorm)
+    isinstance(m, cpu_kernels.LayerNorm)
     for m in _modules(BertForPreTraining(dataclasses.replace(TINY, kernels=mode)))
   )
   assert layer_norms("cpu") == 2 * TINY.num_layers + 2 and layer_norms("xla") == 0
@@ -278,14 +220,13 @@ def test_dropout_masks_follow_dropout_rng_not_kernels():
 
   det = BertForPreTraining(TINY).apply({"params": params}, ids, seg, mask)["nsp_logits"]
   outs = {}
-  for rng_impl in ("threefry", "rbg", "hash"):
+  for rng_impl in ("threefry", "hash"):
     outs[rng_impl] = run("cpu", rng_impl)
     np.testing.assert_allclose(outs[rng_impl], run("xla", rng_impl), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(outs[rng_impl], run("cpu", rng_impl))
     assert np.abs(np.asarray(outs[rng_impl] - det)).max() > 1e-3
     assert np.abs(np.asarray(outs[rng_impl] - run("cpu", rng_impl, seed=2))).max() > 1e-3
-  for a, b in (("threefry", "rbg"), ("rbg", "hash"), ("hash", "threefry")):
-    assert np.abs(np.asarray(outs[a] - outs[b])).max() > 1e-3
+  assert np.abs(np.asarray(outs["hash"] - outs["threefry"])).max() > 1e-3
 
 
 # --- the real train step ----------------------------------------------------------------------
@@ -330,7 +271,7 @@ def _train_losses(kernels_mode: str, steps: int) -> tuple[list[float], str]:
   the trainer resolves it, and the step's jaxpr."""
   c = _micro_config(kernels_mode)
   mesh = sh.make_mesh((1, 1, 1), jax.devices()[:1])
-  cfg = model_lib.resolve_kernels(train.bert_config(c), mesh.devices.flat[0].platform)
+  cfg = backends.resolve_kernels(train.bert_config(c), mesh.devices.flat[0].platform)
   model = BertForPreTraining(cfg)
   tx = optim.make_optimizer(c.opt)
   obj = objectives.Objective.from_config(c)
@@ -360,7 +301,7 @@ def test_train_loop_losses_match_between_kernels():
 def _train_params(c, step_rng: int, steps: int = 2, mesh_shape=(1, 1, 1)):
   """Params (as host arrays) after `steps` steps of the real jitted train step."""
   mesh = sh.make_mesh(mesh_shape, jax.devices()[: int(np.prod(mesh_shape))])
-  cfg = model_lib.resolve_kernels(train.bert_config(c), mesh.devices.flat[0].platform)
+  cfg = backends.resolve_kernels(train.bert_config(c), mesh.devices.flat[0].platform)
   model = BertForPreTraining(cfg)
   tx = optim.make_optimizer(c.opt)
   obj = objectives.Objective.from_config(c)
@@ -373,7 +314,7 @@ def _train_params(c, step_rng: int, steps: int = 2, mesh_shape=(1, 1, 1)):
   return jax.tree.map(np.asarray, nn.meta.unbox(state["params"]))
 
 
-@pytest.mark.parametrize("dropout_rng", ["threefry", "rbg", "hash"])
+@pytest.mark.parametrize("dropout_rng", ["threefry", "hash"])
 @pytest.mark.slow
 def test_train_step_is_deterministic_per_dropout_rng(dropout_rng):
   """Same command and seed, same bytes: two runs of the jitted train step (dropout 0.1, on a
@@ -389,7 +330,7 @@ def test_train_step_is_deterministic_per_dropout_rng(dropout_rng):
 
 
 def _train_step_jaxpr(c, platform: str) -> str:
-  cfg = model_lib.resolve_kernels(train.bert_config(c), platform)
+  cfg = backends.resolve_kernels(train.bert_config(c), platform)
   model = BertForPreTraining(cfg)
   tx = optim.make_optimizer(c.opt)
   obj = objectives.Objective.from_config(c)
@@ -409,11 +350,10 @@ def test_default_train_step_for_accelerators_has_no_cpu_kernels():
   for platform in ("tpu", "gpu"):
     text = _train_step_jaxpr(c, platform)
     assert not [op for op in CPU_KERNELS if op in text], platform
-    assert (HASH in text) == (model_lib.DROPOUT_RNG_AUTO[platform] == "hash"), platform
-    assert ("impl=rbg" in text) == (model_lib.DROPOUT_RNG_AUTO[platform] == "rbg"), platform
+    assert (HASH in text) == (backends.DROPOUT_RNG_AUTO[platform] == "hash"), platform
   text = _train_step_jaxpr(c, "cpu")
   assert all(op in text for op in CPU_KERNELS)
-  assert (HASH in text) == (model_lib.DROPOUT_RNG_AUTO["cpu"] == "hash")
+  assert (HASH in text) == (backends.DROPOUT_RNG_AUTO["cpu"] == "hash")
 
 
 # --- the kernels themselves -------------------------------------------------------------------
@@ -430,8 +370,8 @@ def test_cpu_weight_gradient_layout_matches_plain_dot(in_shape, out):
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(3, 5, *in_shape)), jnp.bfloat16)
   g = jnp.asarray(rng.normal(size=(3, 5, out)), jnp.bfloat16)
-  a = jax.jit(functools.partial(kernels._dw_cpu, 2))(x, g)
-  b = jax.jit(functools.partial(kernels._dw, 2))(x, g)
+  a = jax.jit(functools.partial(cpu_kernels._dw_cpu, 2))(x, g)
+  b = jax.jit(functools.partial(cpu_kernels._dw, 2))(x, g)
   ref = np.einsum("abij,abk->ijk", np.asarray(x, np.float32), np.asarray(g, np.float32))
   assert a.shape == (*in_shape, out) and a.dtype == jnp.float32
   np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-5)
@@ -452,7 +392,7 @@ def test_float32_matmul_vjp_matches_autodiff(x_shape, w_shape, contract):
   gy = jnp.asarray(rng.normal(size=x_shape[: len(x_shape) - contract] + w_shape[contract:]))
 
   def fast(x, w):
-    return jnp.sum(kernels.matmul(x, w, contract, "float32") * gy)
+    return jnp.sum(cpu_kernels.matmul(x, w, contract, "float32") * gy)
 
   def ref(x, w):
     return jnp.sum(jnp.tensordot(x, w, contract) * gy)
@@ -477,8 +417,8 @@ def test_low_precision_custom_vjps_match_float32_autodiff():
   gl = _bf16_round(rng.normal(size=(2, 64, 50)))
 
   def fast(x, w, b, table):
-    y = kernels.add_bias(kernels.matmul(x, w, 1, "bfloat16"), b)
-    logits = kernels.tied_logits(x, table, "bfloat16")
+    y = cpu_kernels.add_bias(cpu_kernels.matmul(x, w, 1, "bfloat16"), b)
+    logits = cpu_kernels.tied_logits(x, table, "bfloat16")
     return jnp.sum(y.astype(jnp.float32) * gy) + jnp.sum(logits * gl)
 
   def ref(x, w, b, table):
@@ -502,8 +442,8 @@ def test_attention_custom_vjps_match_float32_autodiff():
 
   def fast(q, k, p, v):
     q, k, p, v = bf(q, k, p, v)
-    s = kernels.attention_scores(q, k)
-    c = kernels.attention_context(p, v)
+    s = cpu_kernels.attention_scores(q, k)
+    c = cpu_kernels.attention_context(p, v)
     return jnp.sum(s * gs) + jnp.sum(c * gc)
 
   def ref(q, k, p, v):
@@ -519,18 +459,18 @@ def test_attention_custom_vjps_match_float32_autodiff():
 
 
 def test_layer_norm_kernel_matches_flax():
-  """kernels.LayerNorm: nn.LayerNorm's parameters and values, float32 inside for bf16 input."""
+  """cpu_kernels.LayerNorm: nn.LayerNorm's parameters and values, float32 inside for bf16 input."""
   rng = np.random.default_rng(4)
   x = jnp.asarray(3.0 + rng.normal(size=(2, 5, 16)), jnp.float32)
   init = dict(epsilon=1e-12, param_dtype=jnp.float32)
-  ours, flax_ln = kernels.LayerNorm(**init), nn.LayerNorm(**init, use_fast_variance=False)
+  ours, flax_ln = cpu_kernels.LayerNorm(**init), nn.LayerNorm(**init, use_fast_variance=False)
   params = jax.tree.map(
     lambda a: jnp.asarray(rng.normal(size=a.shape), a.dtype),
     flax_ln.init(jax.random.key(0), x),
   )
   assert jax.tree.structure(ours.init(jax.random.key(0), x)) == jax.tree.structure(params)
   np.testing.assert_allclose(ours.apply(params, x), flax_ln.apply(params, x), rtol=1e-5, atol=1e-5)
-  y16 = kernels.LayerNorm(**init, dtype=jnp.bfloat16).apply(params, x.astype(jnp.bfloat16))
+  y16 = cpu_kernels.LayerNorm(**init, dtype=jnp.bfloat16).apply(params, x.astype(jnp.bfloat16))
   assert y16.dtype == jnp.bfloat16
   np.testing.assert_allclose(y16.astype(jnp.float32), ours.apply(params, x), atol=0.05)
 
@@ -574,116 +514,3 @@ def test_tpu_compile_of_auto_is_the_stock_program(monkeypatch):
     "xla_flops_per_device",
   ):
     assert results["auto"][key] == results["xla"][key], key
-
-
-# --- the hash dropout's mask, drawn where it is used -------------------------------------------
-
-
-def _residual_types(f, *args) -> list[str]:
-  import contextlib
-  import io
-
-  from jax import ad_checkpoint
-
-  buf = io.StringIO()
-  with contextlib.redirect_stdout(buf):
-    ad_checkpoint.print_saved_residuals(f, *args)
-  return [line.split()[0] for line in buf.getvalue().splitlines() if line.strip()]
-
-
-def _value_and_vjp(f, x, g):
-  y, vjp = jax.vjp(f, x)
-  return y, vjp(g)[0]
-
-
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_hash_mask_dropout_equals_the_drawn_mask_and_keeps_none(dtype):
-  """kernels.dropout with a HashMask: the values and the gradient of the select with the
-  drawn mask (kernels.keep_mask), bit for bit; its backward keeps the two seed words, the
-  select's keeps the [6, 40] mask."""
-  x = jnp.asarray(np.random.default_rng(0).normal(size=(6, 40)), dtype)
-  g = jnp.asarray(np.random.default_rng(1).normal(size=(6, 40)), dtype)
-  key, rate = jax.random.key(3), 0.3
-  lazy = lambda x: kernels.dropout(x, kernels.HashMask.from_key(key), rate)
-  drawn = lambda x: kernels.dropout(x, kernels.keep_mask(key, x.shape, rate), rate)
-  # Jitted, as in a train step (XLA turns the division by 1 - rate into a multiplication in
-  # both).
-  y, dx = jax.jit(lambda x, g: _value_and_vjp(lazy, x, g))(x, g)
-  y_ref, dx_ref = jax.jit(lambda x, g: _value_and_vjp(drawn, x, g))(x, g)
-  np.testing.assert_array_equal(y, y_ref)
-  assert 0.5 < float(jnp.mean(y != 0)) < 0.9
-  np.testing.assert_array_equal(dx, dx_ref)
-  assert _residual_types(lazy, x) == ["u32[2]"]
-  assert "bool[6,40]" in _residual_types(drawn, x)
-
-
-def test_hash_mask_attention_probs_equal_the_drawn_mask():
-  """kernels.attention_probs with a HashMask: values and gradient of the drawn mask's, bit for
-  bit; the backward keeps the bf16 probabilities and the seed, no mask."""
-  rng = np.random.default_rng(0)
-  logits = jnp.asarray(3 * rng.normal(size=(2, 3, 5, 8)), jnp.float32)
-  g = jnp.asarray(rng.normal(size=(2, 3, 5, 8)), jnp.bfloat16)
-  key, rate = jax.random.key(5), 0.2
-  lazy = lambda x: kernels.attention_probs(x, jnp.bfloat16, kernels.HashMask.from_key(key), rate)
-  mask = kernels.keep_mask(key, logits.shape, rate)
-  drawn = lambda x: kernels.attention_probs(x, jnp.bfloat16, mask, rate)
-  y, dx = jax.jit(lambda x, g: _value_and_vjp(lazy, x, g))(logits, g)
-  y_ref, dx_ref = jax.jit(lambda x, g: _value_and_vjp(drawn, x, g))(logits, g)
-  np.testing.assert_array_equal(y, y_ref)
-  np.testing.assert_array_equal(dx, dx_ref)
-  assert sorted(_residual_types(lazy, logits)) == ["bf16[2,3,5,8]", "u32[2]"]
-  assert "bool[2,3,5,8]" in _residual_types(drawn, logits)
-
-
-@pytest.mark.parametrize(
-  "attention_impl, dtype", [("explicit", "float32"), ("explicit_lowp", "bfloat16")]
-)
-def test_hash_dropout_model_equals_drawn_masks_and_stacks_none(attention_impl, dtype):
-  """The model with dropout_rng='hash_redraw' (scanned layers, dropout 0.1): the same loss and
-  gradients as 'hash', its masks drawn up front (the select's autodiff; up to rounding: XLA
-  orders and rounds the two programs' intermediates apart), and its backward keeps no layer's
-  dropout mask, where 'hash''s stack one per layer."""
-  cfg = dataclasses.replace(
-    TINY,
-    num_layers=3,  # not the batch size: stacked residuals are [3, ...]
-    dtype=dtype,
-    scan_layers=True,
-    dropout_rng="hash_redraw",
-    attention_impl=attention_impl,
-    platform="cpu",
-    kernels="xla",
-  )
-  drawn = dataclasses.replace(cfg, dropout_rng="hash")
-  init = BertForPreTraining(cfg).init(jax.random.key(0), *model_lib.dummy_inputs(2, 16))
-  params = nn.meta.unbox(init["params"])
-  ids, seg, mask = _batch()
-
-  def loss_of(cfg):
-    def loss(p):
-      rngs = {"dropout": jax.random.key(7)}
-      out = BertForPreTraining(cfg).apply(
-        {"params": p}, ids, seg, mask, deterministic=False, rngs=rngs
-      )
-      return jnp.sum(out["mlm_logits"]) + jnp.sum(out["nsp_logits"])
-
-    return loss
-
-  value, grads = jax.jit(jax.value_and_grad(loss_of(cfg)))(params)
-  lazy_residuals = _residual_types(loss_of(cfg), params)
-  value_ref, grads_ref = jax.jit(jax.value_and_grad(loss_of(drawn)))(params)
-  drawn_residuals = _residual_types(loss_of(drawn), params)
-  assert float(value) == float(value_ref)
-  tol = 1e-6 if dtype == "float32" else 1e-2  # float32: XLA orders the two programs' sums apart
-  # (At least 1: the key biases' gradients are zero up to rounding.)
-  close = lambda a, b: np.testing.assert_allclose(a, b, atol=tol * max(np.abs(b).max(), 1.0))
-  jax.tree.map(close, grads, grads_ref)
-  n = cfg.num_layers
-  assert not [t for t in lazy_residuals if t.startswith(f"bool[{n},")], lazy_residuals
-  assert len([t for t in drawn_residuals if t.startswith(f"bool[{n},")]) >= 2, drawn_residuals
-
-
-def test_auto_never_picks_the_paths_not_yet_run_on_a_gpu():
-  """kernels='lowp' and dropout_rng='hash_redraw' stay opt-in: no platform's 'auto' is either."""
-  for platform in ("cpu", "tpu", "gpu", "cuda"):
-    cfg = model_lib.resolve_kernels(BertConfig(), platform)
-    assert cfg.kernels != "lowp" and cfg.dropout_rng != "hash_redraw", platform

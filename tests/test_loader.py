@@ -22,7 +22,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import bert_jax
-from bert_jax import hf_io, loader, params_tree, tokenizer_files, train
+from bert_jax import hf_io, loader, model_config, params_tree, tokenizer_files, train
 from bert_jax import model as model_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -395,7 +395,7 @@ def test_sentencepiece_export(sentencepiece, tmp_path):
   (transformers' PreTrainedTokenizerFast loads it); BPE is a one-line error."""
   import tokenizers
 
-  cfg = model_lib.BertConfig(
+  cfg = model_config.BertConfig(
     vocab_size=1000, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64
   )
   rng = np.random.default_rng(0)

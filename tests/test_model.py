@@ -14,9 +14,12 @@ import numpy as np
 import pytest
 from jax import ad_checkpoint
 
-from bert_jax import kernels, params_tree
+from bert_jax import backends, model_config, params_tree
 from bert_jax import model as model_lib
-from bert_jax.model import BertConfig, BertForPreTraining, BertModel
+from bert_jax.backends import attention as attention_lib
+from bert_jax.backends import dropout as dropout_lib
+from bert_jax.model import BertForPreTraining, BertModel
+from bert_jax.model_config import BertConfig
 
 TINY = BertConfig(
   vocab_size=128,
@@ -81,13 +84,13 @@ def _jitted_apply(cfg, pretraining, kw):
   ],
 )
 def test_parameter_counts_match_released_models(size, pretraining, expected):
-  cfg = model_lib.config_for_size(size, scan_layers=True)
+  cfg = model_config.config_for_size(size, scan_layers=True)
   assert model_lib.count_params(model_lib.abstract_params(cfg, pretraining)) == expected
 
 
 def test_scanned_and_unrolled_have_same_count():
   for scan in (False, True):
-    cfg = model_lib.config_for_size("base", scan_layers=scan)
+    cfg = model_config.config_for_size("base", scan_layers=scan)
     assert model_lib.count_params(model_lib.abstract_params(cfg, True)) == 110_106_428
 
 
@@ -284,7 +287,7 @@ def test_scanned_layers_with_the_last_unrolled(remat_policy):
 
 
 def test_pruned_last_layer_flops():
-  base = model_lib.config_for_size("base")
+  base = model_config.config_for_size("base")
   off = dataclasses.replace(base, prune_last_layer=False)
   full, pruned = (model_lib.train_flops_per_token(c, 128, 20) for c in (off, base))
   # K/V projections stay at every position; Q, output, FFN and attention at 21 of 128.
@@ -355,9 +358,9 @@ def test_fused_attention_op_matches_explicit(causal):
   # padding and causal masks.
   kq, kk, kv = jax.random.split(jax.random.key(0), 3)
   q, k, v = (jax.random.normal(key, (2, 6, 3, 8)) for key in (kq, kk, kv))
-  mask = model_lib.attention_mask(jnp.array([[1] * 6, [1] * 4 + [0] * 2]), causal)
+  mask = attention_lib.attention_mask(jnp.array([[1] * 6, [1] * 4 + [0] * 2]), causal)
   assert mask.shape == (2, 1, 6, 6)
-  want, probs = model_lib.explicit_attention(q, k, v, mask, model_lib.XLA_OPS)
+  want, probs = attention_lib.explicit_attention(q, k, v, mask, backends.XLA_OPS)
   got = jax.nn.dot_product_attention(q, k, v, mask=mask)
   np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-6)
   assert np.all(np.asarray(probs)[1, :, :, 4:] == 0.0)  # padding keys are never attended
@@ -370,14 +373,14 @@ def test_attention_mask_at_query_positions():
   input_mask = jnp.array([[1] * 6, [1] * 4 + [0] * 2])
   positions = jnp.array([[0, 3, 5], [2, 2, 1]])
   for causal in (False, True):
-    full = np.asarray(model_lib.attention_mask(input_mask, causal))
-    got = np.asarray(model_lib.attention_mask(input_mask, causal, positions))
+    full = np.asarray(attention_lib.attention_mask(input_mask, causal))
+    got = np.asarray(attention_lib.attention_mask(input_mask, causal, positions))
     assert got.shape == (2, 1, 3, 6)
     want = np.take_along_axis(full, np.asarray(positions)[:, None, :, None], axis=2)
     np.testing.assert_array_equal(got, want)
   assert not np.array_equal(  # causal rows differ by position
-    model_lib.attention_mask(input_mask, True, positions)[0, 0, 0],
-    model_lib.attention_mask(input_mask, True, positions)[0, 0, 2],
+    attention_lib.attention_mask(input_mask, True, positions)[0, 0, 0],
+    attention_lib.attention_mask(input_mask, True, positions)[0, 0, 2],
   )
 
 
@@ -418,7 +421,7 @@ class NNEmbedEmbeddings(nn.Module):
     self.position_embeddings = embed(cfg.max_position_embeddings, (None, "embed"))
     self.token_type_embeddings = embed(cfg.type_vocab_size, (None, "embed"))
     self.LayerNorm = model_lib.layer_norm(cfg, "LayerNorm")
-    self.dropout = model_lib.dropout(cfg, cfg.hidden_dropout_prob)
+    self.dropout = dropout_lib.for_config(cfg, cfg.hidden_dropout_prob)
 
   def __call__(self, input_ids_BL, segment_ids_BL, deterministic):
     x_BLD = self.word_embeddings(input_ids_BL)
@@ -428,7 +431,7 @@ class NNEmbedEmbeddings(nn.Module):
 
   def attend(self, h_BPD):
     table_VD = self.word_embeddings.embedding
-    return model_lib.ops_for(self.cfg).logits(h_BPD, table_VD, self.cfg.compute_dtype)
+    return backends.ops_for(self.cfg).logits(h_BPD, table_VD, self.cfg.compute_dtype)
 
 
 def _embedding_values_and_grads(module, params, ids, seg):
@@ -489,7 +492,7 @@ def test_threefry_dropout_is_flax_dropout():
   """dropout_rng='threefry' is nn.Dropout: the same masks and values from the same key."""
   x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 64)), jnp.bfloat16)
   for key in (jax.random.key(0), jax.random.key(7)):
-    ours = model_lib.Dropout(0.3, "threefry").apply(
+    ours = dropout_lib.Dropout(0.3, "threefry").apply(
       {}, x, deterministic=False, rngs={"dropout": key}
     )
     theirs = nn.Dropout(0.3).apply({}, x, deterministic=False, rngs={"dropout": key})
@@ -497,12 +500,12 @@ def test_threefry_dropout_is_flax_dropout():
     np.testing.assert_array_equal(ours, theirs)
 
 
-@pytest.mark.parametrize("rng_impl", ["threefry", "rbg", "hash"])
+@pytest.mark.parametrize("rng_impl", ["threefry", "hash"])
 def test_dropout_keep_rate_and_scaling(rng_impl):
   """Keep rate within binomial tolerance (5 sigma), kept values scaled by 1 / (1 - rate), the
   mask a function of the key alone, another key another mask."""
   rate, shape = 0.1, (256, 512)
-  masks = model_lib.KEEP_MASKS[rng_impl]
+  masks = dropout_lib.KEEP_MASKS[rng_impl]
   keep = np.asarray(jax.jit(masks, static_argnums=(1, 2))(jax.random.key(0), shape, rate))
   sigma = np.sqrt(rate * (1 - rate) / keep.size)
   assert abs(keep.mean() - (1 - rate)) < 5 * sigma, keep.mean()
@@ -513,33 +516,35 @@ def test_dropout_keep_rate_and_scaling(rng_impl):
   other = np.asarray(masks(jax.random.key(1), shape, rate))
   assert abs((keep != other).mean() - 2 * rate * (1 - rate)) < 5 * sigma
   x = jnp.ones((64, 64))
-  drop = model_lib.Dropout(0.25, rng_impl)
+  drop = dropout_lib.Dropout(0.25, rng_impl)
   y = drop.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(2)})
   assert set(np.unique(np.asarray(y)).tolist()) == {0.0, float(np.float32(1.0 / 0.75))}
   assert drop.apply({}, x, deterministic=True) is x
 
 
 def test_dropout_rng_config():
-  for value in ("auto", "threefry", "rbg", "hash"):
+  for value in ("auto", "threefry", "hash"):
     assert BertConfig(dropout_rng=value).dropout_rng == value
-  with pytest.raises(ValueError, match="^dropout_rng must be one of auto, threefry, rbg, hash"):
-    BertConfig(dropout_rng="philox")
+  for retired in ("rbg", "hash_redraw"):  # values of earlier versions
+    with pytest.raises(ValueError, match="^dropout_rng must be one of auto, threefry, hash, not"):
+      BertConfig(dropout_rng=retired)
   for platform, family in (("cpu", "cpu"), ("tpu", "tpu"), ("gpu", "gpu"), ("cuda", "gpu")):
-    got = model_lib.resolve_kernels(TINY, platform)
-    assert got.dropout_rng == model_lib.DROPOUT_RNG_AUTO[family] and got.platform == family
-    assert model_lib.resolve_kernels(dataclasses.replace(TINY, dropout_rng="rbg"), platform) == (
-      dataclasses.replace(got, dropout_rng="rbg")
+    got = backends.resolve_kernels(TINY, platform)
+    assert got.dropout_rng == backends.DROPOUT_RNG_AUTO[family] and got.platform == family
+    pinned = dataclasses.replace(TINY, dropout_rng="threefry")
+    assert backends.resolve_kernels(pinned, platform) == (
+      dataclasses.replace(got, dropout_rng="threefry")
     )
   # The model's dropout modules follow it (encoder, embeddings).
-  for value in ("threefry", "rbg", "hash"):
-    cfg = model_lib.resolve_kernels(dataclasses.replace(TINY, dropout_rng=value), "cpu")
-    assert model_lib.dropout(cfg, 0.1).rng_impl == value
+  for value in ("threefry", "hash"):
+    cfg = backends.resolve_kernels(dataclasses.replace(TINY, dropout_rng=value), "cpu")
+    assert dropout_lib.for_config(cfg, 0.1).rng_impl == value
 
 
-@pytest.mark.parametrize("rng_impl", ["rbg", "hash"])
-def test_model_dropout_by_rng_impl(rng_impl):
-  """Each generator drops out reproducibly per key, differently per key, and not like
+def test_model_dropout_by_rng_impl():
+  """The hash generator drops out reproducibly per key, differently per key, and not like
   threefry (so the switch took effect)."""
+  rng_impl = "hash"
   params = _params(TINY)
   ids, seg, mask = _batch([8, 6], 8)
 
@@ -629,7 +634,7 @@ def test_explicit_lowp_matches_explicit(dtype, dropout_seed):
 
 
 def test_attention_probs_kernel_matches_autodiff_and_saves_low_precision():
-  """kernels.attention_probs: forward = dropout(softmax).astype(bf16) exactly; gradient =
+  """attention_lib.attention_probs: forward = dropout(softmax).astype(bf16) exactly; gradient =
   autodiff's with p rounded to bf16; the backward keeps no float32 [B, H, Q, S] residual
   (the explicit formulation keeps one)."""
   rng = np.random.default_rng(0)
@@ -642,7 +647,7 @@ def test_attention_probs_kernel_matches_autodiff_and_saves_low_precision():
     return jax.lax.select(keep, p / 0.9, jnp.zeros_like(p)).astype(jnp.bfloat16)
 
   for k, rate in ((keep, 0.1), (None, 0.0)):
-    ours = lambda x, k=k, rate=rate: kernels.attention_probs(x, jnp.bfloat16, k, rate)
+    ours = lambda x, k=k, rate=rate: attention_lib.attention_probs(x, jnp.bfloat16, k, rate)
     want = ref if k is not None else lambda x: jax.nn.softmax(x, -1).astype(jnp.bfloat16)
     y, vjp = jax.vjp(ours, logits)
     y_ref, vjp_ref = jax.vjp(want, logits)
@@ -678,6 +683,9 @@ def test_library_attention_implementations(monkeypatch):
     return real(q, k, v, mask=mask, implementation="xla")
 
   monkeypatch.setattr(jax.nn, "dot_product_attention", record)
+  # As in a process with a CUDA GPU (without one, 'cudnn' takes 'xla': backends.cudnn_unavailable).
+  gpu = type("Gpu", (), {"device_kind": "NVIDIA H200", "compute_capability": "9.0"})
+  monkeypatch.setattr(backends, "_local_gpu", gpu)
   base = dataclasses.replace(TINY, dtype="bfloat16", attention_dropout_prob=0.0)
   out_e, g_e = _attention_loss(dataclasses.replace(base, attention_impl="explicit"), params, 1)
   assert calls == []
@@ -702,6 +710,73 @@ def test_resume_refuses_a_dropout_rng_change():
   assert lines == [
     "Resume changes that keep it exact: model.attention_impl 'explicit' -> 'explicit_lowp'"
   ]
-  now["model"]["dropout_rng"] = "rbg"
-  with pytest.raises(ValueError, match="model.dropout_rng 'hash' -> 'rbg'"):
+  now["model"]["dropout_rng"] = "threefry"
+  with pytest.raises(ValueError, match="model.dropout_rng 'hash' -> 'threefry'"):
     resume.check(stored, now, meta, "wd")
+
+
+# --- the tied decoder's vocabulary, padded inside the step -----------------------------------
+
+
+@pytest.mark.parametrize("kernels_mode", ["xla", "cpu"])
+def test_padded_vocabulary_changes_no_loss_prediction_or_parameter(monkeypatch, kernels_mode):
+  """With the decoder's table padded to a multiple of 128 inside the step (a GPU's
+  `backends.VOCAB_MULTIPLE`, here forced on the CPU), a 200-word model computes its product on
+  256 rows and gives the same [B, P, 200] logits, predictions, MLM+NSP loss and gradients as
+  unpadded, with parameters of 200 rows: no padded row takes probability or wins an argmax."""
+  cfg = dataclasses.replace(TINY, vocab_size=200, kernels=kernels_mode, platform="cpu")
+  params = _params(cfg)
+  assert params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape == (200, 32)
+  assert params["predictions"]["bias"].shape == (200,)
+  ids, seg, mask = _batch([8, 6], 8, vocab=200)
+  positions = np.array([[1, 3, 6], [2, 4, 0]], np.int32)
+  targets = np.array([[199, 5, 150], [7, 198, 0]], np.int32)
+
+  def grad_fn():  # a new function per setting (jit caches traces by function)
+    def loss(p):
+      out = BertForPreTraining(cfg).apply({"params": p}, ids, seg, mask, positions)
+      logp = jax.nn.log_softmax(out["mlm_logits"])
+      mlm = -jnp.take_along_axis(logp, targets[..., None], -1).mean()
+      return mlm - jax.nn.log_softmax(out["nsp_logits"])[:, 1].mean(), out["mlm_logits"]
+
+    return jax.value_and_grad(loss, has_aux=True)
+
+  results = {}
+  for multiple in (1, 128):
+    monkeypatch.setattr(backends, "VOCAB_MULTIPLE", {"cpu": multiple})
+    assert backends.vocab_rows(cfg, 200) == (256 if multiple == 128 else 200)
+    grad = grad_fn()
+    text = str(jax.make_jaxpr(grad)(params))
+    assert ("f32[256,32]" in text) == (multiple == 128)  # the padded table
+    results[multiple] = jax.jit(grad)(params)
+  ((loss_p, logits_p), grads_p), ((loss_u, logits_u), grads_u) = results[128], results[1]
+  assert logits_p.shape == (2, 3, 200)
+  np.testing.assert_allclose(logits_p, logits_u, rtol=1e-6, atol=1e-6)
+  np.testing.assert_array_equal(np.argmax(logits_p, -1), np.argmax(logits_u, -1))
+  assert float(loss_p) == pytest.approx(float(loss_u), rel=1e-6)
+  assert jax.tree.map(jnp.shape, grads_p) == jax.tree.map(jnp.shape, grads_u)
+  for x, y in zip(jax.tree.leaves(grads_p), jax.tree.leaves(grads_u), strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+  # Targets 198 and 199 (the table's last rows, next to the padding) get their gradient.
+  table_grad = grads_p["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  assert float(jnp.abs(table_grad[198:]).min()) > 0
+
+
+def test_padded_vocabulary_leaves_the_trained_parameters(monkeypatch):
+  """Two steps of the real jitted train step (dropout 0.1, a (2, 2, 2) mesh, vocab 300, the
+  CPU kernels) with the decoder padded to 384 rows: the parameters a checkpoint saves have
+  the unpadded shapes (300 rows) and the unpadded run's values."""
+  from test_kernels import _micro_config, _train_params, _train_step_jaxpr
+
+  c = _micro_config("auto", dropout=0.1)
+  c.model.vocab_size = 300  # the batches' ids are below 256
+  runs = {}
+  for multiple in (1, 128):
+    monkeypatch.setattr(backends, "VOCAB_MULTIPLE", {"cpu": multiple})
+    runs[multiple] = _train_params(c, 1, mesh_shape=(2, 2, 2))
+    assert ("f32[384,128]" in _train_step_jaxpr(c, "cpu")) == (multiple == 128)
+  word = runs[128]["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  assert word.shape == (300, 128) and runs[128]["predictions"]["bias"].shape == (300,)
+  assert jax.tree.map(np.shape, runs[128]) == jax.tree.map(np.shape, runs[1])
+  for x, y in zip(jax.tree.leaves(runs[128]), jax.tree.leaves(runs[1]), strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)

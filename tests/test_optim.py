@@ -13,10 +13,10 @@ import optax
 import pytest
 
 from bert_jax import model as model_lib
-from bert_jax import optim
+from bert_jax import model_config, optim
 from bert_jax.trees import flatten
 
-TINY = model_lib.config_for_size("tiny", vocab_size=64, max_position_embeddings=16)
+TINY = model_config.config_for_size("tiny", vocab_size=64, max_position_embeddings=16)
 
 
 def _opt(**kw):

@@ -13,7 +13,8 @@ from jax.sharding import PartitionSpec as P
 
 from bert_jax import model as model_lib
 from bert_jax import sharding
-from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.model import BertForPreTraining
+from bert_jax.model_config import BertConfig
 
 # Every sharded dim divides its mesh axes: vocab/heads/mlp over tensor<=4, hidden over fsdp<=2,
 # batch over data*fsdp<=8.

@@ -18,7 +18,16 @@ import numpy as np
 import pytest
 
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import config_lib, config_schema, input_pipeline, masking, objectives, optim, train
+from bert_jax import (
+  config_lib,
+  config_schema,
+  input_pipeline,
+  masking,
+  model_config,
+  objectives,
+  optim,
+  train,
+)
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax import tokenizer as tokenizer_lib
@@ -140,7 +149,7 @@ def test_pretraining_gradients_equal_on_meshes():
   """The whole objective (on-device masking, gathered MLM head over BERT's real 30,522 vocab,
   NSP) has the same gradients on (2,2,2) as on one device. Regression: constraining the
   gathered MLM logits to 'tensor' mis-compiled here in jax 0.10.2 (errors ~0.2)."""
-  cfg = model_lib.BertConfig(
+  cfg = model_config.BertConfig(
     vocab_size=30522, **TINY, hidden_dropout_prob=0.0, attention_dropout_prob=0.0
   )
   model = model_lib.BertForPreTraining(cfg)
@@ -165,7 +174,7 @@ def test_pretraining_gradients_equal_on_meshes():
 def test_grad_accumulation_is_exact(tiny_data_dir):
   """4 micro-batches give the big-batch update (losses normalised by the whole batch)."""
   c = tiny_config(tiny_data_dir)
-  cfg = model_lib.BertConfig(
+  cfg = model_config.BertConfig(
     **{**train.bert_config(c).__dict__, "hidden_dropout_prob": 0.0, "attention_dropout_prob": 0.0}
   )
   model = model_lib.BertForPreTraining(cfg)
@@ -447,7 +456,7 @@ class _FixedPredictor:
   at each masked position ('copy') or the true target ('oracle')."""
 
   def __init__(self, vocab, mode, targets=None):
-    self.cfg = model_lib.BertConfig(vocab_size=vocab, **TINY)
+    self.cfg = model_config.BertConfig(vocab_size=vocab, **TINY)
     self.mode, self.targets = mode, targets
 
   def apply(self, variables, input_ids, segment_ids, input_mask, positions, **kw):

@@ -61,7 +61,7 @@ _TASK = flags.DEFINE_enum(
 _SIZES = flags.DEFINE_list(
   "sizes",
   ["tiny", "mini", "small", "medium", "base"],
-  "Model sizes (bert_jax.model.SIZES, and 'minilm': 6 layers, hidden 384, 12 heads).",
+  "Model sizes (bert_jax.model_config.SIZES, and 'minilm': 6 layers, hidden 384, 12 heads).",
 )
 _SEQS = flags.DEFINE_list("seqs", ["128"], "Sequence lengths.")
 cli.check_flag(_SIZES, lambda names: [sizes.size_fields(s) for s in names])

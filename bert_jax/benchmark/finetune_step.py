@@ -18,8 +18,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import input_pipeline, optim
-from bert_jax import model as model_lib
+from bert_jax import backends, input_pipeline, model_config, optim
 from bert_jax import sharding as sh
 from bert_jax import tasks as tasks_lib
 from bert_jax.benchmark import batches, sizes, step
@@ -66,7 +65,7 @@ def host_batch(config: ml_collections.ConfigDict, vocab: int) -> dict[str, np.nd
 class Engine(NamedTuple):
   """The fine-tuning engine's pieces for a benchmark config."""
 
-  cfg: model_lib.BertConfig
+  cfg: model_config.BertConfig
   init_fn: Callable  # rng -> boxed train state
   train_step: Callable  # (state, batch, rng) -> (state, metrics)
 
@@ -74,9 +73,11 @@ class Engine(NamedTuple):
 def engine(config: ml_collections.ConfigDict) -> Engine:
   """The engine's model (kernels resolved for the first device), optimizer, state init and
   train step for 2-way sequence classification, as `finetune.seed.run_seed` builds them."""
-  cfg = model_lib.BertConfig(**{k: v for k, v in config.model.to_dict().items() if k != "causal"})
+  cfg = model_config.BertConfig(
+    **{k: v for k, v in config.model.to_dict().items() if k != "causal"}
+  )
   task = tasks_lib.Task("benchmark", "classification", ("0", "1"), ("accuracy",))
-  model = task.model(model_lib.resolve_kernels(cfg, jax.devices()[0].platform))
+  model = task.model(backends.resolve_kernels(cfg, jax.devices()[0].platform))
   steps_per_epoch = TOTAL_STEPS // int(config.opt.epochs)
   tx = optim.make_optimizer(finetune_seed.optimizer_config(config, steps_per_epoch))
   init_fn = finetune_seed.state_init_fn(model, tx, min(8, cfg.max_position_embeddings))

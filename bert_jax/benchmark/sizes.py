@@ -1,4 +1,4 @@
-"""The benchmark's model sizes (`bert_jax.model.SIZES` plus the shape of a released checkpoint
+"""The benchmark's model sizes (`model_config.SIZES` plus the shape of a released checkpoint
 the fine-tuning benchmark times, MiniLM-L6-H384: all-MiniLM-L6-v2's encoder), the masked
 positions per sequence, and the FLOPs of a step."""
 
@@ -8,10 +8,11 @@ import dataclasses
 from typing import Any
 
 from bert_jax import model as model_lib
+from bert_jax import model_config
 
 # (num_layers, hidden_size, num_heads); intermediate = 4 * hidden, BERT's 30,522 vocab.
 EXTRA_SIZES = {"minilm": (6, 384, 12)}
-SIZES = {**model_lib.SIZES, **EXTRA_SIZES}
+SIZES = {**model_config.SIZES, **EXTRA_SIZES}
 # Predicted positions per sequence by length (the original BERT's two phases).
 MAX_PREDICTIONS = {128: 20, 512: 80}
 
@@ -29,12 +30,12 @@ def size_fields(name: str) -> dict[str, int]:
   return dict(num_layers=n, hidden_size=d, num_heads=h, intermediate_size=4 * d)
 
 
-def config_for_size(name: str, **overrides: Any) -> model_lib.BertConfig:
+def config_for_size(name: str, **overrides: Any) -> model_config.BertConfig:
   """A benchmark size's BertConfig."""
-  return model_lib.BertConfig(**{**size_fields(name), **overrides})
+  return model_config.BertConfig(**{**size_fields(name), **overrides})
 
 
-def finetune_flops_per_token(cfg: model_lib.BertConfig, seq: int, num_labels: int = 2) -> float:
+def finetune_flops_per_token(cfg: model_config.BertConfig, seq: int, num_labels: int = 2) -> float:
   """Model FLOPs per token of a sequence-classification train step: the encoder at every
   position (no pruned last layer: nothing is masked) and the pooler + classifier once per
   sequence; no MLM head."""

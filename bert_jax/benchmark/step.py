@@ -21,9 +21,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import compile_cache, config_lib, masking, train
+from bert_jax import compile_cache, config_lib, masking, model_config, train
 from bert_jax import input_pipeline as pipeline
-from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.benchmark import batches, sizes
@@ -90,7 +89,7 @@ class Step:
   state: Any
   batch: Any
   rng: Any
-  cfg: model_lib.BertConfig
+  cfg: model_config.BertConfig
   lower_s: float
   compile_s: float
   # Whether JAX's persistent compilation cache answered the compile (None: cache off).
@@ -114,7 +113,7 @@ class Prepared:
   batch: Any
   rng: Any
   init_rng: Any
-  cfg: model_lib.BertConfig
+  cfg: model_config.BertConfig
   lower_s: float
 
 

@@ -16,11 +16,11 @@ import ml_collections
 import numpy as np
 
 from bert_jax import config_schema, hf_io, loader, loop
-from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax import tasks as tasks_lib
 from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.finetune import data as data_lib
+from bert_jax.model_config import BertConfig
 from bert_jax.tasks import features as features_lib
 
 # BertConfig fields a fine-tuning config may set on top of the checkpoint's architecture.
@@ -43,7 +43,7 @@ class Prepared:
 
   mesh: Any
   rules: Any
-  cfg: model_lib.BertConfig
+  cfg: BertConfig
   tokenizer: Any
   init_params: Any  # the checkpoint's encoder (host arrays), None for a random init
   task: tasks_lib.Task
@@ -55,7 +55,7 @@ class Prepared:
   inputs: dict[str, Any]  # fingerprint_inputs: the task files, init and tokenizer by content
 
 
-def model_config(config: ml_collections.ConfigDict) -> tuple[model_lib.BertConfig, Any]:
+def model_config(config: ml_collections.ConfigDict) -> tuple[BertConfig, Any]:
   """(BertConfig, tokenizer or None): the checkpoint's architecture (or config.model's for a
   random init, `config.init=""`) with the run fields of config.model on top."""
   if not config.init:
@@ -68,13 +68,13 @@ def run_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return {k: config.model[k] for k in RUN_FIELDS if k in config.model}
 
 
-def random_init(config: ml_collections.ConfigDict) -> tuple[model_lib.BertConfig, Any]:
+def random_init(config: ml_collections.ConfigDict) -> tuple[BertConfig, Any]:
   """(config.model's BertConfig, the tokenizer of config.data.vocab or the bundled vocab): a
   model without pretraining."""
   fields = {k: v for k, v in config.model.to_dict().items() if k != "causal"}
   # A vocab.txt, or a tokenizer directory (a pretraining run's <workdir>/tokenizer).
   vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
-  return model_lib.BertConfig(**fields), tokenizer_lib.load_tokenizer(vocab)
+  return BertConfig(**fields), tokenizer_lib.load_tokenizer(vocab)
 
 
 def check_size_overrides(config: ml_collections.ConfigDict, overridden: Iterable[str]) -> None:
@@ -132,7 +132,7 @@ class TaskHead:
   def add_inputs(self, cfg, bert_params, data, pad_id, mesh, rules) -> str:
     return ""  # the rows are the encoder's inputs as they are
 
-  def make_model(self, cfg: model_lib.BertConfig, task: tasks_lib.Task) -> Any:
+  def make_model(self, cfg: BertConfig, task: tasks_lib.Task) -> Any:
     return task.model(cfg, self.bilstm)
 
   def save(self, path: str, cfg, params, tokenizer, info: dict[str, Any]) -> None:

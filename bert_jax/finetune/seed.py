@@ -19,13 +19,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from bert_jax import backends, files, input_pipeline, loop, optim, params_tree
 from bert_jax import checkpoints as ckpt_lib
-from bert_jax import files, input_pipeline, loop, optim, params_tree
-from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax import tasks as tasks_lib
 from bert_jax.finetune.data import Split, Splits
 from bert_jax.finetune.inputs import Prepared
+from bert_jax.model_config import BertConfig
 from bert_jax.tasks import batches as batches_lib
 from bert_jax.tasks import kinds, squad
 
@@ -192,7 +192,7 @@ class SeedRun:
   p_eval: Callable[..., Any]  # (params, batch) -> per-row predictions, loss sum and count
 
 
-def ran_config(config: ml_collections.ConfigDict, cfg: model_lib.BertConfig) -> dict[str, Any]:
+def ran_config(config: ml_collections.ConfigDict, cfg: BertConfig) -> dict[str, Any]:
   """The config as JSON with config.model as it ran: a checkpoint's architecture replaces the
   size fields (config.json, results.json and the seeds' checkpoints record what ran)."""
   out = ckpt_lib.to_json(config.to_dict())
@@ -207,7 +207,7 @@ def seed_run(config: ml_collections.ConfigDict, workdir: str, prep: Prepared) ->
   opt = optimizer_config(config, plan.per_epoch, plan.epochs)
   tx = optim.make_optimizer(opt)
   learning_rate = optim.learning_rate_schedule(opt)
-  run_cfg = model_lib.resolve_kernels(prep.cfg, mesh.devices.flat[0].platform)
+  run_cfg = backends.resolve_kernels(prep.cfg, mesh.devices.flat[0].platform)
   model = prep.head.make_model(run_cfg, task)
   train_step = make_train_step(model, tx, task, config.opt.grad_accum_steps)
   eval_step = make_eval_step(model, task)

@@ -41,7 +41,7 @@ import ml_collections
 import numpy as np
 from jax import Array
 
-from bert_jax import files, input_pipeline, params_tree, trees
+from bert_jax import files, input_pipeline, model_config, params_tree, trees
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax.tasks import batches, kinds
@@ -201,7 +201,7 @@ class FeatureModel(nn.Module):
     return tagger(features_BLKD, input_mask_BL, deterministic=deterministic)
 
 
-def model(config: ml_collections.ConfigDict, cfg: model_lib.BertConfig, task) -> FeatureModel:
+def model(config: ml_collections.ConfigDict, cfg: model_config.BertConfig, task) -> FeatureModel:
   """The feature-mode model of `config` for the frozen encoder `cfg` and `task`."""
   f = config.features
   return FeatureModel(
@@ -218,7 +218,7 @@ def model(config: ml_collections.ConfigDict, cfg: model_lib.BertConfig, task) ->
 # ----------------------------------------------------------------------------- features
 
 
-def make_forward(cfg: model_lib.BertConfig, layers: tuple[int, ...], dtype: str):
+def make_forward(cfg: model_config.BertConfig, layers: tuple[int, ...], dtype: str):
   """(bert_params, input_ids, segment_ids, input_mask) -> the chosen hidden states
   [B, L, K, D] in `dtype` (to be jitted)."""
   bert = model_lib.BertModel(cfg)
@@ -239,7 +239,7 @@ def make_forward(cfg: model_lib.BertConfig, layers: tuple[int, ...], dtype: str)
 
 def add_features(
   config: ml_collections.ConfigDict,
-  cfg: model_lib.BertConfig,
+  cfg: model_config.BertConfig,
   bert_params: Any,
   data: dict,
   pad_id: int,
@@ -316,7 +316,7 @@ class FeatureHead:
 
 def save_head(
   path: str,
-  cfg: model_lib.BertConfig,
+  cfg: model_config.BertConfig,
   params: Any,
   tokenizer,
   task_info: dict[str, Any],

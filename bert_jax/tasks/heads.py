@@ -22,14 +22,16 @@ import jax.numpy as jnp
 from jax import Array
 
 from bert_jax import model as model_lib
+from bert_jax import model_config
 from bert_jax import sharding as sh
+from bert_jax.backends import dropout as dropout_lib
 from bert_jax.tasks import kinds
 
 
 class Head(nn.Module):
   """The task head on the encoder outputs (float32: it is tiny and its logits feed the loss)."""
 
-  cfg: model_lib.BertConfig
+  cfg: model_config.BertConfig
   kind: str
   num_outputs: int
   bilstm: bool = False
@@ -50,7 +52,7 @@ class Head(nn.Module):
     else:
       x = out["pooled_output" if pooled else "sequence_output"].astype(jnp.float32)
     if spec.head_dropout:
-      x = model_lib.dropout(cfg, cfg.hidden_dropout_prob)(x, deterministic=deterministic)
+      x = dropout_lib.for_config(cfg, cfg.hidden_dropout_prob)(x, deterministic=deterministic)
     return model_lib.Dense((self.num_outputs,), (sh.EMBED, None), cfg, name=spec.head)(x)
 
 
@@ -58,7 +60,7 @@ class FinetuneModel(nn.Module):
   """BertModel -> Head. Inputs [B, L] ([B, C, L] for multiple choice); returns float32
   logits: [B, N] (pooled kinds), [B, L, N] (tagging), [B, L, 2] (span_qa), [B, C] (choices)."""
 
-  cfg: model_lib.BertConfig
+  cfg: model_config.BertConfig
   kind: str
   num_outputs: int
   bilstm: bool = False

@@ -161,7 +161,7 @@ def op_counts(text: str) -> dict:
     ops["ui32"] = sum(
       len(re.findall(rf"stablehlo\.{op} [^\n]*tensor<[^>]*ui32>\n", body)) for op in _RNG_OPS
     )
-    own[name] = (ops, collections.Counter(re.findall(r"call @(\w+)", body)))
+    own[name] = (ops, collections.Counter(re.findall(r"(?<!\w)call @(\w+)", body)))
 
   @functools.cache
   def inlined(name: str) -> collections.Counter:

@@ -1,11 +1,6 @@
-"""Hand-made kernels behind BertConfig's switches: the XLA:CPU speed kernels `model.py` uses when
-`BertConfig.kernels` resolves to 'cpu', the dropout keep-masks of `BertConfig.dropout_rng`
-other than threefry, and the low-precision attention probabilities of
-`BertConfig.attention_impl='explicit_lowp'`.
-
-Each computes what its stock counterpart in model.py computes (the same values and gradients
-up to float32 summation order, tests/test_kernels.py; dropout draws other masks with the same
-keep probability) and differs in how XLA executes it:
+"""The XLA:CPU kernels BertConfig.kernels='cpu' runs (the CPU's 'auto'): the same values,
+gradients and parameters as the stock ops (up to float32 summation order,
+tests/test_kernels.py), in the forms XLA:CPU runs fast:
 
 - `matmul`, `tied_logits`: custom VJPs that keep both backward dots in the compute dtype with
   float32 accumulators, and take the weight gradient from a transposed copy of the narrower
@@ -14,12 +9,6 @@ keep probability) and differs in how XLA executes it:
   in the operands' dtype and in operand orders XLA:CPU has bf16 kernels for.
 - `add_bias`, `LayerNorm`: float32 bias and scale gradients (autodiff would sum a bf16
   cotangent with a bf16 accumulator: lossy, and far slower on XLA:CPU than a float32 sum).
-- `keep_mask` (dropout_rng='hash'): keep-masks from a counter hash (murmur3's finaliser) instead
-  of threefry, an element-wise computation XLA fuses into its neighbours; `rbg_keep_mask`
-  (dropout_rng='rbg'): bits from XLA's RngBitGenerator.
-- `attention_probs`: softmax probabilities (dropped out) in the compute dtype from float32
-  statistics, whose backward keeps only those low-precision probabilities (and the mask), not
-  a float32 copy: half the bytes of the largest attention tensors.
 
 Shape key: T tokens (leading dims flattened), I/O a dense layer's input/output features, and
 for attention B batch, Q queries, S keys, H heads, K head dim.
@@ -27,7 +16,6 @@ for attention B batch, Q queries, S keys, H heads, K head dim.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -269,186 +257,3 @@ class LayerNorm(nn.Module):
     y = centered * jax.lax.rsqrt(var + self.epsilon)
     y = y * scale.astype(jnp.float32) + bias.astype(jnp.float32)
     return y.astype(self.dtype or x.dtype)
-
-
-# ----------------------------------------------------------------------------- dropout masks
-
-
-def _threshold(rate: float) -> Array:
-  """uint32 bits at or above this are kept: probability 1 - rate, exact to 2**-32."""
-  return jnp.uint32(min(round(rate * 2**32), 2**32 - 1))
-
-
-def _fmix32(h: Array) -> Array:
-  """murmur3's 32-bit finaliser: a bijective avalanche hash."""
-  h = h ^ (h >> 16)
-  h = h * jnp.uint32(0x85EBCA6B)
-  h = h ^ (h >> 13)
-  h = h * jnp.uint32(0xC2B2AE35)
-  return h ^ (h >> 16)
-
-
-def hash_seed(key: Array) -> Array:
-  """The two uint32 seed words `keep_mask` draws from its key."""
-  return jax.random.bits(key, (2,), jnp.uint32)
-
-
-def hash_keep(idx: Array, seed0: Array, seed1: Array, rate: float) -> Array:
-  """`keep_mask`'s bits at the uint32 flat indices `idx` (also inside the Pallas kernels of
-  flash_attention.py, which hash each tile's indices)."""
-  return _fmix32(_fmix32(idx ^ seed0) + seed1) >= _threshold(rate)
-
-
-def _seeded_mask(seed: Array, shape: tuple[int, ...], rate: float) -> Array:
-  """`keep_mask` of `shape` from its seed words (`hash_seed`)."""
-  idx = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
-  return hash_keep(idx, seed[0], seed[1], rate)
-
-
-def keep_mask(key: Array, shape: tuple[int, ...], rate: float) -> Array:
-  """Boolean dropout keep-mask, True with probability 1 - rate (exact to 2**-32).
-
-  Two 32-bit words drawn from `key` seed a double murmur3 finaliser of each element's index
-  (counter-based, as Philox in cuDNN's dropout): a few integer ops per element that XLA fuses,
-  where threefry's rounds cost far more per element on a CPU. The index is an iota, which
-  XLA's SPMD partitioner splits by shard, so each device hashes only its own elements."""
-  return _seeded_mask(hash_seed(key), shape, rate)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class HashMask:
-  """A hash keep-mask not drawn yet: `keep_mask`'s seed words. `dropout` and
-  `attention_probs` draw it where they use it, in the forward pass and again in the backward,
-  so no mask is kept between them (an autodiff select keeps one per dropout, and a scanned
-  layer stacks them over the layers)."""
-
-  seed: Array  # uint32[2], `hash_seed`
-
-  @classmethod
-  def from_key(cls, key: Array) -> HashMask:
-    return cls(hash_seed(key))
-
-
-def dropout(x: Array, keep: Array | HashMask, rate: float) -> Array:
-  """x with the elements where `keep` is False zeroed and the rest scaled by 1 / (1 - rate):
-  flax's nn.Dropout given its mask. A `HashMask` gives the same values and gradients as its
-  drawn mask, from a backward that draws the mask again."""
-  if isinstance(keep, HashMask):
-    return _hash_dropout(x, keep.seed, rate)
-  return jax.lax.select(keep, x / (1.0 - rate), jnp.zeros_like(x))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _hash_dropout(x: Array, seed: Array, rate: float) -> Array:
-  return jax.lax.select(_seeded_mask(seed, x.shape, rate), x / (1.0 - rate), jnp.zeros_like(x))
-
-
-def _hash_dropout_fwd(x, seed, rate):
-  return _hash_dropout(x, seed, rate), seed
-
-
-def _hash_dropout_bwd(rate, seed, g):
-  keep = _seeded_mask(seed, g.shape, rate)
-  return jax.lax.select(keep, g / (1.0 - rate), jnp.zeros_like(g)), None
-
-
-_hash_dropout.defvjp(_hash_dropout_fwd, _hash_dropout_bwd)
-
-
-def rbg_keep_mask(key: Array, shape: tuple[int, ...], rate: float) -> Array:
-  """Boolean dropout keep-mask, True with probability 1 - rate (exact to 2**-32), from XLA's
-  RngBitGenerator (jax.random's 'rbg' implementation) seeded with four words drawn from the
-  threefry `key`: one threefry block per mask, then the backend's own bit generator (Philox
-  on CPU and GPU). Deterministic per backend and compiler version only; and XLA's SPMD
-  partitioner generates the whole (global) mask on every device and slices it, so a
-  data-parallel mesh pays the global batch's bits on each device."""
-  seed = jax.random.bits(key, (4,), jnp.uint32)
-  bits = jax.random.bits(jax.random.wrap_key_data(seed, impl="rbg"), shape, jnp.uint32)
-  return bits >= _threshold(rate)
-
-
-# ----------------------------------------------------------------------------- attention probs
-
-
-def attention_probs(
-  logits: Array, dtype: Any, keep: Array | HashMask | None = None, rate: float = 0.0
-) -> Array:
-  """softmax(logits) over the last axis, dropped out where `keep` is False (the kept ones
-  scaled by 1 / (1 - rate)), in `dtype`.
-
-  The forward is jax.nn.softmax in float32 and the dropout in float32, then one cast: the
-  values equal `dropout(softmax(logits)).astype(dtype)`. The custom VJP keeps only the
-  probabilities in `dtype` and the mask (a `HashMask`: its seed, the mask drawn again) for the
-  backward, where autodiff keeps them in float32, and computes dlogits = p * (g - sum(g * p))
-  in float32 from them: equal to autodiff's up to `dtype`'s rounding of p."""
-  dtype = jnp.dtype(dtype)
-  if keep is None:
-    return _probs(logits, dtype)
-  if isinstance(keep, HashMask):
-    return _hash_dropped_probs(logits, keep.seed, dtype, rate)
-  return _dropped_probs(logits, keep, dtype, 1.0 - rate)
-
-
-def _softmax_bwd(p: Array, g: Array) -> Array:
-  p32 = p.astype(jnp.float32)
-  return p32 * (g - jnp.sum(g * p32, axis=-1, keepdims=True))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _probs(logits: Array, dtype) -> Array:
-  return jax.nn.softmax(logits, axis=-1).astype(dtype)
-
-
-def _probs_fwd(logits, dtype):
-  p = _probs(logits, dtype)
-  return p, p
-
-
-def _probs_bwd(dtype, p, g):
-  return (_softmax_bwd(p, g.astype(jnp.float32)),)
-
-
-_probs.defvjp(_probs_fwd, _probs_bwd)
-
-
-def _drop_probs(p: Array, keep: Array, keep_prob: float) -> Array:
-  return jnp.where(keep, p / keep_prob, jnp.zeros((), p.dtype))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _dropped_probs(logits: Array, keep: Array, dtype, keep_prob: float) -> Array:
-  return _drop_probs(jax.nn.softmax(logits, axis=-1), keep, keep_prob).astype(dtype)
-
-
-def _dropped_fwd(logits, keep, dtype, keep_prob):
-  p = jax.nn.softmax(logits, axis=-1)
-  return _drop_probs(p, keep, keep_prob).astype(dtype), (p.astype(dtype), keep)
-
-
-def _dropped_bwd(dtype, keep_prob, res, g):
-  p, keep = res
-  return _softmax_bwd(p, _drop_probs(g.astype(jnp.float32), keep, keep_prob)), None
-
-
-_dropped_probs.defvjp(_dropped_fwd, _dropped_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _hash_dropped_probs(logits: Array, seed: Array, dtype, rate: float) -> Array:
-  return _dropped_probs(logits, _seeded_mask(seed, logits.shape, rate), dtype, 1.0 - rate)
-
-
-def _hash_dropped_fwd(logits, seed, dtype, rate):
-  p = jax.nn.softmax(logits, axis=-1)
-  keep = _seeded_mask(seed, logits.shape, rate)
-  return _drop_probs(p, keep, 1.0 - rate).astype(dtype), (p.astype(dtype), seed)
-
-
-def _hash_dropped_bwd(dtype, rate, res, g):
-  p, seed = res
-  keep = _seeded_mask(seed, g.shape, rate)
-  return _softmax_bwd(p, _drop_probs(g.astype(jnp.float32), keep, 1.0 - rate)), None
-
-
-_hash_dropped_probs.defvjp(_hash_dropped_fwd, _hash_dropped_bwd)

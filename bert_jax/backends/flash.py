@@ -1,5 +1,5 @@
 """Flash attention with attention dropout, in Pallas for GPUs (the Triton lowering): the
-probabilities are never materialised, and the dropout mask is `kernels.keep_mask`'s counter
+probabilities are never materialised, and the dropout mask is `dropout.keep_mask`'s counter
 hash of each probability's flat [B, H, Q, S] index, so `flash_attention` drops exactly the
 probabilities that explicit attention with `dropout_rng='hash'` drops (same seeds).
 
@@ -7,7 +7,7 @@ Forward (FlashAttention-2): one program per (query block, batch, head) runs an o
 over key blocks and saves per-row statistics (max m, in base 2, and 1 / sum) for the backward,
 whose two kernels recompute the probabilities from them: dK/dV per key block (looping over query
 blocks) and dQ per query block (looping over key blocks), each recomputing the same hash bits.
-Masking is `model.attention_mask`'s, from the compact inputs: keys where input_mask is 0 are
+Masking is `attention.attention_mask`'s, from the compact inputs: keys where input_mask is 0 are
 never attended, causal rows only attend keys at or before their position; a fully masked row
 attends every key uniformly, as softmax over equal `finfo.min` logits does in the explicit path.
 
@@ -33,12 +33,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec
 
-from bert_jax import kernels
+from bert_jax.backends import dropout
 
 Array = jax.Array
 
 LOG2E = math.log2(math.e)
-# The masked logit of the explicit path (model.explicit_attention), here in base 2: equal
+# The masked logit of the explicit path (attention.explicit_attention), here in base 2: equal
 # masked logits in a fully masked row give it uniform probabilities, as there.
 MASK_VALUE = float(jnp.finfo(jnp.float32).min)
 # Lengths are padded to a multiple of this (Triton's smallest dot tile).
@@ -143,7 +143,7 @@ def _keep(st: _Static, hash_ref, base, rows, cols):
   in [B, H, Q, S] with the seed words hash_ref[0:2] (uint32 arithmetic wraps as XLA's)."""
   row_idx = (base + rows.astype(jnp.uint32)) * jnp.uint32(st.k_len)
   idx = row_idx[:, None] + cols.astype(jnp.uint32)[None, :]
-  return kernels.hash_keep(idx, hash_ref[0], hash_ref[1], st.rate)
+  return dropout.hash_keep(idx, hash_ref[0], hash_ref[1], st.rate)
 
 
 def _dropped(st: _Static, x, keep):
@@ -453,9 +453,9 @@ def flash_attention(
   head_axes: str | Sequence[str] | None = None,
 ) -> Array:
   """Softmax attention [B, Q, H, K] of queries [B, Q, H, K] over keys and values [B, S, H, K],
-  equal to `model.explicit_attention` with `model.attention_mask(input_mask_BS, causal,
+  equal to `attention.explicit_attention` with `attention.attention_mask(input_mask_BS, causal,
   query_positions_BQ)` and, for `dropout_rate` > 0, the probabilities dropped out where
-  `kernels.keep_mask` with the seed words `dropout_seed` (`kernels.hash_seed(key)`) drops them.
+  `dropout.keep_mask` with the seed words `dropout_seed` (`dropout.hash_seed(key)`) drops them.
 
   Logits, softmax statistics and accumulators are float32, the matmul operands q, k, v's
   dtype. `query_positions_BQ`: each query's position (default 0..S-1, Q = S), read only when
@@ -470,7 +470,7 @@ def flash_attention(
   if dropout_rate >= 1.0:  # as Dropout: everything dropped
     return jnp.zeros_like(q_BQHK)
   if dropout_rate > 0.0 and dropout_seed is None:
-    raise ValueError("dropout_rate > 0 needs dropout_seed (kernels.hash_seed of a key)")
+    raise ValueError("dropout_rate > 0 needs dropout_seed (dropout.hash_seed of a key)")
   if query_positions_BQ is None:
     if q_len != k_len:
       raise ValueError(f"Q={q_len} != S={k_len} needs query_positions_BQ")
