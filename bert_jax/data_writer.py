@@ -23,7 +23,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import errno
-import hashlib
 import multiprocessing
 import multiprocessing.connection as mp_connection
 import multiprocessing.resource_tracker
@@ -381,24 +380,6 @@ class InProcess:
 
 
 # ----------------------------------------------------------------------------- writing
-
-
-FINGERPRINT_BYTES = 1 << 20
-
-
-def shard_fingerprint(path: str) -> str:
-  """`SIZE:HASH` of a written shard: its size and the sha256 of its first and last MiB, which
-  tell one build's shard from another's without reading it whole (an ArrayRecord file ends in
-  the index of its chunks). metadata.json lists them; readers check them
-  (input_pipeline.split_files)."""
-  size = os.path.getsize(path)
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    h.update(f.read(FINGERPRINT_BYTES))
-    if size > FINGERPRINT_BYTES:
-      f.seek(max(FINGERPRINT_BYTES, size - FINGERPRINT_BYTES))
-      h.update(f.read(FINGERPRINT_BYTES))
-  return f"{size}:{h.hexdigest()[:32]}"
 
 
 class ShardWriter:

@@ -96,8 +96,8 @@ _fingerprints: dict[tuple, str] = {}
 
 
 def _fingerprint(path: str) -> str:
-  """data_writer.shard_fingerprint, once per version of the file (size, mtime, inode)."""
-  from bert_jax.data_writer import shard_fingerprint
+  """records.shard_fingerprint, once per version of the file (size, mtime, inode)."""
+  from bert_jax.records import shard_fingerprint
 
   st = os.stat(path)
   key = (path, st.st_size, st.st_mtime_ns, st.st_ino)

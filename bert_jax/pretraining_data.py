@@ -194,7 +194,7 @@ def build(
       splits[split] = {
         "files": [name for _, name in pairs],
         # What a reader checks each shard against (input_pipeline.split_files).
-        "fingerprints": [data_writer.shard_fingerprint(path) for path, _ in pairs],
+        "fingerprints": [records.shard_fingerprint(path) for path, _ in pairs],
         "num_sequences": w.num_records,
         "num_tokens": int(stats[f"{split}_tokens"]),
       }

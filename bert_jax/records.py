@@ -14,6 +14,8 @@ metadata.json carries `format_version` = FORMAT_VERSION; a reader refuses any ot
 
 from __future__ import annotations
 
+import hashlib
+import os
 import struct
 from typing import NamedTuple
 
@@ -87,3 +89,21 @@ def decode(record: bytes, dtype: np.dtype) -> Record:
   return Record(
     example_id, label, len_a, tokens, positions, original, np.frombuffer(record, dtype, n, offset)
   )
+
+
+FINGERPRINT_BYTES = 1 << 20
+
+
+def shard_fingerprint(path: str) -> str:
+  """`SIZE:HASH` of a written shard: its size and the sha256 of its first and last MiB, which
+  tell one build's shard from another's without reading it whole (an ArrayRecord file ends in
+  the index of its chunks). metadata.json lists them; readers check them
+  (input_pipeline.split_files)."""
+  size = os.path.getsize(path)
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    h.update(f.read(FINGERPRINT_BYTES))
+    if size > FINGERPRINT_BYTES:
+      f.seek(max(FINGERPRINT_BYTES, size - FINGERPRINT_BYTES))
+      h.update(f.read(FINGERPRINT_BYTES))
+  return f"{size}:{h.hexdigest()[:32]}"

@@ -235,7 +235,7 @@ def _rewrite_shard(shard, change):
   as a build would have written it (its fingerprint in metadata.json follows)."""
   from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
-  from bert_jax import data_writer
+  from bert_jax import records
 
   reader = ArrayRecordReader(str(shard))
   raw = reader.read_all()
@@ -249,7 +249,7 @@ def _rewrite_shard(shard, change):
   meta = json.loads(meta_path.read_text())
   for split in meta["splits"].values():
     if shard.name in split["files"]:
-      split["fingerprints"][split["files"].index(shard.name)] = data_writer.shard_fingerprint(
+      split["fingerprints"][split["files"].index(shard.name)] = records.shard_fingerprint(
         str(shard)
       )
   meta_path.write_text(json.dumps(meta))
