@@ -153,7 +153,8 @@ def _functions(text: str) -> dict[str, str]:
 
 def op_counts(text: str) -> dict:
   """Ops of the module as XLA sees it once every call is inlined: in all, and those on ui32
-  (random bits), loops and custom calls."""
+  (random bits), loops, custom calls (Triton's: the Pallas kernels), and the reductions,
+  compares and selects (LayerNorm's statistics and gradients, dropout's masks)."""
   funcs = _functions(text)
   own = {}
   for name, body in funcs.items():
@@ -161,6 +162,7 @@ def op_counts(text: str) -> dict:
     ops["ui32"] = sum(
       len(re.findall(rf"stablehlo\.{op} [^\n]*tensor<[^>]*ui32>\n", body)) for op in _RNG_OPS
     )
+    ops["triton"] = body.count("__gpu$xla.gpu.triton")
     own[name] = (ops, collections.Counter(re.findall(r"(?<!\w)call @(\w+)", body)))
 
   @functools.cache
@@ -174,11 +176,15 @@ def op_counts(text: str) -> dict:
 
   ops = inlined("main")
   return {
-    "ops": sum(v for k, v in ops.items() if k != "ui32"),
+    "ops": sum(v for k, v in ops.items() if k not in ("ui32", "triton")),
     "ui32_ops": ops["ui32"],
     "while": ops["while"],
     "rng_bit_generator": ops["rng_bit_generator"],
     "custom_call": ops["custom_call"],
+    "triton": ops["triton"],  # Pallas kernels
+    "reduce": ops["reduce"],
+    "compare": ops["compare"],
+    "select": ops["select"],
     "chars": len(text),
   }
 
