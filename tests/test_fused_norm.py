@@ -204,16 +204,21 @@ TINY = model_config.config_for_size(
 )
 
 
-def test_model_fused_equals_xla_with_hash_dropout():
+@pytest.mark.parametrize("layers", ["unrolled", "scanned_remat"])
+def test_model_fused_equals_xla_with_hash_dropout(layers):
   """BERT-tiny (float32, dropout 0.1): kernels='fused' has kernels='xla''s parameter tree
   (names, shapes), and its loss and every gradient with the same dropout rng; the program
-  holds the fused kernels (two per layer, forward and backward under autodiff)."""
+  holds the fused kernels (two per sublayer, forward and backward under autodiff). Also with
+  scanned layers (per-layer dropout rngs split by nn.scan) under full remat."""
+  cfg = TINY
+  if layers == "scanned_remat":
+    cfg = dataclasses.replace(TINY, scan_layers=True, remat_policy="full")
   ids = jnp.arange(32).reshape(2, 16) % 64
   input_mask = jnp.ones((2, 16), jnp.int32).at[1, 10:].set(0)
-  params = model_lib.init_params(BertForPreTraining(TINY), jax.random.key(0))
+  params = model_lib.init_params(BertForPreTraining(cfg), jax.random.key(0))
   results = {}
   for kernels in ("xla", "fused"):
-    model = BertForPreTraining(dataclasses.replace(TINY, kernels=kernels))
+    model = BertForPreTraining(dataclasses.replace(cfg, kernels=kernels))
     own = model_lib.init_params(model, jax.random.key(0))
     assert jax.tree.map(jnp.shape, own) == jax.tree.map(jnp.shape, params)
 
@@ -228,7 +233,11 @@ def test_model_fused_equals_xla_with_hash_dropout():
     calls = str(jax.make_jaxpr(step)(params)).count("pallas_call")
     results[kernels] = (calls, *step(params))
   (calls_x, loss_x, grads_x), (calls_f, loss_f, grads_f) = results.values()
-  assert (calls_x, calls_f) == (0, 2 * 2 * TINY.num_layers)  # 2 sublayers, fwd + bwd
+  # Per traced layer body (nn.scan traces one) 2 sublayers' forward and backward, and under
+  # full remat the forward again in the backward pass.
+  layer_bodies = 1 if cfg.scan_layers else cfg.num_layers
+  per_sublayer = 3 if cfg.remat_policy == "full" else 2
+  assert (calls_x, calls_f) == (0, 2 * per_sublayer * layer_bodies)
   assert float(loss_f) == pytest.approx(float(loss_x), rel=1e-6)
   flat_x = jax.tree_util.tree_leaves_with_path(grads_x)
   for (path, gx), gf in zip(flat_x, jax.tree.leaves(grads_f), strict=True):
@@ -237,10 +246,10 @@ def test_model_fused_equals_xla_with_hash_dropout():
 
 def _train_losses(kernels: str, steps: int) -> list[float]:
   """The jitted train step's losses over `steps` steps (dropout 0.1 with the hash masks, the
-  pruned last layer) for `kernels`."""
+  pruned last layer) for `kernels`, on a (2, 2, 2) mesh (the fused kernels per batch shard)."""
   c = _micro_config(kernels, dropout=0.1)
   c.model.dropout_rng = "hash"
-  mesh = sh.make_mesh((1, 1, 1), jax.devices()[:1])
+  mesh = sh.make_mesh((2, 2, 2))
   model = BertForPreTraining(backends.resolve_kernels(train.bert_config(c), "cpu"))
   tx = optim.make_optimizer(c.opt)
   obj = objectives.Objective.from_config(c)
@@ -258,8 +267,8 @@ def _train_losses(kernels: str, steps: int) -> list[float]:
 
 @pytest.mark.slow
 def test_model_fused_trains_as_xla():
-  """Four steps of the real train step: kernels='fused' gives kernels='xla''s losses (same
-  hash masks) while the loss falls."""
+  """Four steps of the real train step on a (2, 2, 2) mesh: kernels='fused' gives
+  kernels='xla''s losses (same hash masks) while the loss falls."""
   xla, fused_losses = _train_losses("xla", 4), _train_losses("fused", 4)
   np.testing.assert_allclose(fused_losses, xla, rtol=1e-4)
   assert fused_losses[-1] < fused_losses[0], fused_losses

@@ -56,9 +56,10 @@ SMOKE_ALONE = "tiny64"
 # (whatever `auto` resolves to on the device), so: the model's previous GPU default, timed
 # beside it in every run; XLA's GEMM options (issue 44: our bf16 GEMMs against PyTorch's);
 # post-LN's dropout + residual + LayerNorm in the fused Pallas kernels (issue 44 item 4,
-# unmeasured: backends/fused_norm.py); the explicit attention with the hash dropout (the fallback where the flash kernel does not
-# apply); cuDNN's fused attention without attention dropout (PyTorch timed at that setting
-# too); compile time against step time (no autotuning; scanned layers at Base and at Large).
+# unmeasured: backends/fused_norm.py); the explicit attention with the hash dropout (the
+# fallback where the flash kernel does not apply); cuDNN's fused attention without attention
+# dropout (PyTorch timed at that setting too); compile time against step time (no
+# autotuning; scanned layers at Base and at Large).
 VARIANTS = (
   "dropout_rng=threefry,attention_impl=explicit;"
   "xla_gpu_enable_triton_gemm=False;"
