@@ -41,7 +41,7 @@ def test_resolve_kernels():
   for platform in ("tpu", "gpu", "cuda", "rocm"):
     assert backends.resolve_kernels(TINY, platform).kernels == "xla"
   assert backends.resolve_kernels(TINY, "cpu").kernels == "cpu"
-  for explicit in ("xla", "cpu"):
+  for explicit in ("xla", "cpu", "fused"):
     cfg = dataclasses.replace(TINY, kernels=explicit)
     for platform in ("cpu", "tpu", "gpu"):
       assert backends.resolve_kernels(cfg, platform).kernels == explicit
@@ -53,7 +53,9 @@ def test_resolve_kernels():
   assert backends.resolve_kernels(resolved, "cuda") == resolved
   shapes = lambda cfg: jax.tree.map(lambda x: (x.shape, x.dtype), model_lib.abstract_params(cfg))
   assert shapes(resolved) == shapes(dataclasses.replace(TINY, kernels="cpu"))
-  with pytest.raises(ValueError, match="^kernels must be one of auto, xla, cpu, not 'lowp'$"):
+  assert shapes(resolved) == shapes(dataclasses.replace(TINY, kernels="fused"))
+  refused = "^kernels must be one of auto, xla, cpu, fused, not 'lowp'$"
+  with pytest.raises(ValueError, match=refused):
     BertConfig(kernels="lowp")  # a value of earlier versions
 
 
