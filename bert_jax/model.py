@@ -101,10 +101,11 @@ def layer_norm(cfg: BertConfig, name: str) -> nn.Module:
   return backends.ops_for(cfg).layer_norm(**_layer_norm_fields(cfg), name=name)
 
 
-def add_norm(cfg: BertConfig, name: str, h: Array, x: Array, deterministic: bool) -> Array:
+def add_norm(cfg: BertConfig, name: str, h_BQD: Array, x_BQD: Array, deterministic: bool) -> Array:
   """Post-LN's residual: LayerNorm `name`(x + dropout(h)), the hidden dropout on a sublayer's
   output h (`fused_norm.dropout_add_norm`: one fused kernel where cfg.kernels asks for it)."""
-  return fused_norm.dropout_add_norm(cfg, name, _layer_norm_fields(cfg), h, x, deterministic)
+  fields = _layer_norm_fields(cfg)
+  return fused_norm.dropout_add_norm(cfg, name, fields, h_BQD, x_BQD, deterministic)
 
 
 def gather_positions(x_BL: Array, positions_BP: Array) -> Array:
