@@ -5,6 +5,7 @@ Pallas' Triton backend; the model with kernels='fused' has the parameters, losse
 gradients of kernels='xla' with the hash dropout; config_schema takes the value."""
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
-from test_kernels import _micro_config, _train_batch
+from test_kernels import _micro_config, _train_batch, _train_losses
 
 from bert_jax import (
   aot,
@@ -244,32 +245,13 @@ def test_model_fused_equals_xla_with_hash_dropout(layers):
     np.testing.assert_allclose(gf, gx, rtol=1e-4, atol=1e-7, err_msg=jax.tree_util.keystr(path))
 
 
-def _train_losses(kernels: str, steps: int) -> list[float]:
-  """The jitted train step's losses over `steps` steps (dropout 0.1 with the hash masks, the
-  pruned last layer) for `kernels`, on a (2, 2, 2) mesh (the fused kernels per batch shard)."""
-  c = _micro_config(kernels, dropout=0.1)
-  c.model.dropout_rng = "hash"
-  mesh = sh.make_mesh((2, 2, 2))
-  model = BertForPreTraining(backends.resolve_kernels(train.bert_config(c), "cpu"))
-  tx = optim.make_optimizer(c.opt)
-  obj = objectives.Objective.from_config(c)
-  tables = aot._masking_tables(c)
-  state, state_sh, _ = train.create_state(c, model, tx, mesh, sh.DEFAULT_RULES, jax.random.key(0))
-  losses = []
-  with sh.mesh_context(mesh, sh.DEFAULT_RULES):
-    step_fn = train.jit_train_step(model, tx, obj, tables, 1, mesh, state_sh)
-    for i in range(steps):
-      batch = jax.device_put(_train_batch(i % 2), sh.batch_sharding(mesh))
-      state, metrics = step_fn(state, batch, jax.random.key(i))
-      losses.append(float(metrics["loss"]))
-  return losses
-
-
 @pytest.mark.slow
 def test_model_fused_trains_as_xla():
-  """Four steps of the real train step on a (2, 2, 2) mesh: kernels='fused' gives
-  kernels='xla''s losses (same hash masks) while the loss falls."""
-  xla, fused_losses = _train_losses("xla", 4), _train_losses("fused", 4)
+  """Four steps of the real train step (dropout 0.1, the hash masks, the pruned last layer)
+  on a (2, 2, 2) mesh: kernels='fused' gives kernels='xla''s losses while the loss falls."""
+  run = functools.partial(_train_losses, dropout=0.1, mesh_shape=(2, 2, 2), dropout_rng="hash")
+  (xla, xla_jaxpr), (fused_losses, fused_jaxpr) = run("xla", 4), run("fused", 4)
+  assert "pallas_call" in fused_jaxpr and "pallas_call" not in xla_jaxpr
   np.testing.assert_allclose(fused_losses, xla, rtol=1e-4)
   assert fused_losses[-1] < fused_losses[0], fused_losses
 

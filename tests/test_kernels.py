@@ -268,11 +268,15 @@ def _train_batch(seed: int, b: int = 8, length: int = 32, vocab: int = 256):
   )
 
 
-def _train_losses(kernels_mode: str, steps: int) -> tuple[list[float], str]:
-  """Losses of `steps` steps of `train.jit_train_step` on one device, the model resolved as
-  the trainer resolves it, and the step's jaxpr."""
-  c = _micro_config(kernels_mode)
-  mesh = sh.make_mesh((1, 1, 1), jax.devices()[:1])
+def _train_losses(
+  kernels_mode: str, steps: int, dropout: float = 0.0, mesh_shape=(1, 1, 1), **model_fields
+) -> tuple[list[float], str]:
+  """Losses of `steps` steps of `train.jit_train_step` on a mesh (default one device), the
+  model (`model_fields` set on _micro_config's) resolved as the trainer resolves it, and the
+  step's jaxpr."""
+  c = _micro_config(kernels_mode, dropout)
+  c.model.update(model_fields)
+  mesh = sh.make_mesh(mesh_shape, jax.devices()[: int(np.prod(mesh_shape))])
   cfg = backends.resolve_kernels(train.bert_config(c), mesh.devices.flat[0].platform)
   model = BertForPreTraining(cfg)
   tx = optim.make_optimizer(c.opt)
