@@ -68,7 +68,7 @@ class _Static:
 
   @property
   def padded(self) -> int:
-    return _pow2_at_least(self.hidden, 16)
+    return max(16, pl.next_power_of_2(self.hidden))
 
   @property
   def dropping(self) -> bool:
@@ -77,14 +77,6 @@ class _Static:
   @property
   def num_warps(self) -> int:
     return min(8, max(1, self.block_rows * self.padded // 1024))
-
-
-def _pow2_at_least(n: int, low: int) -> int:
-  return max(low, 1 << (n - 1).bit_length())
-
-
-def _cdiv(n: int, m: int) -> int:
-  return -(-n // m)
 
 
 # ----------------------------------------------------------------------------- tile math
@@ -201,7 +193,7 @@ def _forward(st: _Static, hash_w, x_RD, h_RD, scale_D, bias_D) -> Array:
     _fwd_kernel,
     st,
     "dropout_add_layer_norm_fwd",
-    _cdiv(st.rows, st.block_rows),
+    pl.cdiv(st.rows, st.block_rows),
     [_hash_spec(), _rows_spec(st, st.block_rows), _rows_spec(st, st.block_rows)]
     + [_vector_spec(st)] * 2,
     _rows_spec(st, st.block_rows),
@@ -213,7 +205,7 @@ def _backward(st: _Static, hash_w, x_RD, h_RD, scale_D, dy_RD):
   """(dx, dh, dscale, dbias): the scale and bias gradients as float32 sums of the programs'
   partial sums."""
   rows = st.block_rows * st.bwd_steps
-  programs = _cdiv(st.rows, rows)
+  programs = pl.cdiv(st.rows, rows)
   partial = jax.ShapeDtypeStruct((programs, st.hidden), jnp.float32)
   partial_spec = pl.BlockSpec((None, st.padded), lambda i: (i, 0))
   dx, dh, dscale, dbias = _pallas(
@@ -258,10 +250,10 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 def _static(rows: int, hidden: int, **fields) -> _Static:
   """The tile sizes for R rows of D: BLOCK_ELEMENTS per forward block, and backward programs
   of up to BWD_STEPS blocks while at least BWD_MIN_PROGRAMS remain (powers of two: Triton's)."""
-  padded = _pow2_at_least(hidden, 16)
+  padded = max(16, pl.next_power_of_2(hidden))
   block_rows = max(1, BLOCK_ELEMENTS // padded)
   steps = 1
-  while steps < BWD_STEPS and _cdiv(rows, 2 * steps * block_rows) >= BWD_MIN_PROGRAMS:
+  while steps < BWD_STEPS and pl.cdiv(rows, 2 * steps * block_rows) >= BWD_MIN_PROGRAMS:
     steps *= 2
   return _Static(rows=rows, hidden=hidden, block_rows=block_rows, bwd_steps=steps, **fields)
 
