@@ -33,7 +33,7 @@ from absl import logging
 
 from bert_jax import backends, layer_scan
 from bert_jax import sharding as sh
-from bert_jax.backends import attention, dropout
+from bert_jax.backends import attention, dropout, fused_norm
 
 if TYPE_CHECKING:  # (a type for annotations; no name of another module is importable from here)
   from bert_jax.model_config import BertConfig
@@ -86,16 +86,26 @@ class Dense(nn.Module):
     return ops.add_bias(ops.matmul(x, kernel, self.contract, cfg.compute_dtype), bias)
 
 
-def layer_norm(cfg: BertConfig, name: str) -> nn.Module:
-  """LayerNorm over the hidden axis (statistics in float32), params `scale` and `bias`."""
-  return backends.ops_for(cfg).layer_norm(
+def _layer_norm_fields(cfg: BertConfig) -> dict[str, Any]:
+  return dict(
     epsilon=cfg.layer_norm_eps,
     dtype=cfg.compute_dtype,
     param_dtype=cfg.storage_dtype,
     scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (sh.EMBED,)),
     bias_init=_zeros((sh.EMBED,)),
-    name=name,
   )
+
+
+def layer_norm(cfg: BertConfig, name: str) -> nn.Module:
+  """LayerNorm over the hidden axis (statistics in float32), params `scale` and `bias`."""
+  return backends.ops_for(cfg).layer_norm(**_layer_norm_fields(cfg), name=name)
+
+
+def add_norm(cfg: BertConfig, name: str, h_BQD: Array, x_BQD: Array, deterministic: bool) -> Array:
+  """Post-LN's residual: LayerNorm `name`(x + dropout(h)), the hidden dropout on a sublayer's
+  output h (`fused_norm.dropout_add_norm`: one fused kernel where cfg.kernels asks for it)."""
+  fields = _layer_norm_fields(cfg)
+  return fused_norm.dropout_add_norm(cfg, name, fields, h_BQD, x_BQD, deterministic)
 
 
 def gather_positions(x_BL: Array, positions_BP: Array) -> Array:
@@ -251,17 +261,13 @@ class Layer(nn.Module):
     attn_BQD, probs_BHQS = self_attention(
       cfg, xq_BQD, x_BLD, input_mask_BL, positions_BQ, self.deterministic, self.output_attentions
     )
-    drop = dropout.for_config(cfg, cfg.hidden_dropout_prob)
-    attn_BQD = drop(attn_BQD, deterministic=self.deterministic)
-    x_BQD = layer_norm(cfg, "attention_LayerNorm")(attn_BQD + xq_BQD)
+    x_BQD = add_norm(cfg, "attention_LayerNorm", attn_BQD, xq_BQD, self.deterministic)
     x_BQD = _constrain(x_BQD, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_EMBED))
 
     ff_BQF = Dense((cfg.intermediate_size,), (sh.EMBED, sh.MLP), cfg, name="intermediate")(x_BQD)
     ff_BQF = _constrain(gelu(ff_BQF), (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_MLP))
     ff_BQD = Dense((cfg.hidden_size,), (sh.MLP, sh.EMBED), cfg, name="output")(ff_BQF)
-    drop = dropout.for_config(cfg, cfg.hidden_dropout_prob)
-    ff_BQD = drop(ff_BQD, deterministic=self.deterministic)
-    x_BQD = layer_norm(cfg, "output_LayerNorm")(ff_BQD + x_BQD)
+    x_BQD = add_norm(cfg, "output_LayerNorm", ff_BQD, x_BQD, self.deterministic)
     x_BQD = _constrain(x_BQD, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_EMBED))
     return x_BQD, probs_BHQS
 

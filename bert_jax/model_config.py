@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 # The values of BertConfig's backend fields (what each runs per platform: bert_jax/backends).
-KERNELS = ("auto", "xla", "cpu")
+KERNELS = ("auto", "xla", "cpu", "fused")
 DROPOUT_RNGS = ("auto", "threefry", "hash")
 ATTENTION_IMPLS = ("auto", "explicit", "explicit_lowp", "xla", "cudnn", "flash")
 # Values earlier versions had, as their checkpoints' configs are read (`retired_to_current`):
@@ -59,7 +59,7 @@ class BertConfig:
   unroll_last_layer: bool = False  # with scan_layers: the last layer unrolled (and pruned)
   remat_policy: str = "none"  # none | full | dots | dots_no_batch | minimal
   prune_last_layer: bool = True  # the last layer only where the heads read (same losses)
-  kernels: str = "auto"  # auto | xla | cpu (the XLA:CPU kernels)
+  kernels: str = "auto"  # auto | xla | cpu (XLA:CPU kernels) | fused (xla + Pallas add+LayerNorm)
   dropout_rng: str = "auto"  # auto | threefry | hash (MLM masking never uses it)
   attention_impl: str = "auto"  # auto | explicit | explicit_lowp | xla | cudnn | flash
   # The platform `backends.resolve_kernels` resolved the 'auto' fields for ('' = not yet).

@@ -227,6 +227,26 @@ def test_the_h200_plan_fits_nine_minutes_and_takes_every_must_show():
   assert taken == [] and len(left) == len(plans)
 
 
+def test_the_fused_layer_norm_variant_is_planned_after_the_old_default_and_gemm_options():
+  """Issue 44 item 4: `kernels=fused` (on the default hash + flash) is one of the default
+  variants, admitted in the H200 plan of tools/gpu/device_run.sh (not on standby), after the
+  old default and the XLA GEMM options, and built before the deadline."""
+  deadline, _ = _device_run_limits()
+  plans = gpu_plan.make_plans()
+  taken, left, sim = gpu_plan.admit(plans, deadline, steps=10, reps=3, warmup=3, compile_threads=3)
+  admitted = [p["variant"] for p in taken if p["role"] == "variant" and p["side"] == "ours"]
+  assert admitted[:4] == [
+    {"dropout_rng": "threefry", "attention_impl": "explicit"},
+    {"xla_gpu_enable_triton_gemm": False},
+    {"xla_gpu_enable_cublaslt": True},
+    {"kernels": "fused"},
+  ]
+  (fused,) = [p for p in taken if p["variant"] == {"kernels": "fused"}]
+  assert (fused["size"], fused["seq"], fused["batch"]) == ("base", 128, 256)
+  assert sim["at"][fused["id"]][1] < deadline
+  assert not [p for p in left if p["variant"] == {"kernels": "fused"}]
+
+
 def _replay(gate, order, seconds, threads=2, t0=0.0, lower_s=1.0):
   """Our worker's build phase (`gpu_ours.build`) on a simulated clock: each plan waits for a
   free compile thread, asks the gate, is lowered on the main thread (`lower_s`) and compiled

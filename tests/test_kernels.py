@@ -41,7 +41,7 @@ def test_resolve_kernels():
   for platform in ("tpu", "gpu", "cuda", "rocm"):
     assert backends.resolve_kernels(TINY, platform).kernels == "xla"
   assert backends.resolve_kernels(TINY, "cpu").kernels == "cpu"
-  for explicit in ("xla", "cpu"):
+  for explicit in ("xla", "cpu", "fused"):
     cfg = dataclasses.replace(TINY, kernels=explicit)
     for platform in ("cpu", "tpu", "gpu"):
       assert backends.resolve_kernels(cfg, platform).kernels == explicit
@@ -53,7 +53,9 @@ def test_resolve_kernels():
   assert backends.resolve_kernels(resolved, "cuda") == resolved
   shapes = lambda cfg: jax.tree.map(lambda x: (x.shape, x.dtype), model_lib.abstract_params(cfg))
   assert shapes(resolved) == shapes(dataclasses.replace(TINY, kernels="cpu"))
-  with pytest.raises(ValueError, match="^kernels must be one of auto, xla, cpu, not 'lowp'$"):
+  assert shapes(resolved) == shapes(dataclasses.replace(TINY, kernels="fused"))
+  refused = "^kernels must be one of auto, xla, cpu, fused, not 'lowp'$"
+  with pytest.raises(ValueError, match=refused):
     BertConfig(kernels="lowp")  # a value of earlier versions
 
 
@@ -266,11 +268,15 @@ def _train_batch(seed: int, b: int = 8, length: int = 32, vocab: int = 256):
   )
 
 
-def _train_losses(kernels_mode: str, steps: int) -> tuple[list[float], str]:
-  """Losses of `steps` steps of `train.jit_train_step` on one device, the model resolved as
-  the trainer resolves it, and the step's jaxpr."""
-  c = _micro_config(kernels_mode)
-  mesh = sh.make_mesh((1, 1, 1), jax.devices()[:1])
+def _train_losses(
+  kernels_mode: str, steps: int, dropout: float = 0.0, mesh_shape=(1, 1, 1), **model_fields
+) -> tuple[list[float], str]:
+  """Losses of `steps` steps of `train.jit_train_step` on a mesh (default one device), the
+  model (`model_fields` set on _micro_config's) resolved as the trainer resolves it, and the
+  step's jaxpr."""
+  c = _micro_config(kernels_mode, dropout)
+  c.model.update(model_fields)
+  mesh = sh.make_mesh(mesh_shape, jax.devices()[: int(np.prod(mesh_shape))])
   cfg = backends.resolve_kernels(train.bert_config(c), mesh.devices.flat[0].platform)
   model = BertForPreTraining(cfg)
   tx = optim.make_optimizer(c.opt)

@@ -6,7 +6,8 @@ branches on a platform itself. The measurement behind each 'auto' entry: docs/gp
 paths and why each stays") and docs/backends.md (CPU and TPU).
 
 Modules: `attention` (`attend`, the one attention dispatch), `dropout` (keep-masks and the
-Dropout module), `cpu` (the XLA:CPU kernels), `flash` (Pallas flash attention).
+Dropout module), `cpu` (the XLA:CPU kernels), `flash` (Pallas flash attention), `fused_norm`
+(post-LN's dropout + residual + LayerNorm, in Pallas with kernels='fused'; opt-in, unmeasured).
 """
 
 from __future__ import annotations
@@ -248,8 +249,9 @@ CPU_OPS = Ops(
 
 
 def ops_for(cfg: BertConfig) -> Ops:
-  """The one place `BertConfig.kernels` acts (an unresolved 'auto' resolves for the default
-  backend of the process)."""
+  """The one place `BertConfig.kernels` acts on the array ops (an unresolved 'auto' resolves
+  for the default backend of the process); 'fused' runs XLA's and, for post-LN's residual,
+  `fused_norm`'s kernels."""
   return CPU_OPS if resolved(cfg).kernels == "cpu" else XLA_OPS
 
 

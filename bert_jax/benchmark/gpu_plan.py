@@ -55,13 +55,16 @@ SMOKE_ALONE = "tiny64"
 # (`size=`, `seq=`, `batch=`, `task=`). Ours without a variant is the trainer's default
 # (whatever `auto` resolves to on the device), so: the model's previous GPU default, timed
 # beside it in every run; XLA's GEMM options (issue 44: our bf16 GEMMs against PyTorch's);
-# the explicit attention with the hash dropout (the fallback where the flash kernel does not
-# apply); cuDNN's fused attention without attention dropout (PyTorch timed at that setting
-# too); compile time against step time (no autotuning; scanned layers at Base and at Large).
+# post-LN's dropout + residual + LayerNorm in the fused Pallas kernels (issue 44 item 4,
+# unmeasured: backends/fused_norm.py); the explicit attention with the hash dropout (the
+# fallback where the flash kernel does not apply); cuDNN's fused attention without attention
+# dropout (PyTorch timed at that setting too); compile time against step time (no
+# autotuning; scanned layers at Base and at Large).
 VARIANTS = (
   "dropout_rng=threefry,attention_impl=explicit;"
   "xla_gpu_enable_triton_gemm=False;"
   "xla_gpu_enable_cublaslt=True;"
+  "kernels=fused;"
   "dropout_rng=hash,attention_impl=explicit;"
   "attention_impl=cudnn,attention_dropout_prob=0;"
   "side=torch,attention_dropout_prob=0;"

@@ -14,6 +14,10 @@ its cost analysis says the step reads and writes. The model takes the 'auto' cho
 --resolve (default gpu). A variant is ','-separated BertConfig fields (`field=value`), e.g.
 `scan_layers=True,remat_policy=dots`; '' is the config as it is. --part=update compiles the
 optimizer update alone (`optim.apply_update` on float32 gradients of the model's parameters).
+--part=add_norm compiles one post-LN sublayer's unfused dropout + residual + LayerNorm
+(the 'hash' mask, XLA's LayerNorm; forward and backward) on the CPU at the step's [B * L, D]:
+XLA:CPU's fusions and the bytes its cost analysis counts (kernels='fused' runs it as two
+Pallas kernels; XLA:CPU fuses differently from XLA:GPU, so an indication only).
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ flags.DEFINE_string("target", "cuda", "cuda (lowered only), cpu, or an aot topol
 flags.DEFINE_string("resolve", "gpu", "The platform whose 'auto' choices the model takes.")
 flags.DEFINE_string("variants", "", "';'-separated variants of ','-separated field=value.")
 flags.DEFINE_integer("num_layers", 0, "num_layers override (0: the size's own).")
-flags.DEFINE_enum("part", "step", ["step", "update"], "The train step, or its update alone.")
+flags.DEFINE_enum(
+  "part", "step", ["step", "update", "add_norm"], "The train step, its update, or one sublayer."
+)
 FLAGS = flags.FLAGS
 
 # StableHLO ops of random bits: threefry's rounds and the hash are xor / shift / add / multiply
@@ -145,6 +151,42 @@ def compiled_on_one_chip(config, target: str) -> dict:
   }
 
 
+def add_norm_on_cpu(config) -> dict:
+  """One sublayer's unfused `LayerNorm(x + dropout(h))` with its VJP, compiled by XLA:CPU at
+  the config's [batch * seq, hidden] in its dtype: fusions and other ops of the entry
+  computation, and cost analysis bytes."""
+  import jax
+  import jax.numpy as jnp
+
+  from bert_jax import backends
+  from bert_jax.backends import dropout
+
+  m = config.model
+  rows, hidden, dtype = config.data.batch_size * config.data.max_seq_length, m.hidden_size, m.dtype
+  rate = m.hidden_dropout_prob
+
+  def sublayer(x, h, scale, bias, key):
+    z = dropout.dropout(h, dropout.keep_mask(key, h.shape, rate), rate) + x
+    norm = backends.XLA_OPS.layer_norm(epsilon=m.layer_norm_eps, dtype=dtype)
+    return norm.apply({"params": {"scale": scale, "bias": bias}}, z)
+
+  def step(x, h, scale, bias, key, g):
+    y, vjp = jax.vjp(lambda *a: sublayer(*a, key), x, h, scale, bias)
+    return y, vjp(g)
+
+  act = jax.ShapeDtypeStruct((rows, hidden), jnp.dtype(dtype))
+  vec = jax.ShapeDtypeStruct((hidden,), jnp.float32)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  compiled = jax.jit(step).trace(act, act, vec, vec, key, act).lower().compile()
+  entry = compiled.as_text().split("\nENTRY ", 1)[1]
+  return {
+    "fusions": len(re.findall(r"= \S+ fusion\(", entry)),
+    "entry_ops": len(re.findall(r"^\s+\S+ = ", entry, re.M)),
+    "xla_bytes": f"{float(compiled.cost_analysis()['bytes accessed']):.3e}",
+    "tensor_bytes": f"{rows * hidden * jnp.dtype(dtype).itemsize:.3e}",
+  }
+
+
 def _functions(text: str) -> dict[str, str]:
   """{name: body} of the module's functions (JAX outlines jitted helpers: where, threefry, ...)."""
   parts = re.split(r"\n  func\.func (?:private|public) @(\w+)", text)
@@ -153,7 +195,8 @@ def _functions(text: str) -> dict[str, str]:
 
 def op_counts(text: str) -> dict:
   """Ops of the module as XLA sees it once every call is inlined: in all, and those on ui32
-  (random bits), loops and custom calls."""
+  (random bits), loops, custom calls (Triton's: the Pallas kernels), and the reductions,
+  compares and selects (LayerNorm's statistics and gradients, dropout's masks)."""
   funcs = _functions(text)
   own = {}
   for name, body in funcs.items():
@@ -161,6 +204,7 @@ def op_counts(text: str) -> dict:
     ops["ui32"] = sum(
       len(re.findall(rf"stablehlo\.{op} [^\n]*tensor<[^>]*ui32>\n", body)) for op in _RNG_OPS
     )
+    ops["triton"] = body.count("__gpu$xla.gpu.triton")
     own[name] = (ops, collections.Counter(re.findall(r"(?<!\w)call @(\w+)", body)))
 
   @functools.cache
@@ -174,11 +218,15 @@ def op_counts(text: str) -> dict:
 
   ops = inlined("main")
   return {
-    "ops": sum(v for k, v in ops.items() if k != "ui32"),
+    "ops": sum(v for k, v in ops.items() if k not in ("ui32", "triton")),
     "ui32_ops": ops["ui32"],
     "while": ops["while"],
     "rng_bit_generator": ops["rng_bit_generator"],
     "custom_call": ops["custom_call"],
+    "triton": ops["triton"],  # Pallas kernels
+    "reduce": ops["reduce"],
+    "compare": ops["compare"],
+    "select": ops["select"],
     "chars": len(text),
   }
 
@@ -191,12 +239,15 @@ def main(argv: list[str]) -> None:
       fields.setdefault("num_layers", FLAGS.num_layers)
     config = make_config(FLAGS.size, FLAGS.seq, FLAGS.batch, FLAGS.dtype, fields)
     t0 = time.perf_counter()
-    if FLAGS.target == "cuda":
+    if FLAGS.part == "add_norm":
+      got = add_norm_on_cpu(config)
+    elif FLAGS.target == "cuda":
       got = op_counts(lowered_for_cuda(config))
       got["lower_s"] = round(time.perf_counter() - t0, 1)
     else:
       got = compiled_on_one_chip(config, FLAGS.target)
-    print(f"{FLAGS.size} {FLAGS.seq}x{FLAGS.batch} {FLAGS.target} [{text}]: {got}", flush=True)
+    target = "cpu" if FLAGS.part == "add_norm" else FLAGS.target
+    print(f"{FLAGS.size} {FLAGS.seq}x{FLAGS.batch} {target} [{text}]: {got}", flush=True)
 
 
 def run() -> None:
