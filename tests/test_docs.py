@@ -76,3 +76,17 @@ def test_readme_links_resolve():
       assert target[1:] in anchors, target
     elif not target.startswith("http"):
       assert os.path.exists(os.path.join(REPO, target)), target
+
+
+def test_readme_commands_run_from_the_venv():
+  """One convention (issue 46, first hour 5): every python, pip or pytest the README's commands
+  call is the quick start's `.venv/bin/...` (only `python3 -m venv` makes it), so no example
+  runs another environment's interpreter or installs into it."""
+  bare = re.compile(r"(?:^|[\s;&|(])((?:python3?|pip3?|pytest)(?:\s|$))")
+  readme = _read(os.path.join(REPO, "README.md"))
+  lines = [ln.strip() for b in _bash_blocks(readme) for ln in b.splitlines()]
+  assert any(".venv/bin/python" in ln for ln in lines)
+  for line in lines:
+    line = re.sub(r"python3 -m venv|-m (?:pytest|pip)", "", line)  # the venv's own modules
+    calls = [m.group(1) for m in bare.finditer(line)]
+    assert not calls, f"README runs a bare {calls[0].strip()!r}"
