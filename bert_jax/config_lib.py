@@ -161,7 +161,8 @@ def base_config(size: str = "base") -> ml_collections.ConfigDict:
   # for phase 2 at 512), a HuggingFace or Google BERT, a params dir. Heads missing: fresh.
   c.init_from = config_dict.placeholder(str)
   # A resume refuses changes that would make it differ from the uninterrupted run (optimizer,
-  # schedule, batch, model, masking, seeds: each named with both values; see bert_jax/resume.py)
+  # schedule, batch, model, masking, seeds: each named with both values; see
+  # bert_jax/runtime/resume.py)
   # unless listed here, comma-separated: fields ('opt.lr'), sections ('opt'), 'tokenizer' (the
   # data's tokenizer fingerprint, also for init_from), 'dataset' (the data's options) or '*'.
   c.resume_allow_changes = ""

@@ -530,7 +530,7 @@ def _cross_finetuning(v: Mapping[str, Any]) -> None:
 def _check_allow_changes(v: Mapping[str, Any], names: tuple[str, ...]) -> None:
   """Each name of resume_allow_changes is a field or section of the config (or one of
   `names`): a misspelt one would let nothing through, and say nothing."""
-  from bert_jax import resume
+  from bert_jax.runtime import resume
 
   fields = list(v)
   for name in resume.parse_allowed(v.get("resume_allow_changes", "")):

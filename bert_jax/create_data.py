@@ -22,7 +22,9 @@ import sys
 
 from absl import flags
 
-from bert_jax import cli, config_schema, files, pretraining_data
+from bert_jax import cli, config_schema
+from bert_jax.data import pretraining as pretraining_data
+from bert_jax.runtime import files
 
 _INPUT = flags.DEFINE_string(
   "input", None, "Comma-separated globs of .txt/.gz files (a sentence a line)."

@@ -34,8 +34,9 @@ import jax
 from absl import logging
 from etils import epath
 
-from bert_jax import files, input_pipeline
-from bert_jax import preemption as preemption_lib
+from bert_jax.data import input_pipeline
+from bert_jax.runtime import files
+from bert_jax.runtime import preemption as preemption_lib
 
 # ----------------------------------------------------------------------------- console
 

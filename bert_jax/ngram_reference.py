@@ -31,8 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import input_pipeline, masking, objectives, records
-from bert_jax import tokenizer as tokenizer_lib
+from bert_jax import masking, objectives
+from bert_jax.data import input_pipeline, records
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 _READ_BATCH = 4096  # records per read while counting
 

@@ -28,25 +28,23 @@ from etils import epath
 from bert_jax import (
   backends,
   config_schema,
-  files,
-  input_pipeline,
-  loader,
   loop,
   masking,
   model_config,
-  multihost,
   ngram_reference,
   objectives,
   optim,
-  pretraining_data,
-  resume,
 )
-from bert_jax import checkpoints as ckpt_lib
 from bert_jax import model as model_lib
-from bert_jax import preemption as preemption_lib
 from bert_jax import sharding as sh
-from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.config_schema import ConfigError
+from bert_jax.data import input_pipeline
+from bert_jax.data import pretraining as pretraining_data
+from bert_jax.interop import loader
+from bert_jax.runtime import checkpoints as ckpt_lib
+from bert_jax.runtime import files, multihost, resume
+from bert_jax.runtime import preemption as preemption_lib
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 # Per-chip peak dense bf16 FLOP/s by device kind, for MFU on accelerators. On CPU set
 # config.log.peak_flops (the benchmark measures it).

@@ -90,7 +90,7 @@ from typing import Any
 
 from absl import flags
 
-from bert_jax import preemption
+from bert_jax.runtime import preemption
 
 # The scheduler backends live beside this file (it runs as a script, or is loaded by path).
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:

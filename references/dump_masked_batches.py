@@ -10,8 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import config_lib, input_pipeline, masking, objectives
-from bert_jax import tokenizer as tl
+from bert_jax import config_lib, masking, objectives
+from bert_jax.data import input_pipeline
+from bert_jax.tokenizers import tokenizer as tl
 
 p = argparse.ArgumentParser()
 p.add_argument("--data_dir", required=True)

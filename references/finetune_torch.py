@@ -150,7 +150,7 @@ def check_labels(examples: Sequence[dict[str, Any]], labels: Sequence[str], kind
 
 def lowercase(init: str) -> bool:
   """Whether the checkpoint's tokenizer lower-cases: its tokenizer_config.json's
-  do_lower_case, else unless the vocab has upper-case tokens (as bert_jax.tokenizer_files reads
+  do_lower_case, else unless the vocab has upper-case tokens (as bert_jax.tokenizers.files reads
   it)."""
   vocab = os.path.join(init, "vocab.txt")
   if not os.path.exists(vocab):
@@ -178,8 +178,8 @@ def bert_jax_host_modules() -> tuple[Any, Any]:
     package = types.ModuleType("bert_jax.tasks")
     package.__path__ = [os.path.join(REPO, "bert_jax", "tasks")]
     sys.modules["bert_jax.tasks"] = package
-  from bert_jax import tokenizer as tokenizer_lib
   from bert_jax.tasks import squad
+  from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
   return tokenizer_lib, squad
 

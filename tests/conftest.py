@@ -45,7 +45,7 @@ def shared_data():
 @pytest.fixture(scope="session")
 def tiny_data_dir(tmp_path_factory):
   """The bundled corpus built once per session at sequence length 64 (a few seconds)."""
-  from bert_jax import pretraining_data
+  from bert_jax.data import pretraining as pretraining_data
 
   out = tmp_path_factory.mktemp("data") / "local64"
   pretraining_data.build(

@@ -169,8 +169,8 @@ def test_finetuning_config_sets_dropout_rng_and_attention_on_a_checkpoint(tmp_pa
   architecture (as dtype and kernels do); a checkpoint of an earlier version storing values
   this version no longer has (attention_impl='fused', today's 'auto'; kernels='lowp', which
   computed 'xla''s values; dropout_rng='hash_redraw', the 'hash' masks) still reads."""
-  from bert_jax import hf_io, loader
   from bert_jax.finetune import inputs as ft_inputs
+  from bert_jax.interop import hf_io, loader
 
   spec = importlib.util.spec_from_file_location("finetune_config", f"{REPO}/configs/finetune.py")
   finetune_configs = importlib.util.module_from_spec(spec)

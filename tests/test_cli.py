@@ -111,7 +111,7 @@ print(json.dumps({"modules": names, "owners": owners}))
   r = _run("-c", code, *sorted(entry))
   assert r.returncode == 0, r.stderr[-3000:]
   out = json.loads(r.stdout.strip().splitlines()[-1])
-  assert {"bert_jax.train", "bert_jax.pretraining_data", "bert_jax.tokenizer_training"} <= set(
+  assert {"bert_jax.train", "bert_jax.data.pretraining", "bert_jax.tokenizers.training"} <= set(
     out["modules"]
   )
   ours = {m: f for m, f in out["owners"].items() if m.split(".")[0] == "bert_jax"}

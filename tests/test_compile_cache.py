@@ -1,5 +1,6 @@
-"""bert_jax.compile_cache: a second process compiling the same train step loads it from JAX's
-persistent cache; the directory's defaults, switching it off, and an unwritable directory."""
+"""bert_jax.runtime.compile_cache: a second process compiling the same train step loads it from
+JAX's persistent cache; the directory's defaults, switching it off, and an unwritable
+directory."""
 
 import json
 import os
@@ -9,8 +10,8 @@ import sys
 import jax
 import pytest
 
-from bert_jax import compile_cache
 from bert_jax.benchmark import protocol
+from bert_jax.runtime import compile_cache
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from bert_jax import checkpoints as ckpt_lib
 from bert_jax import config_lib, config_schema, model_config
+from bert_jax.runtime import checkpoints as ckpt_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CORPUS = config_lib.BUNDLED_CORPUS

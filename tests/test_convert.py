@@ -1,4 +1,5 @@
-"""bert_jax.hf_names, hf_io, loader and the convert CLI: parity with HuggingFace BERT (golden
+"""bert_jax.interop.hf_names, hf_io, loader and the convert CLI: parity with HuggingFace BERT
+(golden
 fixtures, or live when torch is there), export that from_pretrained loads cleanly, the bert_jax
 params dir, and clear bad-input errors.
 
@@ -21,8 +22,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from bert_jax import hf_io, hf_names, loader, model_config
 from bert_jax import model as model_lib
+from bert_jax import model_config
+from bert_jax.interop import hf_io, hf_names, loader
 from bert_jax.model import BertForPreTraining
 from bert_jax.model_config import BertConfig
 

@@ -11,12 +11,14 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import corpus, data_writer, sequences
-from bert_jax import input_pipeline as ip
-from bert_jax import pretraining_data as cd
-from bert_jax.tokenizer import default_vocab_path, load_tokenizer
+from bert_jax import config_lib
+from bert_jax.data import corpus, sequences
+from bert_jax.data import input_pipeline as ip
+from bert_jax.data import pretraining as cd
+from bert_jax.data import writer as data_writer
+from bert_jax.tokenizers.tokenizer import default_vocab_path, load_tokenizer
 
-SAMPLE = os.path.join(os.path.dirname(cd.__file__), "data", "sample_public_domain.txt")
+SAMPLE = config_lib.BUNDLED_CORPUS
 
 
 @pytest.fixture(scope="module")

@@ -328,7 +328,7 @@ TRAIN_OVERRIDES = {
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory):
   """{nsp: data dir}: the bundled corpus (its first 1,500 lines) with and without NSP."""
-  from bert_jax import pretraining_data
+  from bert_jax.data import pretraining as pretraining_data
 
   root = tmp_path_factory.mktemp("experiment_data")
   corpus = os.path.join(REPO, "bert_jax", "data", "sample_public_domain.txt")

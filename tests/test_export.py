@@ -19,10 +19,11 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import bert_jax
-from bert_jax import hf_io, loader, params_tree
 from bert_jax import model as model_lib
-from bert_jax import tokenizer as tokenizer_lib
+from bert_jax import params_tree
+from bert_jax.interop import hf_io, loader
 from bert_jax.model_config import BertConfig
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 LIVE = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
 CFG = BertConfig(

@@ -207,7 +207,8 @@ def test_a_killed_builds_leftovers_go_with_the_next_success(tmp_path):
 def test_a_signal_while_the_dataset_is_put_in_place_waits_for_the_end(tmp_path, monkeypatch):
   """The handlers hand their exception to files.interrupt: one that comes while the finished
   dataset replaces the old one takes effect once it is whole, never with half of each."""
-  from bert_jax import files, pretraining_data
+  from bert_jax.data import pretraining as pretraining_data
+  from bert_jax.runtime import files
 
   out = tmp_path / "out"
   opts = dict(max_seq_length=64, max_predictions_per_seq=10, num_workers=1, progress=False)

@@ -18,8 +18,8 @@ import pytest
 from test_finetune import CLI_FIELDS, REPO, _splits, _write, finetune_config, sentiment
 from test_train import _env
 
-from bert_jax import checkpoints as ckpt_lib
 from bert_jax import finetune
+from bert_jax.runtime import checkpoints as ckpt_lib
 
 # What test_finetune's in-process runs use to learn its tasks (CLI_FIELDS: 2 epochs, dropout).
 LEARNS = {"opt.epochs": 4, "model.hidden_dropout_prob": 0.0, "model.attention_dropout_prob": 0.0}
@@ -319,10 +319,11 @@ def _params_dir(path):
   import jax
   import jax.numpy as jnp
 
-  from bert_jax import hf_io, params_tree
   from bert_jax import model as model_lib
-  from bert_jax import tokenizer as tokenizer_lib
+  from bert_jax import params_tree
+  from bert_jax.interop import hf_io
   from bert_jax.tasks import Task
+  from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
   cfg = model_lib.config_for_size("tiny", vocab_size=30522, max_position_embeddings=64)
   model = Task("t", "classification", ("a", "b"), ("accuracy",)).model(cfg)

@@ -19,9 +19,12 @@ import pytest
 from test_train import _env, _main_cmd
 
 import bert_jax
-from bert_jax import config_lib, corpus, hf_io, tokenizer_training
+from bert_jax import config_lib
 from bert_jax import model as model_lib
-from bert_jax import tokenizer as tokenizer_lib
+from bert_jax.data import corpus
+from bert_jax.interop import hf_io
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
+from bert_jax.tokenizers import training as tokenizer_training
 
 CORPUS = config_lib.BUNDLED_CORPUS
 
@@ -269,7 +272,7 @@ def _params_dir(path, seed):
 # swap, between the rename of the old output aside and that of the new one into place).
 _KILLED_CONVERT = """
 import os, signal, sys
-from bert_jax import files
+from bert_jax.runtime import files
 swap = sys.argv.pop(1) == "swap"
 real_exchange, real_rename = files.exchange, os.rename
 def exchange(a, b):

@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 from test_train import _env, _free_port, _main_cmd, _params, _rows
 
-from bert_jax import checkpoints as ckpt_lib
-from bert_jax import preemption, pretraining_data
+from bert_jax.data import pretraining as pretraining_data
+from bert_jax.runtime import checkpoints as ckpt_lib
+from bert_jax.runtime import preemption
 
 
 def _wait_for_step(proc, workdir, step, timeout=240):
@@ -305,7 +306,7 @@ def test_repeated_signals_in_a_run_only_stop_it():
 
 TAKE_OVER = """
 import os, signal, sys
-from bert_jax import preemption
+from bert_jax.runtime import preemption
 preemption.install(defer=True)
 import jax
 jax.distributed.initialize(
@@ -410,7 +411,8 @@ def test_a_killed_container_trainers_lock_is_taken_over(tiny_data_dir, tmp_path)
 
 
 HOLD = (
-  "import sys; from bert_jax import preemption; lock = preemption.WorkdirLock(sys.argv[1]); "
+  "import sys; from bert_jax.runtime import preemption; "
+  "lock = preemption.WorkdirLock(sys.argv[1]); "
   "lock.acquire(); print('held', flush=True); sys.stdin.read()"
 )
 

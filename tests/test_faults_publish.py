@@ -14,7 +14,7 @@ import time
 import pytest
 from test_train import ROOT, _env, _main_cmd
 
-from bert_jax import input_pipeline
+from bert_jax.data import input_pipeline
 
 CORPUS = str(ROOT / "bert_jax" / "data" / "sample_public_domain.txt")
 

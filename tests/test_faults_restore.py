@@ -19,8 +19,9 @@ import time
 import pytest
 from test_train import _env, _main_cmd, _rows
 
-from bert_jax import checkpoints as ckpt_lib
-from bert_jax import files, loop
+from bert_jax import loop
+from bert_jax.runtime import checkpoints as ckpt_lib
+from bert_jax.runtime import files
 
 
 def _run(workdir, data_dir, steps, fsize=None):

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 from test_train import _env, _main_cmd, _params, _rows, _run_two_processes
 
-from bert_jax import checkpoints as ckpt_lib
-from bert_jax import config_lib, pretraining_data
+from bert_jax import config_lib
 from bert_jax import model as model_lib
-from bert_jax import tokenizer as tokenizer_lib
+from bert_jax.data import pretraining as pretraining_data
+from bert_jax.runtime import checkpoints as ckpt_lib
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 
 def _run(workdir, data_dir, steps, *extra):
@@ -405,8 +406,8 @@ def test_convert_and_finetune_init_fall_back_past_an_empty_newest_step(trained4,
   (checkpoints.load_newest, inside loader.load_checkpoint)."""
   from test_finetune import _splits, finetune_config, sentiment
 
-  from bert_jax import loader
   from bert_jax.finetune import inputs as ft_inputs
+  from bert_jax.interop import loader
 
   wd = _copy(trained4, tmp_path)
   (wd / "checkpoints" / "12").mkdir()

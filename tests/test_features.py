@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 from test_finetune import _sentences, _splits, finetune_config, tiny_config
 
-from bert_jax import finetune, hf_io, loader, model_config, optim
+from bert_jax import finetune, model_config, optim
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax.finetune import data as ft_data
 from bert_jax.finetune import inputs as ft_inputs
 from bert_jax.finetune import seed as ft_seed
+from bert_jax.interop import hf_io, loader
 from bert_jax.tasks import batches, encode, features
 
 

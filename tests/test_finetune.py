@@ -340,7 +340,7 @@ def test_table5_pretrained_checkpoints_fine_tune(tmp_path, tiny_data_dir):
   ],
 )
 def test_glue_presets_read_the_glue_layout(name, kind, main, labels):
-  from bert_jax import tokenizer as tokenizer_lib
+  from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
   c = finetune_config.get_config(f"{name},glue_dir={REPO}/tests/fixtures/tasks/glue")
   tok = tokenizer_lib.WordPieceTokenizer.from_file(tokenizer_lib.default_vocab_path())

@@ -14,9 +14,9 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.benchmark import peers
 from bert_jax.tasks import encode, formats
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 SCRIPTS = pathlib.Path(__file__).resolve().parent.parent / "references"
 

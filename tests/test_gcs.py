@@ -16,8 +16,10 @@ import pytest
 from test_faults_restore import _truncate_largest
 from test_train import ROOT, _env, _main_cmd
 
-from bert_jax import api, files, loop, preemption, pretraining_data
-from bert_jax import checkpoints as ckpt_lib
+from bert_jax import api, loop
+from bert_jax.data import pretraining as pretraining_data
+from bert_jax.runtime import checkpoints as ckpt_lib
+from bert_jax.runtime import files, preemption
 
 
 def _run_on_fake_gcs(store, cwd, data_dir, steps, extra=()):
@@ -80,7 +82,7 @@ def test_train_and_resume_on_gs_workdir(tiny_data_dir, tmp_path, caplog):
   assert m.step == 4
   # One warning of ours (orbax adds its notices about read-only managers).
   warnings = [
-    r.getMessage() for r in caplog.records if r.pathname.endswith("bert_jax/checkpoints.py")
+    r.getMessage() for r in caplog.records if r.pathname.endswith("bert_jax/runtime/checkpoints.py")
   ]
   assert len(warnings) == 1, warnings
   assert f"checkpoint {run}/checkpoints/8 does not restore" in warnings[0]

@@ -1,7 +1,6 @@
 """input_pipeline: decoding, epochs, per-process sharding, exact resume, global arrays."""
 
 import json
-import os
 import pathlib
 import re
 import subprocess
@@ -12,12 +11,13 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, Mesh
 
-from bert_jax import input_pipeline as ip
-from bert_jax import pretraining_data as cd
-from bert_jax import records
+from bert_jax import config_lib
+from bert_jax.data import input_pipeline as ip
+from bert_jax.data import pretraining as cd
+from bert_jax.data import records
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SAMPLE = os.path.join(os.path.dirname(cd.__file__), "data", "sample_public_domain.txt")
+SAMPLE = config_lib.BUNDLED_CORPUS
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +235,7 @@ def _rewrite_shard(shard, change):
   as a build would have written it (its fingerprint in metadata.json follows)."""
   from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
-  from bert_jax import records
+  from bert_jax.data import records
 
   reader = ArrayRecordReader(str(shard))
   raw = reader.read_all()

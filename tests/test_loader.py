@@ -22,8 +22,10 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import bert_jax
-from bert_jax import hf_io, loader, model_config, params_tree, tokenizer_files, train
 from bert_jax import model as model_lib
+from bert_jax import model_config, params_tree, train
+from bert_jax.interop import hf_io, loader
+from bert_jax.tokenizers import files as tokenizer_files
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "hf" / "roundtrip"
@@ -379,7 +381,7 @@ def test_sharded_hf_checkpoint(tmp_path):
 @pytest.fixture(scope="module")
 def sentencepiece(tmp_path_factory):
   """Unigram and BPE SentencePiece models of the bundled corpus (1,000 pieces)."""
-  from bert_jax import tokenizer_training  # noqa: PLC0415
+  from bert_jax.tokenizers import training as tokenizer_training  # noqa: PLC0415
 
   d = tmp_path_factory.mktemp("sp")
   return {

@@ -26,7 +26,8 @@ def vocab() -> list[str]:
 
 @functools.cache
 def tables() -> masking.MaskingTables:
-  # Built from the vocab file directly so these tests do not depend on bert_jax.tokenizer.
+  # Built from the vocab file directly so these tests do not depend on
+  # bert_jax.tokenizers.tokenizer.
   toks = vocab()
   special = np.array(
     [

@@ -19,8 +19,10 @@ import pytest
 from absl import flags
 from ml_collections.config_flags import config_flags
 
-from bert_jax import checkpoints as ckpt_lib
-from bert_jax import cli, files, hf_io
+from bert_jax import cli
+from bert_jax.interop import hf_io
+from bert_jax.runtime import checkpoints as ckpt_lib
+from bert_jax.runtime import files
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LOCAL = str(ROOT / "configs" / "local.py")
@@ -287,7 +289,7 @@ def test_convert_prints_its_line_only(workdir, tmp_path):
 
 def test_wrong_tokenizer_in_a_workdir_is_named_not_the_checkpoints(workdir, tmp_path, caplog):
   import bert_jax
-  from bert_jax import tokenizer as tokenizer_lib
+  from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
   wd = tmp_path / "wd"
   shutil.copytree(workdir, wd)

@@ -701,7 +701,7 @@ def test_library_attention_implementations(monkeypatch):
 def test_resume_refuses_a_dropout_rng_change():
   """A resume that changes dropout_rng would draw other masks than the uninterrupted run:
   refused; attention_impl computes the same math: reported."""
-  from bert_jax import resume
+  from bert_jax.runtime import resume
 
   stored = {"config": {"model": {"dropout_rng": "hash", "attention_impl": "explicit"}}}
   meta = {"tokenizer": {"fingerprint": "x"}}

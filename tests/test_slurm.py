@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from test_train import _params, _rows
 
-from bert_jax import pretraining_data
+from bert_jax.data import pretraining as pretraining_data
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SBATCH = str(REPO / "launch" / "slurm_gpu.sbatch")

@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.tasks import squad
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "squad"
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import hf_heads
+from bert_jax.interop import hf_heads
 from bert_jax.tasks import Task, kinds
 
 LABELS = {"classification": ["neg", "pos", "mixed"], "tagging": ["O", "B-X", "I-X"]}

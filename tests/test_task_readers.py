@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
-from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.tasks import encode as encode_lib
 from bert_jax.tasks import readers
 from bert_jax.tasks.formats import TaggedExample, TextExample
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "tasks"
 GENERIC = FIXTURES / "generic"

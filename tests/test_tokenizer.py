@@ -1,4 +1,5 @@
-"""Tests for bert_jax.tokenizer, bert_jax.tokenizer_training and the train_tokenizer CLI.
+"""Tests for bert_jax.tokenizers.tokenizer, bert_jax.tokenizers.training and the
+train_tokenizer CLI.
 
 WordPiece parity with google-research/bert's FullTokenizer is checked against golden ids made by
 tests/fixtures/make_tokenizer_fixtures.py (which ran the original code once; see its docstring).
@@ -16,11 +17,12 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import tokenizer as tokenizer_lib
-from bert_jax import tokenizer_training
+from bert_jax import config_lib
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
+from bert_jax.tokenizers import training as tokenizer_training
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "tokenizer"
-SAMPLE = pathlib.Path(tokenizer_lib.__file__).parent / "data" / "sample_public_domain.txt"
+SAMPLE = pathlib.Path(config_lib.BUNDLED_CORPUS)
 # sha256 of (kind, settings, ordered vocab) for the bundled vocab: changes only if the vocab file
 # or the fingerprint definition changes (both would invalidate every dataset and checkpoint).
 BUNDLED_FINGERPRINT = "201f6d1c59c8e3f09de91b691ef0cbce788f1eaf6c498ad17c6f959c82f52e43"
@@ -455,7 +457,7 @@ def test_training_repeats_byte_for_byte(tmp_path, kind):
   # new vocab order (and token set) per process, SentencePiece other bytes per thread count.
   # SentencePiece samples 2,000 of the corpus's 3,810 lines here: the sampling path is covered.
   script = (
-    "import os, sys; from bert_jax import tokenizer_training as t; t._SP_MAX_SENTENCES = 2000; "
+    "import os, sys; from bert_jax.tokenizers import training as t; t._SP_MAX_SENTENCES = 2000; "
     "os.cpu_count = lambda: int(sys.argv[5]); "
     "t.train(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])"
   )

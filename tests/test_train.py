@@ -17,20 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import checkpoints as ckpt_lib
-from bert_jax import (
-  config_lib,
-  config_schema,
-  input_pipeline,
-  masking,
-  model_config,
-  objectives,
-  optim,
-  train,
-)
+from bert_jax import config_lib, config_schema, masking, model_config, objectives, optim, train
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
-from bert_jax import tokenizer as tokenizer_lib
+from bert_jax.data import input_pipeline
+from bert_jax.runtime import checkpoints as ckpt_lib
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2)

@@ -18,10 +18,11 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import backends, input_pipeline, model_config, optim
+from bert_jax import backends, model_config, optim
 from bert_jax import sharding as sh
 from bert_jax import tasks as tasks_lib
 from bert_jax.benchmark import batches, sizes, step
+from bert_jax.data import input_pipeline
 from bert_jax.finetune import seed as finetune_seed
 
 NUM_LABELS = 2

@@ -38,7 +38,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bert_jax import compile_cache
 from bert_jax.benchmark import (
   gpu_plan,
   kernel_families,
@@ -49,6 +48,7 @@ from bert_jax.benchmark import (
   suite,
   tables,
 )
+from bert_jax.runtime import compile_cache
 
 # Past the deadline, a build that had to start (a shape) may still be running: the parent waits
 # this long for its workers before it stops them (tools/gpu/device_run.sh's hard timeout is

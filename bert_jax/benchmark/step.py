@@ -21,11 +21,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import compile_cache, config_lib, masking, model_config, train
-from bert_jax import input_pipeline as pipeline
+from bert_jax import config_lib, masking, model_config, train
 from bert_jax import sharding as sh
-from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.benchmark import batches, sizes
+from bert_jax.data import input_pipeline as pipeline
+from bert_jax.runtime import compile_cache
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 # The two kernel settings of the model (`--variants=kernels=xla` times the stock XLA path).
 # Without a variant the benchmark times the trainer's default ('auto': the CPU kernels on the

@@ -9,10 +9,11 @@ from typing import Any
 
 import ml_collections
 
-from bert_jax import config_schema, files, loop, multihost
-from bert_jax import preemption as preemption_lib
+from bert_jax import config_schema, loop
 from bert_jax.finetune import inputs, seed
 from bert_jax.finetune import workdir as workdir_lib
+from bert_jax.runtime import files, multihost
+from bert_jax.runtime import preemption as preemption_lib
 
 
 def grid_points(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:

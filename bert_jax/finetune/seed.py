@@ -19,13 +19,15 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from bert_jax import backends, files, input_pipeline, loop, optim, params_tree
-from bert_jax import checkpoints as ckpt_lib
+from bert_jax import backends, loop, optim, params_tree
 from bert_jax import sharding as sh
 from bert_jax import tasks as tasks_lib
+from bert_jax.data import input_pipeline
 from bert_jax.finetune.data import Split, Splits
 from bert_jax.finetune.inputs import Prepared
 from bert_jax.model_config import BertConfig
+from bert_jax.runtime import checkpoints as ckpt_lib
+from bert_jax.runtime import files
 from bert_jax.tasks import batches as batches_lib
 from bert_jax.tasks import kinds, squad
 

@@ -41,11 +41,13 @@ import ml_collections
 import numpy as np
 from jax import Array
 
-from bert_jax import files, input_pipeline, model_config, params_tree, trees
 from bert_jax import model as model_lib
+from bert_jax import model_config, params_tree, trees
 from bert_jax import sharding as sh
+from bert_jax.data import input_pipeline
+from bert_jax.runtime import files
 from bert_jax.tasks import batches, kinds
-from bert_jax.tokenizer import TOKENIZER_DIR
+from bert_jax.tokenizers.tokenizer import TOKENIZER_DIR
 
 ROWS: dict[str, dict[str, Any]] = {
   "embeddings": dict(layers=(0,), all_layers=False, combine="concat"),

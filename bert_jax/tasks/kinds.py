@@ -8,7 +8,7 @@
   multiple_choice  pooled, per choice  classifier   1 (per choice)  MultipleChoice
 
 The model (heads.py), the fine-tuning interface (`bert_jax.tasks.Task`), the readers and the
-HF export (`bert_jax.hf_heads`) read their per-kind choices from `KINDS` instead of testing
+HF export (`bert_jax.interop.hf_heads`) read their per-kind choices from `KINDS` instead of testing
 kind names. Losses return (summed loss, count) so gradient accumulation divides by the whole
 batch's count.
 """

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax import hf_names, params_tree
+from bert_jax import params_tree
+from bert_jax.interop import hf_names
 from bert_jax.model_config import BertConfig
 from bert_jax.params_tree import Params
 from bert_jax.tasks import kinds

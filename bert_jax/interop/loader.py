@@ -26,14 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax import checkpoints as ckpt_lib
-from bert_jax import hf_heads, hf_io, hf_names, params_tree, tokenizer_files
 from bert_jax import model as model_lib
-from bert_jax import tokenizer as tokenizer_lib
-from bert_jax.files import PathLike, read_json
-from bert_jax.hf_io import HF_CONFIG, HF_WEIGHTS, PARAMS_CONFIG, PARAMS_FILE, TF_CKPT
+from bert_jax import params_tree
+from bert_jax.interop import hf_heads, hf_io, hf_names
+from bert_jax.interop.hf_io import HF_CONFIG, HF_WEIGHTS, PARAMS_CONFIG, PARAMS_FILE, TF_CKPT
 from bert_jax.model_config import BertConfig
 from bert_jax.params_tree import Params
+from bert_jax.runtime import checkpoints as ckpt_lib
+from bert_jax.runtime.files import PathLike, read_json
+from bert_jax.tokenizers import files as tokenizer_files
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 FORMATS = ("workdir", "orbax", "tf", "bert_jax", "hf")
 _LOOKED_FOR = (

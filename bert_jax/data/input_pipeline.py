@@ -1,6 +1,6 @@
 """grain input pipeline over the ArrayRecord shards written by `bert_jax.create_data`.
 
-The record format is defined in `bert_jax.records`.
+The record format is defined in `bert_jax.data.records`.
 
 Order: the global example stream is the dataset shuffled with seed `seed + epoch` in each epoch
 (grain's index shuffle), so position g holds epoch g // num_records. A global batch is a
@@ -25,7 +25,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from bert_jax import records
+from bert_jax.data import records
 
 _REQUIRED = ("format_version", "max_seq_length", "nsp", "token_dtype", "tokenizer", "splits")
 
@@ -97,7 +97,7 @@ _fingerprints: dict[tuple, str] = {}
 
 def _fingerprint(path: str) -> str:
   """records.shard_fingerprint, once per version of the file (size, mtime, inode)."""
-  from bert_jax.records import shard_fingerprint
+  from bert_jax.data.records import shard_fingerprint
 
   st = os.stat(path)
   key = (path, st.st_size, st.st_mtime_ns, st.st_ino)

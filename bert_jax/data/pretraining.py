@@ -8,15 +8,16 @@ the trainer's dataset (`ensure_built`):
 
 Input: one sentence a line, a blank line between documents (the original BERT format); .txt or
 .gz, comma-separated globs; or a local TFDS text dataset (--tfds_name, --tfds_data_dir; never
-downloaded). A document also ends at the end of its file. Reading: bert_jax.corpus.
+downloaded). A document also ends at the end of its file. Reading: bert_jax.data.corpus.
 
 Sequences follow google-research/bert `create_instances_from_document` (NSP pairs), or pack
-full sentences when NSP is off (RoBERTa FULL-/DOC-SENTENCES): bert_jax.sequences. `--dupe_factor`
+full sentences when NSP is off (RoBERTa FULL-/DOC-SENTENCES): bert_jax.data.sequences.
+`--dupe_factor`
 passes re-draw segmentation and pairing (the original's default was 10, to re-draw its static
 masks too; ours is 1 because the trainer masks on the fly, bert_jax.masking, unless --write_masks
 stores static masks).
 
-Streaming, parallel and deterministic (bert_jax.data_writer): documents are shuffled externally
+Streaming, parallel and deterministic (bert_jax.data.writer): documents are shuffled externally
 into chunks of ~4 MB of text, each chunk a uniform random sample of the corpus and an
 independent work unit seeded from (seed, split, dupe pass, chunk index); workers build the
 sequences and the parent writes them in chunk order, so the output is byte-identical for any
@@ -24,7 +25,7 @@ sequences and the parent writes them in chunk order, so the output is byte-ident
 by a hash of their text; a corpus that fits in one chunk gets at least 3 eval documents (at
 most a tenth of its documents, and at least one).
 
-Output (the record format is bert_jax.records): DIR/{train,eval}-NNNNN-of-NNNNN
+Output (the record format is bert_jax.data.records): DIR/{train,eval}-NNNNN-of-NNNNN
 .array_record, DIR/tokenizer/, DIR/metadata.json (the options, the tokenizer's fingerprint, the
 counts, and `source.input_sha256`: what the input text is, whatever its path). Everything is
 written under a temporary directory (`DIR/.create_data-<pid>-*`) and renamed at the end,
@@ -52,7 +53,9 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax import corpus, data_writer, files, preemption, records, sequences
+from bert_jax.data import corpus, records, sequences
+from bert_jax.data import writer as data_writer
+from bert_jax.runtime import files, preemption
 
 # The temporary directory a build writes into, beside its output: `.create_data-<pid>-*`.
 TMP_PREFIX = ".create_data-"
@@ -108,7 +111,7 @@ def build(
   progress: bool = True,
 ) -> dict[str, Any]:
   """Builds a pretraining dataset in output_dir; returns the summary (also in metadata.json)."""
-  from bert_jax.tokenizer import default_vocab_path, load_tokenizer
+  from bert_jax.tokenizers.tokenizer import default_vocab_path, load_tokenizer
 
   t0 = time.time()
   if not output_dir:
@@ -466,7 +469,7 @@ def check_source(config, workdir: str | None = None) -> None:
   without metadata.json or on an object store, `config.data.input` matching no file, or
   neither set; with `workdir`, also a `<workdir>/data` that cannot be built there (an object
   store)."""
-  from bert_jax import files
+  from bert_jax.runtime import files
 
   if config.data.dir and files.is_remote(config.data.dir):
     raise ValueError(
@@ -496,8 +499,8 @@ def planned_metadata(config, workdir: str) -> dict[str, Any]:
   `config.data.dir` or of an existing `<workdir>/data`; else what `ensure_built` will build
   (its tokenizer's kind and size, the length, NSP), for the checks of the config against its
   data before anything is written."""
-  from bert_jax import tokenizer as tokenizer_lib
-  from bert_jax.input_pipeline import read_metadata
+  from bert_jax.data.input_pipeline import read_metadata
+  from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
   data_dir = config.data.dir or os.path.join(workdir, "data")
   if os.path.isfile(os.path.join(data_dir, "metadata.json")):
@@ -530,9 +533,9 @@ def ensure_built(config, workdir: str) -> str:
   """
   import jax
 
-  from bert_jax import resume
-  from bert_jax import tokenizer as tokenizer_lib
-  from bert_jax.input_pipeline import read_metadata
+  from bert_jax.data.input_pipeline import read_metadata
+  from bert_jax.runtime import resume
+  from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
   check_source(config, workdir)
   if config.data.dir:
@@ -588,8 +591,8 @@ def ensure_built(config, workdir: str) -> str:
 
 def _build_for_run(config, options: dict[str, Any], data_dir: str, trained_vocab: str) -> None:
   """The vocab (when the config trains one) and the data of `ensure_built` (process 0)."""
-  from bert_jax import tokenizer as tokenizer_lib
-  from bert_jax import tokenizer_training
+  from bert_jax.tokenizers import tokenizer as tokenizer_lib
+  from bert_jax.tokenizers import training as tokenizer_training
 
   n_vocab = config.data.train_vocab_size
   vocab = config.data.vocab or tokenizer_lib.default_vocab_path()

@@ -12,7 +12,8 @@ trains on the same files it then builds its data from); an empty corpus or a glo
 nothing is a one-line error. The output is
 written under a temporary name and renamed at the end, so a failed run leaves nothing behind.
 
-WordPiece: the text goes through BERT's basic tokenization (bert_jax.tokenizer.basic_tokenize,
+WordPiece: the text goes through BERT's basic tokenization
+(bert_jax.tokenizers.tokenizer.basic_tokenize,
 the same as at encode time), then BPE-style merges with a fixed tie-break (_wordpiece_vocab): the
 same corpus gives the same vocab.txt bytes on every run. vocab.txt starts with
 [PAD] [UNK] [CLS] [SEP] [MASK] (ids 0-4). A vocab.txt does not record casing: load a cased one
@@ -35,8 +36,8 @@ from collections.abc import Iterable, Iterator
 
 from absl import logging
 
-from bert_jax import corpus
-from bert_jax import tokenizer as tokenizer_lib
+from bert_jax.data import corpus
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 _SNIFF_BYTES = 8192
 # SentencePiece trains on at most this many sentences (a uniform sample of a larger corpus).

@@ -2,7 +2,8 @@
 
 Written: tokenizer_config.json, special_tokens_map.json and a `tokenizers` tokenizer.json, with
 vocab.txt for WordPiece (BertTokenizerFast; its BertNormalizer differs from BERT's rules only on
-characters BERT keeps and it drops: private-use, unassigned, see bert_jax/tokenizer.py) or
+characters BERT keeps and it drops: private-use, unassigned, see
+bert_jax/tokenizers/tokenizer.py) or
 spm.model for a unigram SentencePiece model (PreTrainedTokenizerFast over an equal `tokenizers`
 Unigram). A SentencePiece BPE model has no such equivalent: one-line error, and
 `convert --tokenizer=false` exports the weights alone. Read: HuggingFace's / Google's vocab.txt
@@ -14,9 +15,9 @@ from __future__ import annotations
 import json
 import pathlib
 
-from bert_jax import tokenizer as tokenizer_lib
-from bert_jax.files import PathLike, read_json
 from bert_jax.model_config import BertConfig
+from bert_jax.runtime.files import PathLike, read_json
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 HF_VOCAB = "vocab.txt"
 HF_TOKENIZER = "tokenizer.json"

@@ -51,7 +51,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from bert_jax import files
+from bert_jax.runtime import files
 
 # The exit status of a run stopped by SIGTERM/SIGINT/SIGHUP after saving its checkpoint: rerun
 # the same command to resume (sysexits.h EX_TEMPFAIL). 0 means the run reached its last step.

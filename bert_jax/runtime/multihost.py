@@ -24,7 +24,7 @@ from collections.abc import Callable
 import jax
 from absl import logging
 
-from bert_jax import preemption
+from bert_jax.runtime import preemption
 
 INTERVAL_S = 2.0
 # Below JAX's own heartbeat timeout (100 s), so this process ends before JAX aborts it.

@@ -52,15 +52,14 @@ CONFIG_FILE = "bert_jax_tokenizer.json"
 TOKENIZER_DIR = "tokenizer"  # the directory workdirs, params dirs and feature heads keep it in
 LEGACY_CONFIG_FILE = "tokenizer.json"
 _WORD_CACHE_SIZE = 500_000  # distinct words kept per WordPiece tokenizer (~100 MB at most)
-_FORMAT = "bert_jax.tokenizer/1"
+_FORMAT = "bert_jax.tokenizer/1"  # stored in tokenizer dirs: the name it had when written
 _SP_PREFIX = "\u2581"  # "▁", SentencePiece's word-boundary marker
 
 
 def default_vocab_path() -> str:
   """The bundled bert-base-uncased vocab.txt."""
-  return os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "data", "bert-base-uncased-vocab.txt"
-  )
+  package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return os.path.join(package, "data", "bert-base-uncased-vocab.txt")
 
 
 # --- BERT's basic tokenization as cached character tables -----------------------------------

@@ -5,7 +5,7 @@ A first pass (`Scatter`) routes each document to train or eval and scatters it o
 bucket files of about a chunk each (an external shuffle); each bucket is then read and shuffled
 in memory and chunks of ~CHUNK_CHARS of text are cut from them, so every chunk is a uniform
 random sample of the corpus whatever its order and size. Each chunk is an independent work
-unit (`process_unit`: bert_jax.sequences on it) whose random generator is seeded from (seed,
+unit (`process_unit`: bert_jax.data.sequences on it) whose random generator is seeded from (seed,
 split, dupe pass, chunk index); the random "other document" for NSP comes from the same chunk.
 Workers (spawned processes, `Workers`) run units; the parent writes results in chunk order and
 numbers examples sequentially (`write_result`), so the output is byte-identical for any number of
@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax import corpus, files, records, sequences
+from bert_jax.data import corpus, records, sequences
+from bert_jax.runtime import files
 
 CHUNK_CHARS = 4 << 20  # text per work unit
 # Buckets of about a chunk each up to 16 GB of text (bigger corpora get bigger buckets, each
@@ -210,7 +211,7 @@ _WORKER: dict[str, Any] = {}
 
 def init_worker(opts: sequences.Options) -> None:
   """Worker start: the options and the tokenizer, loaded once per worker process."""
-  from bert_jax.tokenizer import load_tokenizer
+  from bert_jax.tokenizers.tokenizer import load_tokenizer
 
   os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
   _WORKER["opts"] = opts

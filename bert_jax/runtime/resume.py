@@ -20,7 +20,8 @@ from typing import Any
 
 from etils import epath
 
-from bert_jax import files, trees
+from bert_jax import trees
+from bert_jax.runtime import files
 
 # Config keys (or whole sections) whose change keeps a resume exact, or only changes how the
 # rest of the run is carried out. opt.total_steps: extending a run is the usual reason to

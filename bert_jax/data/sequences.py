@@ -21,7 +21,7 @@ import random
 
 import numpy as np
 
-from bert_jax import records
+from bert_jax.data import records
 
 PACKINGS = ("nsp_pairs", "full_sentences", "doc_sentences")
 

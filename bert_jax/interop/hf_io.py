@@ -23,13 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax import checkpoints as ckpt_lib
-from bert_jax import hf_heads, hf_names, params_tree, tokenizer_files
-from bert_jax import tokenizer as tokenizer_lib
-from bert_jax.files import AtomicDir, PathLike, read_json
+from bert_jax import params_tree
+from bert_jax.interop import hf_heads, hf_names
 from bert_jax.model_config import BertConfig
 from bert_jax.params_tree import Params
+from bert_jax.runtime import checkpoints as ckpt_lib
+from bert_jax.runtime.files import AtomicDir, PathLike, read_json
 from bert_jax.tasks import kinds
+from bert_jax.tokenizers import files as tokenizer_files
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 from bert_jax.trees import flatten, unflatten
 
 HF_WEIGHTS = "model.safetensors"

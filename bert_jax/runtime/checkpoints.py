@@ -25,7 +25,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from bert_jax import files, model_config
+from bert_jax import model_config
+from bert_jax.runtime import files
 
 T = TypeVar("T")
 FORMAT = "bert_jax/1"
