@@ -497,7 +497,7 @@ def _cross_pretraining(v: Mapping[str, Any]) -> None:
         f"config.data.train_vocab_size={n_vocab}: must equal config.model.vocab_size="
         f"{v['model.vocab_size']} (the vocab it trains is the model's)"
       )
-  from bert_jax.api import MASK_TEXT
+  from bert_jax.tokenizers.tokenizer import MASK_TEXT
 
   for text in v["log.fill_mask"]:
     if MASK_TEXT not in text:

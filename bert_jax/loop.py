@@ -34,7 +34,7 @@ import jax
 from absl import logging
 from etils import epath
 
-from bert_jax.data import input_pipeline
+from bert_jax import sharding
 from bert_jax.runtime import files
 from bert_jax.runtime import preemption as preemption_lib
 
@@ -417,7 +417,7 @@ def run(job: Job, state: Any, start_step: int, window: dict[str, float] | None =
   while step < job.total_steps and not stop:
     host_batch = next(job.batches)
     tokens = host_batch["input_ids"].size * jax.process_count()
-    batch = input_pipeline.to_global(host_batch, job.mesh)
+    batch = sharding.to_global(host_batch, job.mesh)
     state, metrics = job.step_fn(state, batch, job.rng)
     step += 1
     if prev is not None:

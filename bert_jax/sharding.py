@@ -208,3 +208,12 @@ def init_sharded(
   with mesh_context(mesh, rules):
     tree = sharded_init(init_fn, shardings)(*args)
   return tree, shardings, abstract
+
+
+def to_global(host_batch: dict[str, np.ndarray], mesh: Mesh, data_axes=DATA_AXES) -> dict:
+  """Host batch -> global jax.Arrays sharded over data_axes on the batch dimension."""
+  sharding = NamedSharding(mesh, PartitionSpec(data_axes))
+  return {
+    k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+    for k, v in host_batch.items()
+  }

@@ -292,7 +292,7 @@ def evaluate(eval_step, params, config, data_dir, mesh, stop=None) -> dict[str, 
       break
     if stop is not None and stop():
       raise loop.EvalInterrupted()
-    batch = input_pipeline.to_global(host_batch, mesh)
+    batch = sh.to_global(host_batch, mesh)
     sums = jax.device_get(eval_step(params, batch))
     hist = hist + sums.pop("target_hist")
     for k, v in sums.items():

@@ -16,6 +16,7 @@ from bert_jax.data import corpus, sequences
 from bert_jax.data import input_pipeline as ip
 from bert_jax.data import pretraining as cd
 from bert_jax.data import writer as data_writer
+from bert_jax.runtime import files
 from bert_jax.tokenizers.tokenizer import default_vocab_path, load_tokenizer
 
 SAMPLE = config_lib.BUNDLED_CORPUS
@@ -475,7 +476,7 @@ def test_content_sha256_covers_bytes_order_and_boundaries(tmp_path):
     (tmp_path / d / "x.txt").write_bytes(b"ab")
     (tmp_path / d / "y.txt").write_bytes(b"c")
   (tmp_path / "z.txt").write_bytes(b"abc")
-  h = lambda d: corpus.content_sha256(corpus.expand_inputs(f"{tmp_path}/{d}/*.txt"))
+  h = lambda d: corpus.content_sha256(files.expand_inputs(f"{tmp_path}/{d}/*.txt"))
   assert h("p") == h("q") and len(h("p")) == 64  # the same files elsewhere
   p, z = str(tmp_path / "p"), str(tmp_path / "z.txt")
   assert h("p") != corpus.content_sha256([f"{p}/y.txt", f"{p}/x.txt"])  # order

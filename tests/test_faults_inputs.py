@@ -21,8 +21,9 @@ from test_train import _env, _main_cmd
 import bert_jax
 from bert_jax import config_lib
 from bert_jax import model as model_lib
-from bert_jax.data import corpus
 from bert_jax.interop import hf_io
+from bert_jax.model_config import BertConfig
+from bert_jax.runtime import files
 from bert_jax.tokenizers import tokenizer as tokenizer_lib
 from bert_jax.tokenizers import training as tokenizer_training
 
@@ -141,9 +142,9 @@ def test_read_lines_ends_lines_as_universal_newlines_in_any_block():
 
   for data in (b"a\nb\n", b"a\r\nb\r\n", b"a\rb\r", b"a\r\rb", b"ab\r\ncd\r\n\r\nef", b"\r", b""):
     for block in (1, 2, 3, 64):
-      got = list(corpus.read_lines(io.BytesIO(data), block=block))
+      got = list(files.read_lines(io.BytesIO(data), block=block))
       assert got == [x.encode() for x in data.decode().splitlines()], (data, block)
-  assert list(corpus.read_lines(io.BytesIO(b"ok\r0123456789\rok"), limit=4, block=3)) == [
+  assert list(files.read_lines(io.BytesIO(b"ok\r0123456789\rok"), limit=4, block=3)) == [
     b"ok",
     None,
     b"ok",
@@ -243,7 +244,7 @@ def test_ulimit_v_below_what_xla_reserves_is_one_line(tmp_path):
 def test_refused_init_from_leaves_no_checkpoints_dir(tiny_data_dir, tmp_path):
   """init_from of another architecture is refused before the checkpoint manager makes
   checkpoints/: an existing workdir keeps only what it had, a new one is not left behind."""
-  cfg = model_lib.BertConfig(vocab_size=30522, hidden_size=32, num_layers=3, num_heads=2,
+  cfg = BertConfig(vocab_size=30522, hidden_size=32, num_layers=3, num_heads=2,
                              intermediate_size=64, max_position_embeddings=512)  # fmt: skip
   model = model_lib.BertForPreTraining(cfg)
   hf_io.save_params_dir(tmp_path / "src", cfg, model_lib.init_params(model, jax.random.key(0)))
@@ -259,7 +260,7 @@ def test_refused_init_from_leaves_no_checkpoints_dir(tiny_data_dir, tmp_path):
 
 
 def _params_dir(path, seed):
-  cfg = model_lib.BertConfig(vocab_size=99, hidden_size=16, num_layers=2, num_heads=2,
+  cfg = BertConfig(vocab_size=99, hidden_size=16, num_layers=2, num_heads=2,
                              intermediate_size=32, max_position_embeddings=32)  # fmt: skip
   words = [f"w{i}" for i in range(cfg.vocab_size - len(tokenizer_lib.SPECIAL_TOKENS))]
   tok = tokenizer_lib.WordPieceTokenizer([*tokenizer_lib.SPECIAL_TOKENS, *words])

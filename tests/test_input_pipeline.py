@@ -12,6 +12,7 @@ import pytest
 from jax.sharding import AxisType, Mesh
 
 from bert_jax import config_lib
+from bert_jax import sharding as sh
 from bert_jax.data import input_pipeline as ip
 from bert_jax.data import pretraining as cd
 from bert_jax.data import records
@@ -177,7 +178,7 @@ def test_to_global_on_mesh(data):
     axis_types=(AxisType.Auto,) * 3,
   )
   (b,) = _take(ip.make_dataset(data, "train", global_batch_size=8, seed=0), 1)
-  g = ip.to_global(b, mesh)
+  g = sh.to_global(b, mesh)
   assert g["input_ids"].shape == (8, 64) and g["epoch"].shape == (8,)
   assert g["input_ids"].sharding.spec[0] == ("data", "fsdp")
   assert {s.data.shape for s in g["input_ids"].addressable_shards} == {(2, 64)}

@@ -1,7 +1,7 @@
 """Text documents for create_data: files (.txt/.gz, one sentence a line, a blank line between
 documents; a document also ends at the end of its file) or a locally prepared TFDS text dataset.
 
-  files = corpus.expand_inputs("corpus/*.txt.gz,extra.txt")   # sorted, de-duplicated
+  files = expand_inputs("corpus/*.txt.gz,extra.txt")          # runtime.files
   reader = corpus.DocumentReader(files)
   for doc in reader.documents(): ...                            # lists of stripped sentences
   corpus.content_sha256(files)                                  # what the text is, not where
@@ -15,13 +15,14 @@ MAX_DOC_CHARS characters.
 from __future__ import annotations
 
 import collections
-import glob
 import gzip
 import hashlib
 import os
 from collections.abc import Iterable, Iterator
 
 from absl import logging
+
+from bert_jax.runtime.files import read_lines
 
 MAX_LINE_CHARS = 100_000  # longer lines are not sentences (minified code, binary dumps): skipped
 # A file without blank lines would otherwise be one document of unbounded size.
@@ -30,48 +31,6 @@ MAX_DOC_CHARS = 16 << 20
 
 
 _END = object()
-
-
-def read_lines(f, limit: int | None = None, block: int = 1 << 20) -> Iterator[bytes | None]:
-  """The lines of binary file `f`, without their ends: "\n", "\r\n" and a lone "\r" (an old
-  Mac file) each end a line, as Python's universal newlines, so every reader of a corpus
-  (create_data, vocab training) and create_data's own temporary files see the same lines.
-  A line of more than `limit` bytes is None, its bytes dropped as they come (bounded memory)."""
-  pending = b""
-  skipping = False  # inside a line over `limit`
-  while chunk := f.read(block):
-    lines = (pending + chunk).splitlines(keepends=True)  # bytes: only \n, \r\n and \r
-    # The last piece: no line end yet, or a "\r" that may be the first half of "\r\n".
-    pending = lines.pop() if not lines[-1].endswith(b"\n") else b""
-    for raw in lines:
-      line = raw.rstrip(b"\r\n")
-      yield None if skipping or (limit and len(line) > limit) else line
-      skipping = False
-    if limit and len(pending) > limit + 1:
-      skipping, pending = True, pending[-1:] if pending.endswith(b"\r") else b""
-  if pending.rstrip(b"\r") or skipping:
-    line = pending.rstrip(b"\r")
-    yield None if skipping or (limit and len(line) > limit) else line
-  elif pending:  # a last line of its own: "\r" alone
-    yield b""
-
-
-def expand_inputs(patterns: str, what: str = "--input") -> list[str]:
-  """Comma-separated globs -> sorted, de-duplicated files; a glob matching nothing is an error
-  naming `what` (the flag or config field that gave the globs)."""
-  files: list[str] = []
-  for pattern in patterns.split(","):
-    pattern = pattern.strip()
-    if not pattern:
-      continue
-    matches = sorted(m for m in glob.glob(os.path.expanduser(pattern), recursive=True))
-    matches = [m for m in matches if os.path.isfile(m)]
-    if not matches:
-      raise FileNotFoundError(f"{what}: no file matches {pattern!r}")
-    files.extend(matches)
-  if not files:
-    raise ValueError(f"{what} is empty")
-  return list(dict.fromkeys(files))
 
 
 class DocumentReader:

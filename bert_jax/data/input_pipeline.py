@@ -310,16 +310,3 @@ def make_dataset(
   if worker_count > 0:
     it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=worker_count))
   return it
-
-
-def to_global(host_batch: dict[str, np.ndarray], mesh, data_axes=("data", "fsdp")) -> dict:
-  """Host batch -> global jax.Arrays sharded over data_axes on the batch dimension."""
-  import jax
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
-
-  sharding = NamedSharding(mesh, P(data_axes))
-  return {
-    k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
-    for k, v in host_batch.items()
-  }

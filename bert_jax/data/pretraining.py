@@ -144,7 +144,7 @@ def build(
   tok = load_tokenizer(opts.vocab)
   token_dtype = records.token_dtype(tok.vocab_size)
   if input is not None:
-    reader = corpus.DocumentReader(corpus.expand_inputs(input))
+    reader = corpus.DocumentReader(files.expand_inputs(input))
     documents = reader.documents()
     est_chars = corpus.estimate_chars(reader.files)
     input_sha256 = corpus.content_sha256(reader.files)
@@ -491,7 +491,7 @@ def check_source(config, workdir: str | None = None) -> None:
     )
   if not config.data.input:
     raise ValueError("set config.data.dir (a create_data output) or config.data.input (text)")
-  corpus.expand_inputs(config.data.input, "--config.data.input")
+  files.expand_inputs(config.data.input, "--config.data.input")
 
 
 def planned_metadata(config, workdir: str) -> dict[str, Any]:
@@ -551,7 +551,7 @@ def ensure_built(config, workdir: str) -> str:
       vocab = config.data.vocab or tokenizer_lib.default_vocab_path()
     wanted = {
       **options,
-      "input_sha256": corpus.content_sha256(corpus.expand_inputs(config.data.input)),
+      "input_sha256": corpus.content_sha256(files.expand_inputs(config.data.input)),
       "tokenizer": tokenizer_lib.load_tokenizer(vocab).fingerprint if vocab else None,
     }
     resume.check_built_data(read_metadata(data_dir), wanted, data_dir)

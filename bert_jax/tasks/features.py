@@ -44,7 +44,6 @@ from jax import Array
 from bert_jax import model as model_lib
 from bert_jax import model_config, params_tree, trees
 from bert_jax import sharding as sh
-from bert_jax.data import input_pipeline
 from bert_jax.runtime import files
 from bert_jax.tasks import batches, kinds
 from bert_jax.tokenizers.tokenizer import TOKENIZER_DIR
@@ -277,7 +276,7 @@ def add_features(
         continue
       rows = split.rows
       for batch in batches.eval_batches(rows, config.data.eval_batch_size, bl, pad_id):
-        inputs = input_pipeline.to_global(batches.host_slice(batch), mesh)
+        inputs = sh.to_global(batches.host_slice(batch), mesh)
         h = jax.device_get(forward(params, *(inputs[k] for k in batches.MODEL_INPUTS)))
         n_batches += 1
         for j, r in enumerate(batch["row"]):

@@ -44,6 +44,9 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# What a text to fill marks a blank with (`bert_jax.load(...).fill_mask`, config.log.fill_mask):
+# the [MASK] token, cut out before the text is tokenized.
+MASK_TEXT = "[MASK]"
 WORDPIECE_MAX_CHARS = 200  # google-research/bert WordpieceTokenizer.max_input_chars_per_word
 # bert_jax's own tokenizer metadata. Not HuggingFace's `tokenizer.json`: that name belongs to
 # the `tokenizers` format (which convert writes for export); directories saved before the

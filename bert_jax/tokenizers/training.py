@@ -36,7 +36,7 @@ from collections.abc import Iterable, Iterator
 
 from absl import logging
 
-from bert_jax.data import corpus
+from bert_jax.runtime import files
 from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 _SNIFF_BYTES = 8192
@@ -50,7 +50,7 @@ class CorpusReader:
 
   def __init__(self, pattern: str):
     self.pattern = pattern
-    self.files = corpus.expand_inputs(pattern)
+    self.files = files.expand_inputs(pattern)
     self.num_lines = 0
     self.num_bad_lines = 0
     self.num_binary_files = 0
@@ -67,9 +67,9 @@ class CorpusReader:
           logging.warning("%s looks binary (NUL bytes): skipped", path)
           self.num_binary_files += 1
           return
-        # Lines as create_data reads them (corpus.read_lines: \n, \r\n or a lone \r ends one).
+        # Lines as create_data reads them (files.read_lines: \n, \r\n or a lone \r ends one).
         f.seek(0)
-        for raw in corpus.read_lines(f):
+        for raw in files.read_lines(f):
           line, ok = self._decode(raw)
           bad += not ok
           if line:
