@@ -14,7 +14,7 @@ checks of a config against the devices or the data (still before anything is wri
 A field's rule is a `Rule` in PRETRAINING, FINETUNING or DATA_BUILD; what cannot be said per
 field (one value against another) is in the `_cross_*` functions below. The values of the
 model's backend fields are model_config's (KERNELS, DROPOUT_RNGS, ATTENTION_IMPLS), read when a
-config is checked. A field without a rule is not checked (tests/test_config_schema.py fails
+config is checked. A field without a rule is not checked (tests/unit/test_config_schema.py fails
 for every field of a bundled config that has none).
 """
 

@@ -63,7 +63,7 @@ requeue`) when SIGTERM made it save and exit 75 (a preemption, `scancel --signal
 or 5 minutes before its time limit), then the report as a job of its own that waits for the
 whole array (afterany) and reports once every point is done (else it fails, naming them).
 --sbatch and --sbatch_report add sbatch options (partition, GPUs, time) to the array and the
-report job. Tested against a one-node SLURM 22.05 (tests/test_slurm.py; docs/cluster.md).
+report job. Tested against a one-node SLURM 22.05 (tests/e2e/test_slurm_e2e.py; docs/cluster.md).
 --backend=tpu_vm: per point one Cloud TPU queued resource, set up with launch/tpu_pod.sh,
 running the point on every worker (--distributed), then deleted; the report after all
 (written from the gcloud reference: no TPU was available to run it). With --dry_run both print

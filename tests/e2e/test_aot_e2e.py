@@ -1,0 +1,69 @@
+"""bert_jax.aot: compile the real train step without running it.
+
+The CPU test always runs (8 fake devices, a (2,2,2) mesh); the TPU tests need libtpu's
+compile-only devices (`pip install 'bert_jax[tpu]'`) and are skipped without it.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax import aot, config_lib
+
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+needs_libtpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed")
+MICRO = {
+  "model.vocab_size": 512,
+  "model.num_layers": 1,
+  "model.hidden_size": 32,
+  "model.num_heads": 2,
+  "model.intermediate_size": 64,
+  "data.batch_size": 8,
+  "data.max_seq_length": 32,
+  "masking.max_predictions": 5,
+  "opt.total_steps": 10,
+  "opt.warmup_steps": 1,
+}
+
+
+def _micro_config(**extra):
+  c = config_lib.base_config("tiny")
+  for k, v in {**MICRO, **extra}.items():
+    section, key = k.split(".")
+    c[section][key] = v
+  return c
+
+
+def _cli(*args):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  cmd = [sys.executable, "-m", "bert_jax.aot", *args]
+  return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+def _micro_flags(**extra):
+  return [f"--config.{k}={v}" for k, v in {**MICRO, **extra}.items()]
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_tpu_compile_cli():
+  r = _cli("--config=configs/local.py", "--topology=v4-8", "--mesh=(1,-1,1)", *_micro_flags())
+  assert r.returncode == 0, r.stderr[-2000:]
+  out = r.stdout
+  assert out.startswith("v4-8: 4 x TPU v4, mesh {'data': 1, 'fsdp': 4, 'tensor': 1}"), out
+  assert "of 32 GiB HBM" in out
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_tpu_does_not_fit():
+  # Attention scores alone: 65536 x 2 heads x 512 x 512 fp32 = 128 GiB per v4 chip (of 32),
+  # in the first layer (the last one runs only at the masked positions).
+  c = _micro_config(
+    **{"data.batch_size": 65536 * 4, "data.max_seq_length": 512, "model.num_layers": 2}
+  )
+  with pytest.raises(ValueError, match=r"^does not fit: v4-8 .*RESOURCE_EXHAUSTED"):
+    aot.compile_train_step(c, "v4-8")

@@ -1,0 +1,734 @@
+"""Tests for bert_jax.tasks.readers and bert_jax.tasks.encode (fixtures in fixtures/tasks)."""
+
+import json
+import math
+import pathlib
+import re
+
+import numpy as np
+import pytest
+from ml_collections import ConfigDict
+
+from bert_jax.tasks import encode as encode_lib
+from bert_jax.tasks import readers
+from bert_jax.tasks.formats import TaggedExample, TextExample
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
+
+FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures" / "tasks"
+GENERIC = FIXTURES / "generic"
+GLUE_DIR = FIXTURES / "glue"
+CLS, SEP, PAD, UNK = 101, 102, 0, 100
+
+
+def make_task(**overrides) -> ConfigDict:
+  """A config.task as the fine-tuning config defines it."""
+  task = dict(
+    name="custom",
+    kind="classification",
+    format="auto",
+    train="",
+    dev="",
+    test="",
+    text_fields=("sentence",),
+    label_field="label",
+    labels=(),
+    tokens_field="tokens",
+    tags_field="tags",
+    word_column=0,
+    tag_column=-1,
+    glue_dir="",
+    tfds_data_dir="",
+    max_examples=0,
+  )
+  task.update(overrides)
+  return ConfigDict(task)
+
+
+@pytest.fixture(scope="module")
+def tok():
+  return tokenizer_lib.load_tokenizer(tokenizer_lib.default_vocab_path())
+
+
+# --- Generic formats -----------------------------------------------------------------------
+
+
+def test_jsonl_pairs_in_file_order_with_sources():
+  path = str(GENERIC / "pairs.jsonl")
+  task = make_task(train=path, text_fields=("premise", "hypothesis"))
+  examples = readers.read_split(task, "train")
+  assert examples == [
+    TextExample(("A man is playing a guitar.", "Someone makes music."), "entailment", f"{path}:1"),
+    TextExample(("The cat sat.", "A dog ran."), "contradiction", f"{path}:2"),
+    TextExample(("Paris is nice", "hello world"), "neutral", f"{path}:4"),  # line 3 is blank
+  ]
+  assert readers.label_list(task, examples) == ["contradiction", "entailment", "neutral"]
+  assert readers.label_list(make_task(labels=("x", "y")), examples) == ["x", "y"]
+
+
+def test_csv_quoted_fields_and_multiline_rows():
+  path = str(GENERIC / "pairs.csv")
+  task = make_task(train=path, text_fields=("premise", "hypothesis"))
+  examples = readers.read_split(task, "train")
+  assert [ex.texts for ex in examples] == [
+    ('A man, with a hat, is playing a "blue" guitar.', "Someone makes music."),
+    ("The cat sat.", "A dog\nran."),
+    ("Paris is nice", "hello world"),
+  ]
+  # The second row spans lines 3-4: its source is where it starts.
+  assert [ex.source for ex in examples] == [f"{path}:2", f"{path}:3", f"{path}:5"]
+  assert [ex.label for ex in examples] == ["entailment", "contradiction", "neutral"]
+
+
+def test_tsv_keeps_bare_quotes():
+  path = str(GENERIC / "pairs.tsv")
+  examples = readers.read_split(make_task(dev=path, text_fields=("premise", "hypothesis")), "dev")
+  assert examples[0].texts == ('He said "hi.', 'A "quote')
+  assert [ex.source for ex in examples] == [f"{path}:2", f"{path}:3"]
+
+
+def test_gzip_jsonl_integer_labels_and_max_examples():
+  path = str(GENERIC / "single.jsonl.gz")
+  task = make_task(train=path, text_fields=("text",), label_field="y")
+  examples = readers.read_split(task, "train")
+  assert [(ex.texts, ex.label) for ex in examples] == [
+    (("hello world",), "1"),
+    (("the cat sat",), "0"),
+    (("unaffable",), "1"),
+  ]
+  assert readers.label_list(task, examples) == ["0", "1"]
+  task.max_examples = 2
+  assert readers.read_split(task, "train") == examples[:2]
+
+
+def test_json_booleans_are_the_classes_1_and_0(tmp_path):
+  """46, fault 8: true/false and 1/0 in one column were 4 classes; true == 1, false == 0."""
+  path = tmp_path / "mixed.jsonl"
+  labels = [True, 1, False, 0, 1.0, "1", False]
+  path.write_text(
+    "".join(json.dumps({"sentence": f"s{i}", "label": v}) + "\n" for i, v in enumerate(labels))
+  )
+  task = make_task(train=str(path))
+  examples = readers.read_split(task, "train")
+  assert [ex.label for ex in examples] == ["1", "1", "0", "0", "1", "1", "0"]
+  assert readers.label_list(task, examples) == ["0", "1"]
+  # Multiple choice: a boolean is no ending's index.
+  path.write_text(json.dumps({"context": "c", "endings": ["a", "b"], "label": True}) + "\n")
+  choice = make_task(kind="multiple_choice", train=str(path), text_fields=("context", "endings"))
+  with pytest.raises(ValueError, match=r"mixed.jsonl:1: train label 'True' is not the index"):
+    readers.check_labels(readers.read_split(choice, "train"), [], "train")
+
+
+def test_regression_labels_are_floats():
+  path = str(GENERIC / "scores.jsonl")
+  task = make_task(kind="regression", train=path, text_fields=("s1", "s2"), label_field="score")
+  examples = readers.read_split(task, "train")
+  assert [ex.label for ex in examples] == [5.0, 3.8, 0.0]
+  assert all(isinstance(ex.label, float) for ex in examples)
+  assert readers.label_list(task, examples) == []
+
+
+def test_unlabelled_test_split_and_absent_split():
+  path = str(GENERIC / "pairs.jsonl")
+  task = make_task(test=path, text_fields=("premise",), label_field="gold")
+  assert [ex.label for ex in readers.read_split(task, "test")] == [None] * 3
+  assert not readers.has_split(task, "dev")
+  with pytest.raises(ValueError, match="has no dev split"):
+    readers.read_split(task, "dev")
+  # train and dev must carry labels.
+  with pytest.raises(ValueError, match=re.escape(f"{path}:1: missing field 'gold'")):
+    readers.read_split(make_task(train=path, text_fields=("premise",), label_field="gold"), "train")
+
+
+def test_multiple_choice_endings_list():
+  path = str(GENERIC / "choices.jsonl")
+  task = make_task(
+    kind="multiple_choice", train=path, text_fields=("ctx", "endings"), label_field="label"
+  )
+  examples = readers.read_split(task, "train")
+  assert examples[1] == TextExample(
+    ("paris is", "nice", "a b c d e f", "the cat sat"), "2", f"{path}:2"
+  )
+  assert readers.label_list(task, examples) == []
+  readers.check_labels(examples, [], "train")
+  bad = [TextExample(("c", "e1", "e2"), "2", "x.jsonl:9")]
+  with pytest.raises(ValueError, match=re.escape("x.jsonl:9: train label '2' is not the index")):
+    readers.check_labels(bad, [], "train")
+
+
+# --- Tagging -------------------------------------------------------------------------------
+
+
+def test_conll_columns_docstart_and_sentences():
+  path = str(GENERIC / "ner.conll")
+  task = make_task(kind="tagging", train=path)
+  examples = readers.read_split(task, "train")
+  assert examples == [
+    TaggedExample(
+      ("John", "lives", "in", "New", "York"),
+      ("B-PER", "O", "O", "B-LOC", "I-LOC"),
+      f"{path}:3",
+    ),
+    TaggedExample(("Johanson", "."), ("B-PER", "O"), f"{path}:11"),
+  ]
+  assert readers.label_list(task, examples) == ["B-LOC", "B-PER", "I-LOC", "O"]
+  task.tag_column = 1  # the POS column
+  assert readers.read_split(task, "train")[0].tags == ("NNP", "VBZ", "IN", "NNP", "NNP")
+  task.max_examples = 1
+  assert len(readers.read_split(task, "train")) == 1
+
+
+def test_conll_words_only_test_split_is_unlabelled():
+  path = str(GENERIC / "ner_words.conll")
+  examples = readers.read_split(make_task(kind="tagging", test=path), "test")
+  assert examples == [
+    TaggedExample(("John", "lives"), None, f"{path}:1"),
+    TaggedExample(("Paris",), None, f"{path}:4"),
+  ]
+
+
+def test_tagging_jsonl():
+  path = str(GENERIC / "ner.jsonl")
+  examples = readers.read_split(make_task(kind="tagging", train=path), "train")
+  assert examples[1] == TaggedExample(
+    ("Johanson", "\u200b", "unaffable"), ("B-PER", "O", "O"), f"{path}:2"
+  )
+
+
+def test_label_list_extra_splits_and_check_labels():
+  train = [TaggedExample(("a",), ("O",), "t:1")]
+  dev = [TaggedExample(("b", "c"), ("O", "B-X"), "d:1")]
+  task = make_task(kind="tagging")
+  assert readers.label_list(task, train) == ["O"]
+  with pytest.raises(ValueError, match=re.escape("d:1: dev tag 'B-X' (word 2, 'c') is not one")):
+    readers.check_labels(dev, ["O"], "dev")
+  labels = readers.label_list(task, train, extra=(dev,))
+  assert labels == ["B-X", "O"]
+  readers.check_labels(dev, labels, "dev")
+
+
+# --- GLUE presets --------------------------------------------------------------------------
+
+# name -> (train count, first train texts, first train label, dev count, first test texts)
+GLUE_EXPECTED = {
+  "cola": (
+    3,
+    ("Our friends won't buy this analysis, let alone the next one we propose.",),
+    "1",
+    2,
+    ("Bill whistled past the house.",),
+  ),
+  "sst2": (
+    3,
+    ("hide new secretions from the parental units ",),
+    "0",
+    2,
+    ("uneasy mishmash of styles and genres .",),
+  ),
+  "mrpc": (
+    2,
+    (
+      'Amrozi accused his brother , whom he called " the witness " , of deliberately distorting '
+      "his evidence .",
+      'Referring to him as only " the witness " , Amrozi accused his brother of deliberately '
+      "distorting his evidence .",
+    ),
+    "1",
+    1,
+    (
+      "PCCW 's chief operating officer , Mike Butcher , and Alex Arena , the chief financial "
+      "officer , will report directly to Mr So .",
+      "Current Chief Operating Officer Mike Butcher and Group Chief Financial Officer Alex Arena "
+      "will report to So .",
+    ),
+  ),
+  "stsb": (
+    2,
+    ("A plane is taking off.", "An air plane is taking off."),
+    5.0,
+    1,
+    ("A girl is styling her hair.", "A girl is brushing her hair."),
+  ),
+  "qqp": (
+    2,
+    (
+      "How is the life of a math student? Could you describe your own experiences?",
+      "Which level of prepration is enough for the exam jlpt5?",
+    ),
+    "0",
+    1,
+    ("Why am I getting an error?", "How do I fix this error?"),
+  ),
+  "mnli": (
+    4,
+    (
+      "Conceptually cream skimming has two basic dimensions - product and geography.",
+      "Product and geography are what make cream skimming work. ",
+    ),
+    "neutral",
+    1,
+    (
+      "Hierbas, ans seco, ans dulce, and frigola are just a few names worth keeping a look-out "
+      "for.",
+      "Hierbas is a name worth looking out for.",
+    ),
+  ),
+  "mnli_mismatched": (
+    4,
+    (
+      "Conceptually cream skimming has two basic dimensions - product and geography.",
+      "Product and geography are what make cream skimming work. ",
+    ),
+    "neutral",
+    2,
+    ("What have you decided, what are you going to do?", "So what's your decision?"),
+  ),
+  "qnli": (
+    2,
+    (
+      "When did the third Digimon series begin?",
+      "Unlike the two seasons before it and most of the seasons that followed, Digimon Tamers "
+      "takes a darker and more realistic approach to its story.",
+    ),
+    "not_entailment",
+    1,
+    (
+      "What organization is devoted to Jihad?",
+      "For some decades prior to the First Palestine Intifada in 1987, the Muslim Brotherhood in "
+      "Palestine took a quiescent stance.",
+    ),
+  ),
+  "rte": (
+    2,
+    (
+      "No Weapons of Mass Destruction Found in Iraq Yet.",
+      "Weapons of Mass Destruction Found in Iraq.",
+    ),
+    "not_entailment",
+    1,
+    (
+      "Mangla was summoned after Madhumita's sister Nidhi Shukla filed a complaint.",
+      "Shukla is related to Mangla.",
+    ),
+  ),
+  "wnli": (
+    4,
+    (
+      "I stuck a pin through a carrot. When I pulled the pin out, it had a hole.",
+      "The carrot had a hole.",
+    ),
+    "1",
+    1,
+    (
+      "Maude and Dora had seen the trains rushing across the prairie.",
+      "Horses ran away when Maude and Dora came in sight.",
+    ),
+  ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GLUE_EXPECTED))
+def test_glue_preset_reads_the_glue_layout(name):
+  n_train, texts, label, n_dev, test_texts = GLUE_EXPECTED[name]
+  preset = readers.GLUE[name]
+  task = make_task(name=name, format="glue", kind=preset["kind"], glue_dir=str(GLUE_DIR))
+  train = readers.read_split(task, "train")
+  dev = readers.read_split(task, "dev")
+  test = readers.read_split(task, "test")
+  assert (len(train), train[0].texts, train[0].label, len(dev)) == (n_train, texts, label, n_dev)
+  assert test[0].texts == test_texts and {ex.label for ex in test} == {None}
+  labels = readers.label_list(task, train)
+  assert labels == list(preset["labels"])
+  readers.check_labels(train + dev, labels, "train")
+  assert train[0].source.startswith(str(GLUE_DIR / preset["dir"] / "train.tsv") + ":")
+
+
+def test_glue_presets_labels_metrics_and_files():
+  got = {
+    name: (p["kind"], p["labels"], p["metrics"], p["main_metric"], p["files"]["dev"])
+    for name, p in readers.GLUE.items()
+  }
+  binary = ("0", "1")
+  nli = ("entailment", "not_entailment")
+  assert got == {
+    "cola": ("classification", binary, ("mcc",), "mcc", "dev.tsv"),
+    "sst2": ("classification", binary, ("accuracy",), "accuracy", "dev.tsv"),
+    "mrpc": ("classification", binary, ("f1", "accuracy"), "f1", "dev.tsv"),
+    "stsb": ("regression", (), ("pearson", "spearman"), "spearman", "dev.tsv"),
+    "qqp": ("classification", binary, ("f1", "accuracy"), "f1", "dev.tsv"),
+    "mnli": (
+      "classification",
+      ("contradiction", "entailment", "neutral"),
+      ("accuracy",),
+      "accuracy",
+      "dev_matched.tsv",
+    ),
+    "mnli_mismatched": (
+      "classification",
+      ("contradiction", "entailment", "neutral"),
+      ("accuracy",),
+      "accuracy",
+      "dev_mismatched.tsv",
+    ),
+    "qnli": ("classification", nli, ("accuracy",), "accuracy", "dev.tsv"),
+    "rte": ("classification", nli, ("accuracy",), "accuracy", "dev.tsv"),
+    "wnli": ("classification", binary, ("accuracy",), "accuracy", "dev.tsv"),
+  }
+
+
+def test_glue_unknown_task_and_missing_dir(tmp_path):
+  with pytest.raises(ValueError, match="task.name='sst5' is not a GLUE task"):
+    readers.read_split(make_task(name="sst5", format="glue"), "train")
+  task = make_task(name="rte", format="glue", glue_dir=str(tmp_path))
+  with pytest.raises(FileNotFoundError, match=re.escape(f"{tmp_path}/RTE/train.tsv: no such file")):
+    readers.read_split(task, "train")
+
+
+# --- TFDS ----------------------------------------------------------------------------------
+
+
+def _prepare_tfds_glue(data_dir, config, label_names, rows_by_split):
+  """A tiny TFDS glue/<config> in array_record format, written offline like `tfds build`."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+  text_names = [k for k in rows_by_split["train"][0] if k != "label"]
+
+  class Glue(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    VERSION = tfds.core.Version("2.0.0")
+    BUILDER_CONFIGS = [tfds.core.BuilderConfig(name=config)]
+
+    def _info(self):
+      features = {name: tfds.features.Text() for name in text_names}
+      features["label"] = tfds.features.ClassLabel(names=label_names)
+      features["idx"] = np.int32
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features))
+
+    def _split_generators(self, dl_manager):
+      return {split: self._generate_examples(rows) for split, rows in rows_by_split.items()}
+
+    def _generate_examples(self, rows):
+      for i, row in enumerate(rows):
+        yield i, {**row, "idx": i}
+
+  Glue(config=config, data_dir=str(data_dir), file_format="array_record").download_and_prepare()
+
+
+def test_tfds_glue_local_array_record(tmp_path):
+  _prepare_tfds_glue(
+    tmp_path,
+    "mnli",
+    ["entailment", "neutral", "contradiction"],  # TFDS's order, not GLUE's
+    {
+      "train": [
+        {"premise": "p0", "hypothesis": "h0", "label": 2},
+        {"premise": "p1 caf\u00e9", "hypothesis": "h1", "label": 0},
+      ],
+      "validation_matched": [{"premise": "p2", "hypothesis": "h2", "label": 1}],
+      "test_matched": [{"premise": "p3", "hypothesis": "h3", "label": -1}],
+    },
+  )
+  task = make_task(name="mnli", format="tfds", tfds_data_dir=str(tmp_path))
+  train = readers.read_split(task, "train")
+  assert [(ex.texts, ex.label) for ex in train] == [
+    (("p0", "h0"), "contradiction"),
+    (("p1 caf\u00e9", "h1"), "entailment"),
+  ]
+  assert train[1].source == f"{tmp_path}/glue/mnli/2.0.0[train]:1"
+  assert [(ex.texts, ex.label) for ex in readers.read_split(task, "dev")] == [
+    (("p2", "h2"), "neutral")
+  ]
+  assert [ex.label for ex in readers.read_split(task, "test")] == [None]
+  assert readers.label_list(task, train) == ["contradiction", "entailment", "neutral"]
+  # TFDS's names ("positive") map to GLUE's label strings by index.
+  _prepare_tfds_glue(
+    tmp_path, "sst2", ["negative", "positive"], {"train": [{"sentence": "good", "label": 1}]}
+  )
+  sst2 = readers.read_split(
+    make_task(name="sst2", format="tfds", tfds_data_dir=str(tmp_path)), "train"
+  )
+  assert sst2 == [TextExample(("good",), "1", f"{tmp_path}/glue/sst2/2.0.0[train]:0")]
+
+
+def test_tfds_tfrecord_dataset_is_a_one_line_error(tmp_path):
+  _prepare_tfds_glue(
+    tmp_path, "rte", ["entailment", "not_entailment"], {"train": [{"sentence1": "a", "label": 0}]}
+  )
+  # What `tfds build` writes by default: tfrecord, which needs TensorFlow to read.
+  info_path = tmp_path / "glue" / "rte" / "2.0.0" / "dataset_info.json"
+  info = json.loads(info_path.read_text())
+  info_path.write_text(json.dumps({**info, "fileFormat": "tfrecord"}))
+  task = make_task(name="rte", format="tfds", tfds_data_dir=str(tmp_path))
+  with pytest.raises(ValueError) as e:
+    readers.read_split(task, "train")
+  message = str(e.value)
+  assert message.startswith(f"{info_path.parent}: cannot be read without TensorFlow (")
+  assert "--file_format=array_record" in message and "\n" not in message
+
+
+def test_tfds_missing_dataset_never_downloads(tmp_path):
+  task = make_task(name="rte", format="tfds", tfds_data_dir=str(tmp_path))
+  with pytest.raises(FileNotFoundError) as e:
+    readers.read_split(task, "train")
+  message = str(e.value)
+  assert message.startswith(f"{tmp_path}/glue/rte: no prepared TFDS dataset glue/rte")
+  assert "tfds build glue/rte" in message and "\n" not in message
+  assert not (tmp_path / "downloads").exists()
+
+
+# --- Bad input: one line naming file and line ----------------------------------------------
+
+
+def _write(path: pathlib.Path, data: bytes | str) -> str:
+  path.write_bytes(data if isinstance(data, bytes) else data.encode("utf-8"))
+  return str(path)
+
+
+BAD_INPUTS = {
+  # name: (file name, content, task fields, expected message start ({path} filled in))
+  "empty": ("e.jsonl", "\n\n", {}, "{path}: the train split is empty"),
+  "missing_field": (
+    "m.jsonl",
+    '{"sentence": "a", "label": 1}\n{"text": "b", "label": 0}\n',
+    {},
+    "{path}:2: missing field 'sentence' (the row has: text, label)",
+  ),
+  "malformed_json": (
+    "j.jsonl",
+    '{"sentence": "a", "label": 1}\n{"sentence": "b", "label": 0\n',
+    {},
+    "{path}:2: malformed JSON",
+  ),
+  "control_character": (  # json's own message ends in "at": not "at at column" (37.5)
+    "cc.jsonl",
+    '{"sentence": "a\tb", "label": 1}\n',
+    {},
+    "{path}:1: malformed JSON (Invalid control character at column 16)",
+  ),
+  "not_an_object": ("o.jsonl", '["a", 1]\n', {}, "{path}:1: a JSON line must be an object"),
+  "column_count": (
+    "c.tsv",
+    "sentence\tlabel\na\t1\nb\t0\textra\n",
+    {},
+    "{path}:3: 3 columns, the header has 2 (sentence, label)",
+  ),
+  "regression_label": (
+    "r.jsonl",
+    '{"sentence": "a", "label": 1.5}\n{"sentence": "b", "label": "high"}\n',
+    {"kind": "regression"},
+    "{path}:2: regression label 'label'='high' is not a finite number",
+  ),
+  "encoding": (
+    "u.csv",
+    b"sentence,label\ncaf\xe9,1\n",
+    {},
+    "{path}:2: not UTF-8 (invalid continuation byte at byte 3 of the line): the file's encoding",
+  ),
+  "tags_length": (
+    "t.jsonl",
+    '{"tokens": ["a", "b"], "tags": ["O"]}\n',
+    {"kind": "tagging"},
+    "{path}:1: 2 tokens but 1 tags (one tag per word)",
+  ),
+  "conll_columns": (
+    "n.conll",
+    "a X O\nb O\n",
+    {"kind": "tagging"},
+    "{path}:2: 2 columns, earlier lines have 3",
+  ),
+  "text_type": (
+    "x.jsonl",
+    '{"sentence": ["a"], "label": 1}\n',
+    {},
+    "{path}:1: field 'sentence' must be a string, not list",
+  ),
+  "suffix": ("s.txt", "a\n", {}, "{path}: cannot tell the format from the suffix '.txt'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_one_line_naming_file_and_line(case, tmp_path):
+  name, content, fields, expected = BAD_INPUTS[case]
+  path = _write(tmp_path / name, content)
+  with pytest.raises(ValueError) as e:
+    readers.read_split(make_task(train=path, **fields), "train")
+  message = str(e.value)
+  assert message.startswith(expected.format(path=path)), message
+  assert "\n" not in message
+
+
+def test_unseen_dev_label_names_file_and_line(tmp_path):
+  train = _write(tmp_path / "train.jsonl", '{"sentence": "a", "label": "yes"}\n')
+  dev = _write(
+    tmp_path / "dev.jsonl",
+    '{"sentence": "b", "label": "yes"}\n{"sentence": "c", "label": "maybe"}\n',
+  )
+  task = make_task(train=train, dev=dev)
+  labels = readers.label_list(task, readers.read_split(task, "train"))
+  with pytest.raises(
+    ValueError, match=re.escape(f"{dev}:2: dev label 'maybe' is not one of the 1 labels (yes)")
+  ):
+    readers.check_labels(readers.read_split(task, "dev"), labels, "dev")
+
+
+# --- Encoding ------------------------------------------------------------------------------
+
+
+def _ids(rows, key="input_ids"):
+  return [r[key].tolist() for r in rows]
+
+
+def test_encode_single_and_pair_with_hand_checked_ids(tok):
+  single = [TextExample(("hello world",), "pos", "s:1"), TextExample(("the cat sat",), None, "s:2")]
+  enc = encode_lib.encode(single, "classification", tok, 128, ["neg", "pos"])
+  assert _ids(enc.rows) == [[CLS, 7592, 2088, SEP], [CLS, 1996, 4937, 2938, SEP]]
+  assert _ids(enc.rows, "segment_ids") == [[0] * 4, [0] * 5]
+  assert [int(r["label"]) for r in enc.rows] == [1, -1]
+  assert [int(r["example_index"]) for r in enc.rows] == [0, 1]
+  assert (enc.n_examples, enc.n_truncated) == (2, 0)
+  assert enc.rows[0]["input_ids"].dtype == np.int32 and enc.rows[0]["label"].dtype == np.int32
+
+  pair = [TextExample(("the cat sat", "hello world"), "neg", "p:1")]
+  enc = encode_lib.encode(pair, "classification", tok, 128, ["neg", "pos"])
+  assert _ids(enc.rows) == [[CLS, 1996, 4937, 2938, SEP, 7592, 2088, SEP]]
+  assert _ids(enc.rows, "segment_ids") == [[0, 0, 0, 0, 0, 1, 1, 1]]
+  assert int(enc.rows[0]["label"]) == 0
+
+
+def test_encode_truncation_counts(tok):
+  # 3 + 2 tokens into 7 - 3 = 4: the longer text (a) loses its last token.
+  pair = [TextExample(("the cat sat", "hello world"), "x", "p:1")]
+  enc = encode_lib.encode(pair, "classification", tok, 7, ["x"])
+  assert _ids(enc.rows) == [[CLS, 1996, 4937, SEP, 7592, 2088, SEP]]
+  assert _ids(enc.rows, "segment_ids") == [[0, 0, 0, 0, 1, 1, 1]]
+  assert enc.n_truncated == 1
+  single = [TextExample(("a b c d e f",), "x", "s:1"), TextExample(("hello",), "x", "s:2")]
+  enc = encode_lib.encode(single, "classification", tok, 5, ["x"])
+  assert _ids(enc.rows) == [[CLS, 1037, 1038, 1039, SEP], [CLS, 7592, SEP]]
+  assert enc.n_truncated == 1
+
+
+def _truncate_pair_reference(a: list, b: list, max_tokens: int) -> tuple[int, int]:
+  # google-research/bert run_classifier._truncate_seq_pair, token by token.
+  a, b = list(a), list(b)
+  while len(a) + len(b) > max_tokens:
+    if len(a) > len(b):
+      a.pop()
+    else:
+      b.pop()
+  return len(a), len(b)
+
+
+def test_truncate_pair_equals_berts_loop():
+  for la in range(12):
+    for lb in range(12):
+      for budget in range(0, 25):
+        want = _truncate_pair_reference(range(la), range(lb), budget)
+        assert encode_lib.truncate_pair(la, lb, budget) == want, (la, lb, budget)
+
+
+def test_encode_regression(tok):
+  examples = [TextExample(("hello", "world"), 3.8, "r:1"), TextExample(("hello",), None, "r:2")]
+  enc = encode_lib.encode(examples, "regression", tok, 16, [])
+  assert enc.rows[0]["label"].dtype == np.float32
+  assert float(enc.rows[0]["label"]) == pytest.approx(3.8)
+  assert math.isnan(float(enc.rows[1]["label"]))
+
+
+def test_encode_unknown_label_names_source(tok):
+  with pytest.raises(ValueError, match=re.escape("d:4: label 'maybe' is not one of the 2 labels")):
+    encode_lib.encode([TextExample(("a",), "maybe", "d:4")], "classification", tok, 16, ["n", "y"])
+
+
+def test_encode_tagging_first_sub_token(tok):
+  examples = readers.read_split(
+    make_task(kind="tagging", train=str(GENERIC / "ner.jsonl")), "train"
+  )
+  labels = ["B-LOC", "B-PER", "I-LOC", "O"]
+  enc = encode_lib.encode(examples, "tagging", tok, 128, labels)
+  # john lives in new york | johan ##son, [UNK] (U+200B has no sub-tokens), una ##ffa ##ble
+  assert _ids(enc.rows) == [
+    [CLS, 2198, 3268, 1999, 2047, 2259, SEP],
+    [CLS, 13093, 3385, UNK, 14477, 20961, 3468, SEP],
+  ]
+  assert _ids(enc.rows, "label_ids") == [[-1, 1, 3, 3, 0, 2, -1], [-1, 1, -1, 3, 3, -1, -1, -1]]
+  assert [int(r["n_words"]) for r in enc.rows] == [5, 3]
+  assert _ids(enc.rows, "segment_ids") == [[0] * 7, [0] * 8]
+  assert enc.n_truncated == 0
+
+  # 4 sub-tokens fit: "york" is dropped (with its gold tag), "unaffable" keeps its first piece.
+  enc = encode_lib.encode(examples, "tagging", tok, 6, labels)
+  assert _ids(enc.rows) == [[CLS, 2198, 3268, 1999, 2047, SEP], [CLS, 13093, 3385, UNK, 14477, SEP]]
+  assert _ids(enc.rows, "label_ids") == [[-1, 1, 3, 3, 0, -1], [-1, 1, -1, 3, 3, -1]]
+  assert [int(r["n_words"]) for r in enc.rows] == [4, 3]
+  assert enc.n_truncated == 2
+
+  unlabelled = [TaggedExample(("John", "lives"), None, "u:1")]
+  enc = encode_lib.encode(unlabelled, "tagging", tok, 16, labels)
+  # An unlabelled sentence: each word's first sub-token is marked (its tag is unknown, no loss
+  # or metric reads it; the predictions file does).
+  unknown = encode_lib.UNKNOWN_TAG
+  assert _ids(enc.rows, "label_ids") == [[-1, unknown, unknown, -1]]
+  assert int(enc.rows[0]["n_words"]) == 2
+
+
+def test_encode_multiple_choice_shapes(tok):
+  path = str(GENERIC / "choices.jsonl")
+  task = make_task(kind="multiple_choice", train=path, text_fields=("ctx", "endings"))
+  enc = encode_lib.encode(readers.read_split(task, "train"), "multiple_choice", tok, 128, [])
+  first, second = enc.rows
+  assert first["input_ids"].shape == (3, 7) and second["input_ids"].shape == (3, 11)
+  assert first["input_ids"].tolist() == [
+    [CLS, 1996, 4937, SEP, 2938, SEP, PAD],
+    [CLS, 1996, 4937, SEP, 7592, 2088, SEP],
+    [CLS, 1996, 4937, SEP, 2003, 3835, SEP],
+  ]
+  assert first["segment_ids"].tolist() == [
+    [0, 0, 0, 0, 1, 1, 0],
+    [0, 0, 0, 0, 1, 1, 1],
+    [0, 0, 0, 0, 1, 1, 1],
+  ]
+  assert (int(first["label"]), int(second["label"])) == (0, 2)
+  assert enc.n_truncated == 0
+  # 8 - 3 = 5 tokens for "paris is" + "a b c d e f": only that choice is cut.
+  enc = encode_lib.encode(readers.read_split(task, "train"), "multiple_choice", tok, 8, [])
+  assert enc.rows[1]["input_ids"][1].tolist() == [CLS, 3000, 2003, SEP, 1037, 1038, 1039, SEP]
+  assert enc.n_truncated == 1
+
+
+# --- Real task data (../shared/data/tasks) -------------------------------------------------
+
+SHARED_TASKS = {
+  "rotten_tomatoes": dict(kind="classification", text_fields=("sentence",)),
+  "vitaminc": dict(kind="classification", text_fields=("premise", "hypothesis")),
+  "brown_pos": dict(kind="tagging", tags_field="tags_base"),
+  "wnut16_ner": dict(kind="tagging"),
+}
+
+
+def check_shared_task(tasks_dir: pathlib.Path, name: str, tok) -> None:
+  root = tasks_dir / name
+  task = make_task(
+    name=name, **{s: str(root / f"{s}.jsonl.gz") for s in readers.SPLITS}, **SHARED_TASKS[name]
+  )
+  meta = json.loads((root / "meta.json").read_text())
+  splits = {s: readers.read_split(task, s) for s in readers.SPLITS}
+  # brown_pos: dev and test hold a few rare tags that train lacks.
+  extra = (splits["dev"], splits["test"]) if name == "brown_pos" else ()
+  labels = readers.label_list(task, splits["train"], extra=extra)
+  for split, examples in splits.items():
+    assert len(examples) == meta["counts"][split], (name, split)
+    readers.check_labels(examples, labels, split)
+    enc = encode_lib.encode(examples, task.kind, tok, 128, labels)
+    assert enc.n_examples == len(enc.rows) == len(examples)
+    assert max(len(r["input_ids"]) for r in enc.rows) <= 128
+    if task.kind == "classification":
+      counts = np.bincount([int(r["label"]) for r in enc.rows], minlength=len(labels))
+      assert dict(zip(labels, counts.tolist(), strict=True)) == meta["counts"][f"{split}_labels"]
+    else:
+      kept = sum(int(r["n_words"]) for r in enc.rows)
+      scored = sum(int((r["label_ids"] >= 0).sum()) for r in enc.rows)
+      assert scored == kept <= sum(len(ex.words) for ex in examples)
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize("name", sorted(SHARED_TASKS))
+def test_shared_tasks_read_and_encode(shared_data, name, tok):
+  check_shared_task(shared_data / "tasks", name, tok)
