@@ -299,7 +299,7 @@ def evaluate(eval_step, params, config, data_dir, mesh, stop=None) -> dict[str, 
       totals[k] = totals.get(k, 0.0) + float(v)
   out = objectives.summarize(totals)
   if np.sum(hist) > 0:
-    lm = "ltr" if config.objective.ltr else "mlm"
+    lm = objectives.lm_name(config.objective.ltr)
     out[f"{lm}_majority_baseline"] = float(np.max(hist) / np.sum(hist))
   return out
 
@@ -463,7 +463,7 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
     p_eval_step = sh.jit_eval(make_eval_step(model, obj, tables), mesh, state_sh["params"])
 
   logger = loop.MetricLogger(workdir, start_step)
-  lm = "ltr" if obj.ltr else "mlm"
+  lm = objectives.lm_name(obj.ltr)
   preds = seq_len if obj.ltr else obj.masking.max_predictions
   flops_per_token = model_lib.train_flops_per_token(cfg, seq_len, preds)
   peak = config.log.peak_flops or PEAK_FLOPS.get(jax.devices()[0].device_kind, 0.0)

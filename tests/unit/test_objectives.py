@@ -66,3 +66,13 @@ def test_accuracy_needs_no_argmax_and_counts_ties_right():
   tied = {**outputs, "mlm_logits": jnp.zeros((4, 6, 50))}  # every logit the max
   sums = objectives.losses(tied, inputs, OBJ)
   assert float(sums["mlm_correct"]) == float(sums["mlm_count"])
+
+
+def test_the_lm_objective_names_its_metrics():
+  """One name for the token objective, everywhere its metrics are keyed (`lm_name`)."""
+  assert objectives.lm_name(False) == "mlm" and objectives.lm_name(True) == "ltr"
+  outputs, inputs = _outputs_inputs()
+  ltr = objectives.Objective(mlm=False, ltr=True, nsp=False)
+  assert set(objectives.losses(outputs, inputs, ltr)) == {"ltr_loss", "ltr_correct", "ltr_count"}
+  assert set(objectives.counts(inputs, ltr)) == {"ltr_count"}
+  assert "mlm_loss" in objectives.losses(outputs, inputs, OBJ)
