@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
 import time
 from typing import Any
@@ -362,7 +361,3 @@ def load_head(path: str) -> tuple[dict[str, Any], Any]:
     raise FileNotFoundError(f"{p}: not a feature head dir (no {HEAD_FILE})")
   info = files.read_json(p / kinds.TASK_FILE)
   return info, trees.unflatten(load_file(str(p / HEAD_FILE)))
-
-
-def is_head_dir(path: str) -> bool:
-  return os.path.isfile(os.path.join(path, HEAD_FILE))

@@ -3,13 +3,10 @@ rules, hand-checked back-offs, and the trainer's final eval row and line."""
 
 import collections
 import json
-import os
-import pathlib
 import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 from bert_jax import ngram_reference as ng
 
@@ -159,9 +156,3 @@ def test_cli_errors(tmp_path):
     [sys.executable, "-m", "bert_jax.ngram_reference"], capture_output=True, text=True, timeout=120
   )
   assert r.returncode == 2 and "usage" in r.stderr
-
-
-@pytest.mark.parametrize("path", ["references/ngram_reference.py"])
-def test_the_old_script_is_the_package_function(path):
-  root = str(pathlib.Path(__file__).resolve().parents[2])
-  assert "bert_jax.ngram_reference" in open(os.path.join(root, path)).read()
