@@ -46,23 +46,6 @@ from bert_jax.runtime import files, multihost, resume
 from bert_jax.runtime import preemption as preemption_lib
 from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
-# Per-chip peak dense bf16 FLOP/s by device kind, for MFU on accelerators. On CPU set
-# config.log.peak_flops (the benchmark measures it).
-PEAK_FLOPS = {
-  "TPU v4": 275e12,
-  "TPU v5 lite": 197e12,
-  "TPU v5e": 197e12,
-  "TPU v5p": 459e12,
-  "TPU v5": 459e12,
-  "TPU v6 lite": 918e12,
-  "TPU v6e": 918e12,
-  "NVIDIA A100-SXM4-80GB": 312e12,
-  "NVIDIA A100-SXM4-40GB": 312e12,
-  "NVIDIA H100 80GB HBM3": 989e12,
-  "NVIDIA H200": 989e12,
-}
-
-
 # ----------------------------------------------------------------------------- set-up
 
 
@@ -466,7 +449,7 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
   lm = objectives.lm_name(obj.ltr)
   preds = seq_len if obj.ltr else obj.masking.max_predictions
   flops_per_token = model_lib.train_flops_per_token(cfg, seq_len, preds)
-  peak = config.log.peak_flops or PEAK_FLOPS.get(jax.devices()[0].device_kind, 0.0)
+  peak = config.log.peak_flops or backends.peak_flops(jax.devices()[0].device_kind) or 0.0
   last_eval: dict[str, float] = {}
 
   def evaluate_and_log(step: int, state: Any) -> None:

@@ -188,3 +188,15 @@ def test_the_model_logs_its_attention_once_and_falls_back_to_explicit_hash(caplo
     "hash dropout; flash is not run at head dim 256 > 128"
   ]
   assert "pallas_call" not in text and str(0x85EBCA6B) in text
+
+
+def test_one_table_of_peaks_for_the_trainers_and_the_benchmarks_mfu():
+  """backends.peak_flops: the most specific device kind first; the benchmark reads the same."""
+  from bert_jax.benchmark import gpu
+
+  assert backends.peak_flops("NVIDIA H100 PCIe") == 756e12
+  assert backends.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+  assert backends.peak_flops("TPU v5 lite") == 197e12 and backends.peak_flops("TPU v5p") == 459e12
+  assert backends.peak_flops("cpu") is None
+  for kind, _ in backends.PEAK_BF16_FLOPS:
+    assert gpu.datasheet_tflops(f"NVIDIA {kind}") * 1e12 == backends.peak_flops(kind)
