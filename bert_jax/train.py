@@ -192,12 +192,7 @@ def state_init_fn(config, model, tx) -> Callable:
 
 def abstract_state(config, model, tx, mesh, rules, rng) -> tuple[Any, Any]:
   """(shardings, ShapeDtypeStructs carrying them) of the train state: no compute at all."""
-  boxed = jax.eval_shape(state_init_fn(config, model, tx), rng)
-  shardings = sh.logical_shardings(boxed, mesh, rules)
-  structs = jax.tree.map(
-    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.meta.unbox(boxed), shardings
-  )
-  return shardings, structs
+  return sh.abstract_sharded(state_init_fn(config, model, tx), mesh, rules, rng)
 
 
 def create_state(config, model, tx, mesh, rules, rng):
