@@ -132,7 +132,6 @@ def test_train_and_finetune_have_no_loop_of_their_own(name):
 # (<name>: the module's dotted path under bert_jax, "." -> "_"; a package: its __init__ or its
 # __main__).
 TESTED_ELSEWHERE = {
-  "api": "test_export, test_interop_loader, test_notebook",
   "backends_attention": "test_backends, test_model",
   "backends_dropout": "test_model",
   **{
