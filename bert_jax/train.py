@@ -94,9 +94,12 @@ def validate(config: ml_collections.ConfigDict, mesh, metadata: dict) -> None:
       f"data max_seq_length {metadata['max_seq_length']} exceeds "
       f"config.model.max_position_embeddings={config.model.max_position_embeddings}"
     )
-  if config.data.dir and metadata["max_seq_length"] != config.data.max_seq_length:
+  # One truth: the config's max_seq_length is the data's, whether the data was given
+  # (config.data.dir) or built into the workdir by an earlier run of another config.
+  if metadata["max_seq_length"] != config.data.max_seq_length:
+    where = config.data.dir or "the workdir's data"
     raise ConfigError(
-      f"config.data.max_seq_length={config.data.max_seq_length} but {config.data.dir} was built "
+      f"config.data.max_seq_length={config.data.max_seq_length} but {where} was built "
       f"with max_seq_length={metadata['max_seq_length']}"
     )
   if config.objective.nsp and not metadata["nsp"]:

@@ -4,7 +4,9 @@ not from a first step that held the compile."""
 import itertools
 import re
 
+import jax
 import numpy as np
+import pytest
 
 from bert_jax import loop
 from bert_jax import sharding as sh
@@ -36,11 +38,9 @@ class _NoSignal:
     return False
 
 
-def _progress(tmp_path, capsys, total: int, log_every: int, start_step: int = 0) -> dict:
-  """{step: ETA text} of the progress lines of a `total`-step run from `start_step`."""
-  clock = _Clock()
-  job = loop.Job(
-    step_fn=clock.step,
+def _job(tmp_path, step_fn, clock, total: int, log_every: int, start_step: int = 0) -> loop.Job:
+  return loop.Job(
+    step_fn=step_fn,
     batches=itertools.repeat({"input_ids": np.zeros((8, 4), np.int32)}),
     preemption=_NoSignal(),
     mesh=sh.make_mesh((1, -1, 1)),
@@ -56,6 +56,12 @@ def _progress(tmp_path, capsys, total: int, log_every: int, start_step: int = 0)
     examples_per_step=8,
     clock=clock,
   )
+
+
+def _progress(tmp_path, capsys, total: int, log_every: int, start_step: int = 0) -> dict:
+  """{step: ETA text} of the progress lines of a `total`-step run from `start_step`."""
+  clock = _Clock()
+  job = _job(tmp_path, clock.step, clock, total, log_every, start_step)
   result = loop.run(job, {}, start_step)
   job.logger.close()
   assert result.step == total
@@ -95,3 +101,30 @@ def test_eta_window():
   eta.mark(31, 100.0)
   eta.mark(41, 105.0)
   assert eta.text() == "ETA 0m29s"  # the window holds steps 21-41: 20 steps in 10 s, 59 left
+
+
+def test_the_hot_loop_moves_nothing_implicitly(tmp_path):
+  """Device metrics come back through the loop's explicit read; a step that moves a host value
+  to a device implicitly (a Python scalar into an array op) is refused by the transfer guard.
+  (On a CPU, reading a device array on the host is no transfer, so the guard's device-to-host
+  half only shows on an accelerator.)"""
+  clock = _Clock()
+  on_device = jax.device_put(np.float32(1.0))
+  finite = jax.device_put(np.bool_(False))
+
+  def explicit(state, batch, rng):
+    clock.step(state, batch, rng)
+    return state, {"loss": on_device, "grad_norm": on_device, "nonfinite": finite}
+
+  job = _job(tmp_path, explicit, clock, total=3, log_every=1)
+  assert loop.run(job, {}, 0).step == 3
+  job.logger.close()
+
+  def implicit(state, batch, rng):
+    clock.step(state, batch, rng)
+    return state, {"loss": on_device * 2, "grad_norm": 1.0, "nonfinite": 0.0}
+
+  job = _job(tmp_path / "b", implicit, clock, total=3, log_every=1)
+  with pytest.raises(Exception, match="[Dd]isallowed host-to-device transfer"):
+    loop.run(job, {}, 0)
+  job.logger.close()

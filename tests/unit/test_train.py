@@ -16,6 +16,7 @@ import pytest
 from bert_jax import config_lib, config_schema, masking, model_config, objectives, train
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
+from bert_jax.data import input_pipeline
 from bert_jax.runtime import checkpoints as ckpt_lib
 from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
@@ -175,6 +176,20 @@ def test_config_errors_before_compute(tiny_data_dir, tmp_path, over, message):
   with pytest.raises(config_schema.ConfigError, match=message):
     train.train_and_evaluate(tiny_config(tiny_data_dir, **over), str(tmp_path / "wd"))
   assert not os.path.exists(tmp_path / "wd")
+
+
+def test_max_seq_length_is_compared_with_the_data_built_into_the_workdir_too(tiny_data_dir):
+  """The data's max_seq_length is the config's whether config.data.dir names the data or the
+  run built it into its workdir (a rerun with another length finds the old data there)."""
+  config = tiny_config(tiny_data_dir, **{"data.max_seq_length": 128})
+  config.data.dir = ""
+  metadata = input_pipeline.read_metadata(tiny_data_dir)
+  mesh = sh.make_mesh(tuple(config.mesh.shape))
+  match = "max_seq_length=128 but the workdir's data was built with max_seq_length=64"
+  with pytest.raises(config_schema.ConfigError, match=match):
+    train.validate(config, mesh, metadata)
+  config.data.max_seq_length = 64
+  train.validate(config, mesh, metadata)
 
 
 def _free_port():
