@@ -12,6 +12,7 @@ from ml_collections import config_dict
 
 from bert_jax import model_config
 from bert_jax import sharding as sh
+from bert_jax.data import sequences
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
@@ -190,7 +191,7 @@ def base_config(size: str = "base") -> ml_collections.ConfigDict:
   # Or > 0: train a WordPiece vocab of this size on data.input first (= model.vocab_size).
   c.data.train_vocab_size = 0
   c.data.max_seq_length = 128
-  c.data.dupe_factor = 10
+  c.data.dupe_factor = sequences.DUPE_FACTOR  # 1, create_data's default too
   c.data.short_seq_prob = 0.1
   c.data.eval_fraction = 0.01
   c.data.seed = 12345

@@ -1,11 +1,11 @@
 """Test set-up: 8 fake CPU devices so (2,2,2) meshes run on one CPU host, and the tiers.
 
-  unit/  one test file per module, named after it (test_<folder>_<module>.py inside a folder):
-         the default run (the README's test command, CI)
-  e2e/   real processes (trainers, resumes, SLURM, two-process preemption): marked `slow` here,
-         CI runs them too: pytest -m slow
-  lab/   the benchmark, GPU programs and flash attention: marked `lab`, not in CI:
-         pytest -m lab
+unit/  one test file per module, named after it (test_<folder>_<module>.py inside a folder):
+       the default run (the README's test command, CI)
+e2e/   real processes (trainers, resumes, SLURM, two-process preemption): marked `slow` here,
+       CI runs them too: pytest -m slow
+lab/   the benchmark, GPU programs and flash attention: marked `lab`, not in CI:
+       pytest -m lab
 """
 
 import os

@@ -55,6 +55,8 @@ from bert_jax.runtime import compile_cache
 # this long for its workers before it stops them (tools/gpu/device_run.sh's hard timeout is
 # the deadline + this + a margin).
 GRACE_S = 20.0
+
+
 def datasheet_tflops(device_kind: str) -> float | None:
   """The dense bf16 datasheet peak of a device kind in TFLOP/s (`backends.PEAK_BF16_FLOPS`, the
   trainer's table), or None (not in the table)."""

@@ -12,10 +12,9 @@ downloaded). A document also ends at the end of its file. Reading: bert_jax.data
 
 Sequences follow google-research/bert `create_instances_from_document` (NSP pairs), or pack
 full sentences when NSP is off (RoBERTa FULL-/DOC-SENTENCES): bert_jax.data.sequences.
-`--dupe_factor`
-passes re-draw segmentation and pairing (the original's default was 10, to re-draw its static
-masks too; ours is 1 because the trainer masks on the fly, bert_jax.masking, unless --write_masks
-stores static masks).
+`--dupe_factor` passes re-draw segmentation and pairing, and with static masks the masks
+(sequences.DUPE_FACTOR, 1: the one default, here and in the training configs; the original's
+was 10, to re-draw the masks it stored).
 
 Streaming, parallel and deterministic (bert_jax.data.writer): documents are shuffled externally
 into chunks of ~4 MB of text, each chunk a uniform random sample of the corpus and an
@@ -97,7 +96,7 @@ def build(
   max_predictions_per_seq: int = 20,
   masked_lm_prob: float = 0.15,
   short_seq_prob: float = 0.1,
-  dupe_factor: int = 1,
+  dupe_factor: int = sequences.DUPE_FACTOR,
   seed: int = 12345,
   nsp: bool = True,
   packing: str = "full_sentences",

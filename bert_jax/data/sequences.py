@@ -26,6 +26,13 @@ from bert_jax.data import records
 PACKINGS = ("nsp_pairs", "full_sentences", "doc_sentences")
 
 
+# Passes over the corpus, each re-drawing segmentation and NSP pairs (and the static masks: a
+# static mask is fixed per example). The one default, of create_data and of the data a training
+# config builds on first use: 1, since the trainer masks on the fly. google-research/bert's was
+# 10, to re-draw the masks it stored: the README's BERT data passes --dupe_factor=10.
+DUPE_FACTOR = 1
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
   """Everything that shapes a create_data output (each worker gets a copy)."""
@@ -35,7 +42,7 @@ class Options:
   max_predictions_per_seq: int = 20
   masked_lm_prob: float = 0.15
   short_seq_prob: float = 0.1
-  dupe_factor: int = 1
+  dupe_factor: int = DUPE_FACTOR
   seed: int = 12345
   nsp: bool = True
   packing: str = "full_sentences"  # used when nsp=False

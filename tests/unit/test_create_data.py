@@ -5,6 +5,7 @@ import itertools
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -459,3 +460,18 @@ def test_content_sha256_covers_bytes_order_and_boundaries(tmp_path):
   p, z = str(tmp_path / "p"), str(tmp_path / "z.txt")
   assert h("p") != corpus.content_sha256([f"{p}/y.txt", f"{p}/x.txt"])  # order
   assert h("p") != corpus.content_sha256([z])  # the same bytes, other file boundaries
+
+
+def test_dupe_factor_has_one_default():
+  """create_data's flag, the library's build and a training config's data agree."""
+  import inspect
+
+  want = sequences.DUPE_FACTOR
+  assert inspect.signature(cd.build).parameters["dupe_factor"].default == want
+  assert sequences.Options(vocab="v").dupe_factor == want
+  assert config_lib.base_config("tiny").data.dupe_factor == want
+  r = subprocess.run(
+    [sys.executable, "-m", "bert_jax.create_data", "--help"], capture_output=True, text=True
+  )
+  help_text = " ".join(r.stdout.split())
+  assert re.search(rf"--dupe_factor: .*?\(default: '{want}'\)", help_text), help_text[-500:]
