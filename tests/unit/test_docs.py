@@ -20,6 +20,7 @@ DOCS = [
   *glob.glob(os.path.join(REPO, "tools", "**", "*.py"), recursive=True),
   *glob.glob(os.path.join(REPO, "tests", "fixtures", "*.py")),
   *glob.glob(os.path.join(REPO, "docs", "*.md")),
+  *glob.glob(os.path.join(REPO, "docs", "notes", "*.md")),
 ]
 
 
