@@ -38,11 +38,10 @@ from bert_jax import (
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax.config_schema import ConfigError
-from bert_jax.data import input_pipeline
-from bert_jax.data import pretraining as pretraining_data
+from bert_jax.data import input_pipeline, run_data
 from bert_jax.interop import loader
 from bert_jax.runtime import checkpoints as ckpt_lib
-from bert_jax.runtime import files, multihost, resume
+from bert_jax.runtime import files, multihost, resume, workdir_lock
 from bert_jax.runtime import preemption as preemption_lib
 from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
@@ -66,7 +65,7 @@ def model_and_optimizer(
 
 def validate(config: ml_collections.ConfigDict, mesh, metadata: dict) -> None:
   """The config against the devices (`mesh`) and its data (`metadata`: metadata.json, or
-  `pretraining_data.planned_metadata` before the data is built): a ConfigError (exit status 2)
+  `run_data.planned_metadata` before the data is built): a ConfigError (exit status 2)
   before anything is written. Each field on its own: config_schema.check_pretraining."""
   dp = sh.data_parallel_size(mesh)
   b, accum = config.data.batch_size, config.opt.grad_accum_steps
@@ -294,9 +293,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   workdir = str(files.as_dir(workdir, "workdir"))
   # Every config and data mistake is one line before anything is created.
   config_schema.check_pretraining(config)
-  pretraining_data.check_source(config, workdir)  # unreadable data
+  run_data.check_source(config, workdir)  # unreadable data
   mesh = make_run_mesh(config)
-  validate(config, mesh, pretraining_data.planned_metadata(config, workdir))
+  validate(config, mesh, run_data.planned_metadata(config, workdir))
   loop.check_log_paths(workdir)  # a metrics.jsonl that is a directory or a link to /dev/full
   if config.init_from and not epath.Path(workdir, "checkpoints").exists():
     # A fresh run starts from init_from: a missing path or another architecture is one line
@@ -306,13 +305,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   created = not epath.Path(workdir).exists()
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   try:
-    with preemption_lib.Preemption() as preempt, preemption_lib.WorkdirLock(workdir) as lock:
+    with preemption_lib.Preemption() as preempt, workdir_lock.WorkdirLock(workdir) as lock:
       unregister = multihost.on_cleanup(lambda: _peer_lost(workdir, config, lock))
       try:
         return _train_and_evaluate(config, workdir, mesh, preempt)
       finally:
         unregister()
-  except preemption_lib.ReadOnlyWorkdir as e:  # only taking the lock raises it
+  except workdir_lock.ReadOnlyWorkdir as e:  # only taking the lock raises it
     status = preemption_lib.read_status(workdir) or {}
     total = config.opt.total_steps
     if status.get("state") != "finished" or status.get("total_steps") != total:
@@ -357,7 +356,7 @@ def _peer_lost(workdir: str, config, lock) -> None:
 
 def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
   rules = sh.rules_from_config(config.mesh.rules)
-  data_dir = pretraining_data.ensure_built(config, workdir)
+  data_dir = run_data.ensure_built(config, workdir)
   metadata = input_pipeline.read_metadata(data_dir)
   validate(config, mesh, metadata)
   tokenizer = tokenizer_lib.load_tokenizer(os.path.join(data_dir, "tokenizer"))

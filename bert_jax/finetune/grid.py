@@ -12,7 +12,7 @@ import ml_collections
 from bert_jax import config_schema, loop
 from bert_jax.finetune import inputs, seed
 from bert_jax.finetune import workdir as workdir_lib
-from bert_jax.runtime import files, multihost
+from bert_jax.runtime import files, multihost, workdir_lock
 from bert_jax.runtime import preemption as preemption_lib
 
 
@@ -74,7 +74,7 @@ def run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
     prep = inputs.prepare(config)
     run = seed.seed_run(config, workdir, prep)
     os.makedirs(workdir, exist_ok=True)
-    with preemption_lib.WorkdirLock(workdir) as lock:
+    with workdir_lock.WorkdirLock(workdir) as lock:
       unregister = multihost.on_cleanup(lambda: workdir_lib.peer_lost(run, lock))
       try:
         workdir_lib.check_workdir(

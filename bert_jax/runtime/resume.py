@@ -168,7 +168,7 @@ def check(
 
 def check_built_data(metadata: dict[str, Any], wanted: dict[str, Any], data_dir: str) -> None:
   """One-line error unless an auto-built data directory holds what the config asks for now:
-  `wanted` is `pretraining_data.build_options` plus `input_sha256` (the input's content, so the
+  `wanted` is `run_data.build_options` plus `input_sha256` (the input's content, so the
   same text under another path, e.g. after a reinstall, is the same data) and `tokenizer` (the
   vocab's fingerprint; None: not compared)."""
   source = metadata.get("source", {})

@@ -24,7 +24,7 @@ from unit.test_train import _env, _free_port, _main_cmd, _params, _rows
 
 from bert_jax.data import pretraining as pretraining_data
 from bert_jax.runtime import checkpoints as ckpt_lib
-from bert_jax.runtime import preemption
+from bert_jax.runtime import preemption, workdir_lock
 
 
 def _wait_for_step(proc, workdir, step, timeout=240):
@@ -134,7 +134,7 @@ def test_a_lost_process_ends_the_other_in_one_line(tiny_data_dir, tmp_path):
   last = err.strip().splitlines()[-1]
   assert last.startswith("main: error: lost process 1 of 2 (no heartbeat for "), err[-3000:]
   assert last.endswith("process 0 stops; rerun the same command to resume from the last checkpoint")
-  assert not (wd / preemption.LOCK_FILE).exists()
+  assert not (wd / workdir_lock.LOCK_FILE).exists()
   status = _status(wd)
   saved = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit())
   assert status["state"] == "peer_lost" and status["step"] == saved[-1] >= 4
@@ -164,7 +164,7 @@ def _wait_until_gone(lock_path, timeout=60):
   """Until the kernel has dropped the flock of a SIGKILLed holder (its exit takes a moment
   after its parent's)."""
   deadline = time.time() + timeout
-  while preemption._flock_held(str(lock_path)) and time.time() < deadline:
+  while workdir_lock._flock_held(str(lock_path)) and time.time() < deadline:
     time.sleep(0.05)
 
 
@@ -187,23 +187,23 @@ def test_a_killed_container_trainers_lock_is_taken_over(tiny_data_dir, tmp_path)
   )
   _wait_for_step(proc, wd, 5)
   _wait_for_checkpoint(proc, wd, 4)  # saved asynchronously: step 5's log line may come first
-  lock = json.loads((wd / preemption.LOCK_FILE).read_text())
+  lock = json.loads((wd / workdir_lock.LOCK_FILE).read_text())
   assert lock["pid"] == 1 and lock["host"] == socket.gethostname() and lock["flock"]
   proc.kill()  # unshare, and with it (--kill-child) the trainer: pid 1 of its namespace
   proc.wait()
-  _wait_until_gone(wd / preemption.LOCK_FILE)
-  assert (wd / preemption.LOCK_FILE).exists()
+  _wait_until_gone(wd / workdir_lock.LOCK_FILE)
+  assert (wd / workdir_lock.LOCK_FILE).exists()
   r = subprocess.run(
     _main_cmd(wd, tiny_data_dir, 6, warmup), env=_env(), capture_output=True, text=True, timeout=400
   )
   assert r.returncode == 0, r.stderr[-2000:]
   assert (
-    f"Taking over the lock {wd / preemption.LOCK_FILE} of a dead trainer: its holder (pid 1 of "
+    f"Taking over the lock {wd / workdir_lock.LOCK_FILE} of a dead trainer: its holder (pid 1 of "
     "another pid namespace) is gone"
   ) in r.stderr
   assert "Resumed from" in r.stdout
   assert _status(wd) == {"state": "finished", "step": 6, "total_steps": 6}
-  assert not (wd / preemption.LOCK_FILE).exists()
+  assert not (wd / workdir_lock.LOCK_FILE).exists()
 
 
 CORPUS = str(
@@ -342,7 +342,7 @@ def test_sigterm_twice_to_each_of_two_processes_saves_one_step_on_both(
   saved = ckpt_lib.read_meta(str(wd))[1]
   assert saved == max(r["step"] for r in _rows(wd)) and saved < STEPS48
   assert _status(wd) == {"state": "preempted", "step": saved, "total_steps": STEPS48}
-  assert not (wd / preemption.LOCK_FILE).exists()
+  assert not (wd / workdir_lock.LOCK_FILE).exists()
   on_disk = _on_disk(wd)
   assert on_disk[-1] == saved and all(s % 4 == 0 for s in on_disk[:-1]), on_disk
   # One line per process: the step they save (or the eval they stop), the same on both.
@@ -417,7 +417,7 @@ def test_two_processes_signalled_while_process_0_builds_the_data_and_after(tmp_p
   )
   assert [e.strip().splitlines()[-1] for e in errs] == [line, line], run.tails()
   assert "Traceback" not in errs[0] + errs[1]
-  assert not (wd / "checkpoints").exists() and not (wd / preemption.LOCK_FILE).exists()
+  assert not (wd / "checkpoints").exists() and not (wd / workdir_lock.LOCK_FILE).exists()
   if (wd / "data").exists():  # either not begun or whole, never a half-built dataset
     assert not [p.name for p in (wd / "data").iterdir() if p.name.startswith(".")]
 
@@ -434,4 +434,4 @@ def test_two_processes_signalled_while_process_0_builds_the_data_and_after(tmp_p
   for e in errs:
     assert re.findall(r"all processes save step (\d+) and exit", e) == [str(saved)], e[-3000:]
   assert (wd / "data" / "metadata.json").exists()
-  assert not (wd / preemption.LOCK_FILE).exists()
+  assert not (wd / workdir_lock.LOCK_FILE).exists()

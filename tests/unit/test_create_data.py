@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bert_jax import config_lib
-from bert_jax.data import corpus, sequences
+from bert_jax.data import corpus, run_data, sequences
 from bert_jax.data import input_pipeline as ip
 from bert_jax.data import pretraining as cd
 from bert_jax.data import writer as data_writer
@@ -407,7 +407,7 @@ def test_built_data_is_keyed_by_content_not_path(tmp_path):
   _write_corpus(a, [lines[i : i + 10] for i in range(0, len(lines), 10)])
   b.write_bytes(a.read_bytes())
   wd = tmp_path / "wd"
-  data_dir = cd.ensure_built(_trainer_config(a), str(wd))
+  data_dir = run_data.ensure_built(_trainer_config(a), str(wd))
   assert data_dir == str(wd / "data")
   meta = ip.read_metadata(data_dir)
   assert meta["source"]["input_sha256"] == corpus.content_sha256([str(a)])
@@ -415,7 +415,7 @@ def test_built_data_is_keyed_by_content_not_path(tmp_path):
   before = _snapshot(wd)
   assert "vocab.txt" in before and "data/metadata.json" in before
 
-  assert cd.ensure_built(_trainer_config(b), str(wd)) == data_dir
+  assert run_data.ensure_built(_trainer_config(b), str(wd)) == data_dir
   assert _snapshot(wd) == before  # reused: nothing rebuilt or rewritten
 
   text = b.read_bytes()
@@ -423,25 +423,25 @@ def test_built_data_is_keyed_by_content_not_path(tmp_path):
   b.write_bytes(text[:i] + b"H" + text[i + 1 :])  # "Rabbit" -> "Habbit": one byte
   old, new = corpus.content_sha256([str(a)])[:12], corpus.content_sha256([str(b)])[:12]
   with pytest.raises(ValueError) as e:
-    cd.ensure_built(_trainer_config(b), str(wd))
+    run_data.ensure_built(_trainer_config(b), str(wd))
   assert str(e.value) == (
     f"{data_dir} was built from other text: the text of {b} (sha256) {old!r} -> {new!r} "
     "(built -> config); delete it to rebuild, or set config.data.dir to the data you want"
   )
   with pytest.raises(ValueError, match=r"built from other text and options: .* dupe_factor 1 -> 2"):
-    cd.ensure_built(_trainer_config(b, **{"data.dupe_factor": 2}), str(wd))
+    run_data.ensure_built(_trainer_config(b, **{"data.dupe_factor": 2}), str(wd))
   with pytest.raises(ValueError, match=r"built with other options: dupe_factor 1 -> 2 \(built"):
-    cd.ensure_built(_trainer_config(a, **{"data.dupe_factor": 2}), str(wd))
+    run_data.ensure_built(_trainer_config(a, **{"data.dupe_factor": 2}), str(wd))
   # Another vocab (BERT's, where the data has the corpus's own): its fingerprint differs.
   with pytest.raises(ValueError, match=r"built with other options: tokenizer '[0-9a-f]{12}' ->"):
-    cd.ensure_built(_trainer_config(a, **{"data.train_vocab_size": 0}), str(wd))
+    run_data.ensure_built(_trainer_config(a, **{"data.train_vocab_size": 0}), str(wd))
   assert _snapshot(wd) == before
 
   # metadata.json of an older version (no input_sha256): a clear answer, no guess.
   meta["source"].pop("input_sha256")
   (wd / "data" / "metadata.json").write_text(json.dumps(meta))
   with pytest.raises(ValueError) as e:
-    cd.ensure_built(_trainer_config(a), str(wd))
+    run_data.ensure_built(_trainer_config(a), str(wd))
   assert str(e.value) == (
     f"{data_dir}/metadata.json does not record the content of the text it was built from "
     "(built by an older bert_jax): delete it to rebuild, or set config.data.dir to it to use "

@@ -160,6 +160,7 @@ TESTED_ELSEWHERE = {
   "config_lib": "test_configs, test_config_schema",
   "data_corpus": "test_create_data",
   "data_records": "test_data_input_pipeline",
+  "data_run_data": "test_create_data, test_runtime_resume",
   "data_sequences": "test_create_data",
   "data_writer": "test_create_data",
   **{f"finetune_{m}": "test_finetune" for m in ("data", "grid", "inputs", "seed", "workdir")},
@@ -172,6 +173,7 @@ TESTED_ELSEWHERE = {
     for m in ("baselines", "claims", "plots", "published", "runs", "stats", "tables", "verdicts")
   },
   "runtime_multihost": "test_runtime_preemption",
+  "runtime_workdir_lock": "test_runtime_preemption, test_runtime_files",
   "tasks": "test_finetune",
   "tasks_batches": "test_finetune",
   "tasks_encode": "test_tasks_readers",

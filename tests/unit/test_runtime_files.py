@@ -14,8 +14,8 @@ import fake_gcs
 import pytest
 
 from bert_jax import loop
-from bert_jax.data import pretraining as pretraining_data
-from bert_jax.runtime import files, preemption
+from bert_jax.data import run_data
+from bert_jax.runtime import files, workdir_lock
 from unit.test_train import _env
 
 
@@ -53,8 +53,8 @@ def test_metrics_and_tensorboard_on_gs(gcs):
 
 
 def test_lock_on_gs(gcs):
-  path = gcs / "bucket" / "wd" / preemption.LOCK_FILE
-  a, b = preemption.WorkdirLock("gs://bucket/wd"), preemption.WorkdirLock("gs://bucket/wd")
+  path = gcs / "bucket" / "wd" / workdir_lock.LOCK_FILE
+  a, b = workdir_lock.WorkdirLock("gs://bucket/wd"), workdir_lock.WorkdirLock("gs://bucket/wd")
   a.SETTLE_S = b.SETTLE_S = 0.0
   with a:
     assert json.loads(path.read_text())["pid"] == os.getpid()
@@ -76,13 +76,13 @@ def test_lock_on_gs(gcs):
 def test_lock_on_gs_race_has_one_winner(gcs, monkeypatch):
   """Both trainers find no lock and write theirs; the later write wins, the earlier writer
   reads the other's token back and stops."""
-  path = gcs / "bucket" / "wd" / preemption.LOCK_FILE
-  a = preemption.WorkdirLock("gs://bucket/wd")
+  path = gcs / "bucket" / "wd" / workdir_lock.LOCK_FILE
+  a = workdir_lock.WorkdirLock("gs://bucket/wd")
 
   def b_writes_meanwhile(seconds):  # a's settle wait, when b (which found no lock either) writes
     path.write_text(json.dumps({"host": "tpu-7", "pid": 12, "token": "b", "time": time.time()}))
 
-  monkeypatch.setattr(preemption.time, "sleep", b_writes_meanwhile)
+  monkeypatch.setattr(workdir_lock.time, "sleep", b_writes_meanwhile)
   with pytest.raises(OSError, match=r"in use by a trainer on host tpu-7 \(pid 12"):
     a.acquire()
   assert json.loads(path.read_text())["token"] == "b"
@@ -111,10 +111,10 @@ def test_data_on_an_object_store_is_refused():
 
   config = ml_collections.ConfigDict({"data": {"dir": "gs://b/data", "input": ""}})
   with pytest.raises(ValueError, match=r"^config.data.dir=gs://b/data: ArrayRecord reads local"):
-    pretraining_data.ensure_built(config, "/tmp/wd")
+    run_data.ensure_built(config, "/tmp/wd")
   config.data.dir, config.data.input = "", "corpus.txt"
   with pytest.raises(ValueError, match=r"^workdir gs://b/run is on an object store, where"):
-    pretraining_data.ensure_built(config, "gs://b/run")
+    run_data.ensure_built(config, "gs://b/run")
 
 
 def test_unsupported_workdir_fails_before_compute(tmp_path):

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from bert_jax.runtime import checkpoints as ckpt_lib
-from bert_jax.runtime import preemption
+from bert_jax.runtime import preemption, workdir_lock
 from unit.test_train import _env, _free_port, _main_cmd, _rows
 
 
@@ -61,7 +61,7 @@ def test_signal_saves_the_current_step_and_exits_preempted(tiny_data_dir, tmp_pa
       _main_cmd(wd, tiny_data_dir, 500), env=_env(), capture_output=True, text=True, timeout=120
     )
     assert r.returncode == 1
-    lock = wd / preemption.LOCK_FILE
+    lock = wd / workdir_lock.LOCK_FILE
     assert r.stderr.strip().splitlines() == [
       f"main: error: {wd} is in use by another trainer (pid {proc.pid} on this host, {lock}): "
       "stop it first (SIGTERM saves and exits; its lock goes with it; a dead trainer's lock is "
@@ -78,7 +78,7 @@ def test_signal_saves_the_current_step_and_exits_preempted(tiny_data_dir, tmp_pa
   said = [ln for ln in (out + err).splitlines() if sig.name in ln or "reempt" in ln]
   assert said == [f"Preempted: saved step {saved}; rerun the same command to resume"], said
   assert _status(wd) == {"state": "preempted", "step": saved, "total_steps": 500}
-  assert not (wd / preemption.LOCK_FILE).exists()
+  assert not (wd / workdir_lock.LOCK_FILE).exists()
 
 
 def test_stale_lock_of_a_dead_process_does_not_block(tiny_data_dir, tmp_path):
@@ -86,7 +86,7 @@ def test_stale_lock_of_a_dead_process_does_not_block(tiny_data_dir, tmp_path):
   wd.mkdir()
   dead = subprocess.Popen([sys.executable, "-c", "pass"])
   dead.wait()
-  (wd / preemption.LOCK_FILE).write_text(
+  (wd / workdir_lock.LOCK_FILE).write_text(
     json.dumps({"host": socket.gethostname(), "pid": dead.pid})
   )
   r = subprocess.run(
@@ -94,12 +94,12 @@ def test_stale_lock_of_a_dead_process_does_not_block(tiny_data_dir, tmp_path):
   )
   assert r.returncode == 0, r.stderr[-2000:]
   assert _status(wd) == {"state": "finished", "step": 2, "total_steps": 2}
-  assert not (wd / preemption.LOCK_FILE).exists()
+  assert not (wd / workdir_lock.LOCK_FILE).exists()
 
 
 def test_lock_refuses_a_live_holder_and_takes_over_a_dead_ones(tmp_path):
-  lock = preemption.WorkdirLock(str(tmp_path))
-  path = tmp_path / preemption.LOCK_FILE
+  lock = workdir_lock.WorkdirLock(str(tmp_path))
+  path = tmp_path / workdir_lock.LOCK_FILE
   # An older version's lock (pid only) of a running pid, refreshed just now: it may be live.
   path.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid()}))
   with pytest.raises(OSError, match=f"in use by a trainer on this host \\(pid {os.getppid()}, l"):
@@ -144,7 +144,9 @@ def test_signal_before_training_exits_preempted_and_releases_the_lock(tmp_path):
     cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
   )
   deadline = time.time() + 240
-  while not (wd / preemption.LOCK_FILE).exists() and proc.poll() is None and time.time() < deadline:
+  while (
+    not (wd / workdir_lock.LOCK_FILE).exists() and proc.poll() is None and time.time() < deadline
+  ):
     time.sleep(0.01)
   proc.send_signal(signal.SIGTERM)
   out, err = proc.communicate(timeout=240)
@@ -154,7 +156,7 @@ def test_signal_before_training_exits_preempted_and_releases_the_lock(tmp_path):
     "command to resume"
   )
   assert "step 1/" not in out
-  assert not (wd / preemption.LOCK_FILE).exists()
+  assert not (wd / workdir_lock.LOCK_FILE).exists()
   assert not (wd / preemption.STATUS_FILE).exists()
   assert not (wd / "checkpoints").exists()
   if (wd / "data").exists():  # either not begun or whole, never a half-built dataset
@@ -168,7 +170,7 @@ def test_signal_before_training_exits_preempted_and_releases_the_lock(tmp_path):
 def test_a_signal_while_taking_the_lock_leaves_no_lock(tmp_path, monkeypatch):
   """SIGTERM landing the moment the lock file is created (before training, so the handler
   raises Preempted): the lock is released, not left behind for the rerun to find."""
-  lock = preemption.WorkdirLock(str(tmp_path))
+  lock = workdir_lock.WorkdirLock(str(tmp_path))
   create = lock._try_create
 
   def create_then_signal(owner):
@@ -180,7 +182,7 @@ def test_a_signal_while_taking_the_lock_leaves_no_lock(tmp_path, monkeypatch):
   with preemption.Preemption(), pytest.raises(preemption.Preempted):
     with lock:
       pytest.fail("the signal must stop the run before its body")
-  assert not (tmp_path / preemption.LOCK_FILE).exists()
+  assert not (tmp_path / workdir_lock.LOCK_FILE).exists()
 
 
 def test_repeated_signals_in_a_run_only_stop_it():
@@ -253,13 +255,13 @@ def _wait_until_gone(lock_path, timeout=60):
   """Until the kernel has dropped the flock of a SIGKILLed holder (its exit takes a moment
   after its parent's)."""
   deadline = time.time() + timeout
-  while preemption._flock_held(str(lock_path)) and time.time() < deadline:
+  while workdir_lock._flock_held(str(lock_path)) and time.time() < deadline:
     time.sleep(0.05)
 
 
 HOLD = (
-  "import sys; from bert_jax.runtime import preemption; "
-  "lock = preemption.WorkdirLock(sys.argv[1]); "
+  "import sys; from bert_jax.runtime import workdir_lock; "
+  "lock = workdir_lock.WorkdirLock(sys.argv[1]); "
   "lock.acquire(); print('held', flush=True); sys.stdin.read()"
 )
 
@@ -269,8 +271,8 @@ def test_lock_tells_live_holders_from_dead_ones(tmp_path):
   where root may make one) is refused with a line saying how to clear it, and taken over once
   SIGKILLed; a lock naming pid 1 of a namespace that is gone, a pid now another process's
   (another start time) and an older version's 2-hour-old lock of a running pid are dead."""
-  path = tmp_path / preemption.LOCK_FILE
-  lock = preemption.WorkdirLock(str(tmp_path))
+  path = tmp_path / workdir_lock.LOCK_FILE
+  lock = workdir_lock.WorkdirLock(str(tmp_path))
   for prefix in filter(None, ([], _new_pid_namespace())):
     holder = subprocess.Popen(
       [*prefix, sys.executable, "-c", HOLD, str(tmp_path)],
@@ -298,12 +300,16 @@ def test_lock_tells_live_holders_from_dead_ones(tmp_path):
       assert json.loads(path.read_text())["token"] == lock._owner["token"]
     assert not path.exists()
 
-  me = preemption.WorkdirLock._identity()
+  me = workdir_lock.WorkdirLock._identity()
   dead = {
     # pid 1 (of a container that is gone): its namespace's, not ours; nobody holds the flock
     "container": {**me, "pid": 1, "pidns": "pid:[1]", "start": 1, "flock": True},
     # our parent's pid, reused: its process started at another time
-    "reused pid": {**me, "pid": os.getppid(), "start": preemption.process_start(os.getppid()) + 1},
+    "reused pid": {
+      **me,
+      "pid": os.getppid(),
+      "start": workdir_lock.process_start(os.getppid()) + 1,
+    },
     # an older version's record (pid only) of a running pid, not refreshed for 2 hours
     "stale": {"host": me["host"], "pid": os.getppid()},
   }
@@ -390,7 +396,7 @@ def test_signal_while_the_data_workers_start_stops_at_once(tmp_path, sig):
   while any(map(_running, workers)) and time.time() < deadline:
     time.sleep(0.1)
   assert not any(map(_running, workers)), workers
-  assert not (wd / preemption.LOCK_FILE).exists()
+  assert not (wd / workdir_lock.LOCK_FILE).exists()
   assert not (wd / "checkpoints").exists()
   if (wd / "data").exists():  # either not begun or whole, never a half-built dataset
     assert not [p.name for p in (wd / "data").iterdir() if p.name.startswith(".")]

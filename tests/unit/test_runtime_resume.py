@@ -15,6 +15,7 @@ import pytest
 
 from bert_jax import config_lib
 from bert_jax.data import pretraining as pretraining_data
+from bert_jax.data import run_data
 from bert_jax.tokenizers import tokenizer as tokenizer_lib
 from unit.test_train import _env, _main_cmd
 
@@ -112,7 +113,7 @@ def test_auto_built_data_not_reused_with_other_options(tmp_path):
   c.data.eval_fraction = 0.05  # as configs/local.py
   wd = tmp_path / "wd"
   pretraining_data.build(
-    **pretraining_data.build_options(c),
+    **run_data.build_options(c),
     output_dir=str(wd / "data"),
     vocab=tokenizer_lib.default_vocab_path(),
     num_workers=1,
