@@ -418,13 +418,14 @@ def run(job: Job, state: Any, start_step: int, window: dict[str, float] | None =
     host_batch = next(job.batches)
     tokens = host_batch["input_ids"].size * jax.process_count()
     batch = sharding.to_global(host_batch, job.mesh)
-    # The hot path moves nothing between host and devices implicitly (big_vision's guard): the
-    # batch goes up explicitly above, the metrics come back by consume's explicit device_get.
+    # The step's dispatch moves nothing between host and devices implicitly (big_vision's
+    # guard): the batch went up explicitly above; the metrics come back in consume, by its
+    # explicit device_get, one step late (the host side is outside the guard).
     with jax.transfer_guard("disallow"):
       state, metrics = job.step_fn(state, batch, job.rng)
-      step += 1
-      if prev is not None:
-        consume(*prev)
+    step += 1
+    if prev is not None:
+      consume(*prev)
     prev = (step, metrics, tokens)
     stop = preempt.should_stop(step)  # the same step on every process
     last = step == job.total_steps

@@ -104,10 +104,10 @@ def test_eta_window():
 
 
 def test_the_hot_loop_moves_nothing_implicitly(tmp_path):
-  """Device metrics come back through the loop's explicit read; a step that moves a host value
-  to a device implicitly (a Python scalar into an array op) is refused by the transfer guard.
-  (On a CPU, reading a device array on the host is no transfer, so the guard's device-to-host
-  half only shows on an accelerator.)"""
+  """Device metrics come back through the loop's explicit read; a step whose dispatch moves a
+  host value to a device implicitly (a Python scalar into an array op) is refused by the
+  transfer guard. (On a CPU, reading a device array on the host is no transfer, so the guard's
+  device-to-host half only shows on an accelerator.)"""
   clock = _Clock()
   on_device = jax.device_put(np.float32(1.0))
   finite = jax.device_put(np.bool_(False))
