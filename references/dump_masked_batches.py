@@ -1,5 +1,6 @@
 """Dumps masked pretraining batches (as bert_jax's trainer makes them) for
-references/hf_reference_mlm.py: the 3,200-batch comparison with HuggingFace in docs/notes/history.md.
+references/hf_reference_mlm.py: the 3,200-batch comparison with HuggingFace in
+docs/notes/history.md.
 
   python references/dump_masked_batches.py --data_dir=WORKDIR/data --out=DIR  # e.g. local.py's
 """
