@@ -33,7 +33,8 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from bert_jax import cli, config_schema
+from bert_jax import cli
+from bert_jax.finetune import schema as ft_schema
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
@@ -91,7 +92,7 @@ def run() -> None:
       main,
       "finetune",
       compilation_cache=True,
-      check=lambda: config_schema.check_finetuning(_CONFIG.value),
+      check=lambda: ft_schema.check_finetuning(_CONFIG.value),
     )
   except preemption_lib.Preempted as e:
     print(e.line(), file=sys.stderr, flush=True)

@@ -101,7 +101,7 @@ def check_size_overrides(config: ml_collections.ConfigDict, overridden: Iterable
 
 def validate(config: ml_collections.ConfigDict, mesh) -> None:
   """The config against the devices (a ConfigError: exit 2, before the workdir is made); its
-  fields alone are config_schema.check_finetuning's."""
+  fields alone are finetune.schema.check_finetuning's."""
   dp = sh.data_parallel_size(mesh)
   for name, b in (
     ("data.batch_size", config.data.batch_size),

@@ -9,7 +9,8 @@ BertForMultipleChoice, labels as id2label; HF kernels are [N, D], ours [D, N].
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,11 +19,66 @@ from bert_jax import params_tree
 from bert_jax.interop import hf_names
 from bert_jax.model_config import BertConfig
 from bert_jax.params_tree import Params
-from bert_jax.tasks import kinds
 from bert_jax.trees import flatten
 
 # What HF's configs may say of a sequence classifier's problem (it reads no other).
 _PROBLEM_TYPES = (None, "regression", "single_label_classification")
+
+# The file a fine-tuned params dir (hf_io) or a feature head dir (tasks.features) keeps its task
+# in: {"kind", "labels", "task", "max_seq_length"} (`check_task` checks it).
+TASK_FILE = "task.json"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Head:
+  """A task kind's head as a checkpoint holds it: its output Dense and HuggingFace's class for
+  it. The task kinds (bert_jax.tasks.kinds.Kind.hf) carry these, so the model, the export and the
+  import read one description, and reading a checkpoint needs no fine-tuning code."""
+
+  hf_class: str  # the HF class export writes and import reads
+  name: str = "classifier"  # the head's output Dense, the same name in ours and HF's
+  outputs: int | None = None  # the head's output size; None: one per label
+  min_labels: int = 0  # the fewest labels a fine-tuned model's task.json may name
+  hf_pooler: bool = True  # HF's class keeps BertModel's pooler (else add_pooling_layer=False)
+  hf_problem_type: str | None = None  # config.json's problem_type when it must be written
+  hf_id2label: tuple[str, ...] = ()  # the id2label export writes for an unlabelled kind
+  hf_num_labels: int | None = None  # the num_labels HF's class needs of an unlabelled kind
+
+  @property
+  def labelled(self) -> bool:
+    """Whether the outputs are named by the task's labels (classes or tags)."""
+    return self.outputs is None
+
+  def num_outputs(self, labels: Sequence[str]) -> int:
+    return len(labels) if self.outputs is None else self.outputs
+
+
+HEADS: dict[str, Head] = {
+  "classification": Head(hf_class="BertForSequenceClassification", min_labels=2),
+  "regression": Head(
+    hf_class="BertForSequenceClassification",
+    outputs=1,
+    hf_problem_type="regression",
+    hf_id2label=("LABEL_0",),  # HF's name for output 0
+  ),
+  "tagging": Head(hf_class="BertForTokenClassification", min_labels=1, hf_pooler=False),
+  "span_qa": Head(
+    hf_class="BertForQuestionAnswering",
+    name="qa_outputs",
+    outputs=2,
+    hf_pooler=False,
+    hf_num_labels=2,  # its qa_outputs size (HF's default id2label)
+  ),
+  # one score per choice, whatever HF's num_labels says
+  "multiple_choice": Head(hf_class="BertForMultipleChoice", outputs=1),
+}
+
+
+def head_of(kind: Any, source: str = "task.kind") -> Head:
+  """The head of task kind `kind`; anything else is one line naming `source`."""
+  if not isinstance(kind, str) or kind not in HEADS:
+    raise ValueError(f"{source}: unknown task kind {kind!r} (one of {', '.join(HEADS)})")
+  return HEADS[kind]
 
 
 def check_task(task: Any, source: str) -> dict[str, Any]:
@@ -32,7 +88,7 @@ def check_task(task: Any, source: str) -> dict[str, Any]:
   if not isinstance(task, Mapping):
     raise ValueError(f"{source}: a task must be a JSON object, not {type(task).__name__}")
   kind = task.get("kind")
-  spec = kinds.get(kind, source)
+  spec = head_of(kind, source)
   labels = task.get("labels", [])
   if not isinstance(labels, list | tuple) or not all(isinstance(x, str) for x in labels):
     raise ValueError(f"{source}: 'labels' must be a list of strings, not {labels!r}")
@@ -56,8 +112,8 @@ def check_head(
   exact: the head is that Dense alone (what HF's classes hold); otherwise other head layers
   (e.g. a BiLSTM under it) may sit beside it, and only N is checked when they do."""
   kind = task["kind"]
-  spec = kinds.get(kind)
-  arch, name = spec.hf_class, spec.head
+  spec = head_of(kind)
+  arch, name = spec.hf_class, spec.name
   layer = head.get(name) if isinstance(head, Mapping) else None
   if not isinstance(layer, Mapping) or set(layer) != {"kernel", "bias"}:
     got = sorted(flatten(head)) if isinstance(head, Mapping) else type(head).__name__
@@ -78,7 +134,7 @@ def check_head(
 
 def task_to_hf_config(task: Mapping[str, Any]) -> dict[str, Any]:
   """The config.json keys that make transformers build the task's head class."""
-  spec = kinds.get(task["kind"])
+  spec = head_of(task["kind"])
   out: dict[str, Any] = {"architectures": [spec.hf_class]}
   if task.get("task"):
     out["finetuning_task"] = task["task"]
@@ -96,7 +152,7 @@ def task_from_hf_config(hf: Mapping[str, Any], source: str) -> dict[str, Any] | 
   """The task of an HF fine-tuned BERT (its architectures name one of the four head classes);
   None for BertModel / BertForPreTraining configs."""
   archs = hf.get("architectures") or []
-  arch = next((a for a in archs if a in {k.hf_class for k in kinds.KINDS.values()}), None)
+  arch = next((a for a in archs if a in {h.hf_class for h in HEADS.values()}), None)
   if arch is None:
     return None
   id2label = hf.get("id2label") or {"0": "LABEL_0", "1": "LABEL_1"}  # HF's default
@@ -110,14 +166,18 @@ def task_from_hf_config(hf: Mapping[str, Any], source: str) -> dict[str, Any] | 
   # BertForSequenceClassification serves classification and regression; HF's own rule: one
   # label and no problem_type is regression.
   regression = problem == "regression" or (problem is None and len(labels) == 1)
-  candidates = [k for k in kinds.KINDS.values() if k.hf_class == arch]
-  spec = next(k for k in candidates if len(candidates) == 1 or k.value_label == regression)
+  candidates = [(k, h) for k, h in HEADS.items() if h.hf_class == arch]
+  kind, spec = next(
+    (k, h)
+    for k, h in candidates
+    if len(candidates) == 1 or (h.hf_problem_type == "regression") == regression
+  )
   if spec.hf_num_labels is not None and len(labels) != spec.hf_num_labels:
     raise ValueError(
-      f"{source}: {arch} with {len(labels)} labels (its {spec.head} has {spec.hf_num_labels})"
+      f"{source}: {arch} with {len(labels)} labels (its {spec.name} has {spec.hf_num_labels})"
     )
   task = {
-    "kind": spec.name,
+    "kind": kind,
     "labels": labels if spec.labelled else [],
     "task": hf.get("finetuning_task"),
     "max_seq_length": None,  # HF keeps no record of it
@@ -126,7 +186,7 @@ def task_from_hf_config(hf: Mapping[str, Any], source: str) -> dict[str, Any] | 
 
 
 def _head_to_hf(head: Params, task: Mapping[str, Any]) -> dict[str, np.ndarray]:
-  name = kinds.get(task["kind"]).head
+  name = head_of(task["kind"]).name
   kernel, bias = np.asarray(head[name]["kernel"]), np.asarray(head[name]["bias"])
   return {
     f"{name}.weight": np.ascontiguousarray(kernel.T).astype(np.float32),
@@ -148,8 +208,8 @@ def hf_state_dict_to_params(
   sd: Mapping[str, np.ndarray], cfg: BertConfig, task: Mapping[str, Any], source: str
 ) -> Params:
   """An HF fine-tuned state dict -> {"bert": <BertModel tree>, "head": {...}}."""
-  spec = kinds.get(task["kind"])
-  arch, name = spec.hf_class, spec.head
+  spec = head_of(task["kind"])
+  arch, name = spec.hf_class, spec.name
   sd = dict(sd)
   head_sd = {}
   for suffix in ("weight", "bias"):
@@ -182,6 +242,6 @@ def params_to_hf_state_dict(
   check_head(params["head"], task, cfg.hidden_size, "params", exact=True)
   body = hf_names.params_to_hf_state_dict(params["bert"], cfg)
   sd = {f"bert.{k}": v for k, v in body.items()}
-  if not kinds.get(task["kind"]).hf_pooler:  # HF builds it on BertModel without a pooler
+  if not head_of(task["kind"]).hf_pooler:  # HF builds it on BertModel without a pooler
     sd = {k: v for k, v in sd.items() if not k.startswith("bert.pooler.")}
   return {**sd, **_head_to_hf(params["head"], task)}

@@ -29,7 +29,6 @@ from bert_jax.model_config import BertConfig
 from bert_jax.params_tree import Params
 from bert_jax.runtime import checkpoints as ckpt_lib
 from bert_jax.runtime.files import AtomicDir, PathLike, read_json
-from bert_jax.tasks import kinds
 from bert_jax.tokenizers import files as tokenizer_files
 from bert_jax.tokenizers import tokenizer as tokenizer_lib
 from bert_jax.trees import flatten, unflatten
@@ -40,7 +39,7 @@ PARAMS_FILE = "params.safetensors"
 PARAMS_CONFIG = "bert_config.json"  # also the name Google's TF release uses for its config
 TF_CKPT = "bert_model.ckpt"
 TOKENIZER_DIR = tokenizer_lib.TOKENIZER_DIR  # bert_jax's own tokenizer in workdirs, params dirs
-TASK_FILE = kinds.TASK_FILE  # a fine-tuned params dir's task (hf_heads.check_task)
+TASK_FILE = hf_heads.TASK_FILE  # a fine-tuned params dir's task (hf_heads.check_task)
 
 
 def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from bert_jax import config_lib, config_schema, model_config
+from bert_jax.finetune import schema as ft_schema
 from bert_jax.runtime import checkpoints as ckpt_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -153,8 +154,8 @@ def test_every_field_of_the_finetuning_presets_has_a_rule_and_passes():
 
   for name in (*finetune.SHARED, *finetune.GLUE, "custom", "wnut16_ner,features=concat_last4"):
     c = finetune.get_config(name)
-    config_schema.check_finetuning(c)
-    assert config_schema.unchecked_fields(c, config_schema.FINETUNING) == [], name
+    ft_schema.check_finetuning(c)
+    assert config_schema.unchecked_fields(c, ft_schema.FINETUNING) == [], name
 
 
 def test_every_field_of_the_pretraining_base_has_a_rule():
@@ -195,7 +196,7 @@ def test_finetuning_values_refused_with_the_field_named(field, value, message):
   section, key = field.rsplit(".", 1) if "." in field else ("", field)
   (c[section] if section else c)[key] = value
   with pytest.raises(config_schema.ConfigError) as e:
-    config_schema.check_finetuning(c)
+    ft_schema.check_finetuning(c)
   assert str(e.value).startswith(message), str(e.value)
 
 

@@ -74,7 +74,7 @@ def test_a_presets_missing_files_say_where_they_come_from(tmp_path):
 
 
 def test_a_bad_config_value_is_one_line_exit_2_before_anything_is_written(tmp_path):
-  """46, fault 2 for fine-tuning: config_schema.check_finetuning runs on the parsed flags (exit
+  """46, fault 2 for fine-tuning: finetune.schema.check_finetuning runs on the parsed flags (exit
   2, nothing written), and a library call of finetune() runs it too."""
   train, dev, _ = _splits(tmp_path, sentiment, (16, 8, 8))
   wd = tmp_path / "run"

@@ -164,6 +164,7 @@ TESTED_ELSEWHERE = {
   "data_sequences": "test_create_data",
   "data_writer": "test_create_data",
   **{f"finetune_{m}": "test_finetune" for m in ("data", "grid", "inputs", "seed", "workdir")},
+  "finetune_schema": "test_config_schema",
   "layer_scan": "test_model",
   "main": "test_train",
   "model_config": "test_model",
@@ -212,3 +213,22 @@ def test_every_public_module_has_a_test_file_of_its_name():
   assert not missing, f"no tests/<tier>/test_<name>.py for: {missing}"
   stale = [m for m in TESTED_ELSEWHERE if m in files or m not in modules]
   assert not stale, f"TESTED_ELSEWHERE lists modules with a file of their own (or gone): {stale}"
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+  seen, todo = set(), [start]
+  while todo:
+    for nxt in graph.get(todo.pop(), ()):
+      if nxt not in seen:
+        seen.add(nxt)
+        todo.append(nxt)
+  return seen
+
+
+def test_the_pretraining_trainer_does_not_reach_fine_tuning():
+  """Reading any checkpoint (interop) needs no fine-tuning code: the trainer reaches neither
+  the task registry nor the fine-tuning package."""
+  reached = _reach(import_graph(_modules()), "bert_jax.train")
+  assert "bert_jax.interop.loader" in reached  # it does read checkpoints
+  fine_tuning = sorted(m for m in reached if m.startswith(("bert_jax.tasks", "bert_jax.finetune")))
+  assert not fine_tuning, fine_tuning
