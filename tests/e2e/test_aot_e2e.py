@@ -1,40 +1,16 @@
-"""bert_jax.aot: compile the real train step without running it.
+"""The end-to-end half of tests/unit/test_aot.py (real processes; slow): see its
+docstring."""
 
-The CPU test always runs (8 fake devices, a (2,2,2) mesh); the TPU tests need libtpu's
-compile-only devices (`pip install 'bert_jax[tpu]'`) and are skipped without it.
-"""
-
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
+from unit.test_aot import HAS_LIBTPU, MICRO, _micro_config
 
-from bert_jax import aot, config_lib
+from bert_jax import aot
 
-HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 needs_libtpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed")
-MICRO = {
-  "model.vocab_size": 512,
-  "model.num_layers": 1,
-  "model.hidden_size": 32,
-  "model.num_heads": 2,
-  "model.intermediate_size": 64,
-  "data.batch_size": 8,
-  "data.max_seq_length": 32,
-  "masking.max_predictions": 5,
-  "opt.total_steps": 10,
-  "opt.warmup_steps": 1,
-}
-
-
-def _micro_config(**extra):
-  c = config_lib.base_config("tiny")
-  for k, v in {**MICRO, **extra}.items():
-    section, key = k.split(".")
-    c[section][key] = v
-  return c
 
 
 def _cli(*args):

@@ -1,62 +1,18 @@
-"""bert_jax.backends.cpu behind BertConfig.kernels: the CPU kernels give the stock XLA path's
-outputs, losses and gradients; 'auto' takes the stock path on every backend but the CPU.
-
-Each parity check also asserts that the two runs really used different ops (custom-VJP calls
-in one jaxpr, none in the other), so it fails if the dispatch ignores the switch.
-"""
+"""The end-to-end half of tests/unit/test_backends_cpu.py (real processes; slow): see its
+docstring."""
 
 import importlib.util
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from unit.test_backends_cpu import CUSTOM_VJP, _micro_config, _train_batch, _train_params
 
-from bert_jax import aot, backends, config_lib, objectives, optim, train
+from bert_jax import aot, backends, objectives, optim, train
 from bert_jax import sharding as sh
 from bert_jax.model import BertForPreTraining
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
-
-# What only the CPU kernels put in a program: custom VJPs and the CPU/default weight-gradient
-# switch (lax.platform_dependent). The hash dropout's murmur3 multiplier marks
-# dropout_rng='hash', and the low-precision attention probabilities are a custom VJP of their
-# own (attention_impl='explicit_lowp').
-CUSTOM_VJP = "custom_vjp_call"
-
-
-def _micro_config(kernels_mode: str, dropout: float = 0.0):
-  c = config_lib.base_config("tiny")  # 2 layers, hidden 128
-  c.update_from_flattened_dict(
-    {
-      "model.vocab_size": 256,
-      "model.kernels": kernels_mode,
-      "model.hidden_dropout_prob": dropout,
-      "model.attention_dropout_prob": dropout,
-      "data.max_seq_length": 32,
-      "data.batch_size": 8,
-      "masking.max_predictions": 5,
-      "opt.lr": 3e-3,
-      "opt.warmup_steps": 2,
-    }
-  )
-  return c
-
-
-def _train_batch(seed: int, b: int = 8, length: int = 32, vocab: int = 256):
-  """Two segments; every second sequence padded after 24 tokens."""
-  rng = np.random.default_rng(seed)
-  mask = (np.arange(length) < np.array([length, 24] * (b // 2))[:, None]).astype(np.int32)
-  ids = (rng.integers(5, vocab, (b, length)) * mask).astype(np.int32)
-  ids[:, 0] = 1
-  return dict(
-    input_ids=ids,
-    segment_ids=(np.arange(length) >= length // 2) * mask,
-    input_mask=mask,
-    next_sentence_label=rng.integers(0, 2, b).astype(np.int32),
-    example_id=np.arange(b, dtype=np.int32) + seed * b,
-    epoch=np.zeros(b, np.int32),
-  )
 
 
 def _train_losses(kernels_mode: str, steps: int) -> tuple[list[float], str]:
@@ -89,22 +45,6 @@ def test_train_loop_losses_match_between_kernels():
   assert CUSTOM_VJP in cpu_jaxpr and CUSTOM_VJP not in xla_jaxpr
   np.testing.assert_allclose(cpu, xla, rtol=2e-5)
   assert cpu[-1] < cpu[0] - 0.1, cpu
-
-
-def _train_params(c, step_rng: int, steps: int = 2, mesh_shape=(1, 1, 1)):
-  """Params (as host arrays) after `steps` steps of the real jitted train step."""
-  mesh = sh.make_mesh(mesh_shape, jax.devices()[: int(np.prod(mesh_shape))])
-  cfg = backends.resolve_kernels(train.bert_config(c), mesh.devices.flat[0].platform)
-  model = BertForPreTraining(cfg)
-  tx = optim.make_optimizer(c.opt)
-  obj = objectives.Objective.from_config(c)
-  state, state_sh, _ = train.create_state(c, model, tx, mesh, sh.DEFAULT_RULES, jax.random.key(0))
-  with sh.mesh_context(mesh, sh.DEFAULT_RULES):
-    step_fn = train.jit_train_step(model, tx, obj, aot._masking_tables(c), 1, mesh, state_sh)
-    for i in range(steps):
-      batch = jax.device_put(_train_batch(i), sh.batch_sharding(mesh))
-      state, _ = step_fn(state, batch, jax.random.key(step_rng))
-  return jax.tree.map(np.asarray, nn.meta.unbox(state["params"]))
 
 
 @pytest.mark.parametrize("dropout_rng", ["threefry", "hash"])

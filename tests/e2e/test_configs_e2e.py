@@ -1,21 +1,15 @@
-"""Named configs: every file in configs/ resolves by name and by path to the same config, and a
-built wheel ships them as bert_jax.configs (what `bert_jax_train --config=local` reads after a
-non-editable install)."""
+"""The end-to-end half of tests/unit/test_configs.py (real processes; slow): see its
+docstring."""
 
 import glob
 import os
-import pathlib
 import shutil
 import subprocess
 import sys
 import zipfile
 
 import pytest
-
-REPO = str(pathlib.Path(__file__).resolve().parents[2])
-NAMES = sorted(
-  os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "configs", "[!_]*.py"))
-)
+from unit.test_configs import NAMES, REPO
 
 
 @pytest.mark.slow

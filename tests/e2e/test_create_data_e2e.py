@@ -1,17 +1,12 @@
-"""create_data: BERT's sequence algorithm, bad inputs, determinism, written masks."""
+"""The end-to-end half of tests/unit/test_create_data.py (real processes; slow): see its
+docstring."""
 
 import gzip
 
 import pytest
+from unit.test_create_data import _records
 
-from bert_jax.data import input_pipeline as ip
 from bert_jax.data import pretraining as cd
-
-
-def _records(data_dir, split="train"):
-  meta = ip.read_metadata(data_dir)
-  reader = ip.RecordReader(ip.split_files(data_dir, split, meta), meta)
-  return meta, [reader.read(i) for i in range(len(reader))]
 
 
 @pytest.mark.slow

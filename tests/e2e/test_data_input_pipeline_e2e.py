@@ -1,33 +1,11 @@
-"""input_pipeline: decoding, epochs, per-process sharding, exact resume, global arrays."""
+"""The end-to-end half of tests/unit/test_data_input_pipeline.py (real processes; slow): see its
+docstring."""
 
 import numpy as np
 import pytest
+from unit.test_data_input_pipeline import _take
 
-from bert_jax import config_lib
 from bert_jax.data import input_pipeline as ip
-from bert_jax.data import pretraining as cd
-
-SAMPLE = config_lib.BUNDLED_CORPUS
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-  d = str(tmp_path_factory.mktemp("ip") / "data")
-  cd.build(
-    SAMPLE,
-    d,
-    max_seq_length=64,
-    eval_fraction=0.1,
-    num_workers=1,
-    progress=False,
-    records_per_shard=500,
-  )
-  return d
-
-
-def _take(ds, n):
-  it = iter(ds)
-  return [next(it) for _ in range(n)]
 
 
 @pytest.mark.slow

@@ -1,17 +1,13 @@
-"""Fault suite, building data: real `python -m bert_jax.create_data` (and trainer) processes on
-real files. A full disk is one line and leaves nothing; a signal stops a build with one line
-and no traceback, its worker processes gone and nothing left; what a SIGKILLed build left is
-removed by the next success; --output_dir is not made for an input without text; the trainer
-skips a binary corpus file as create_data does."""
+"""The end-to-end half of tests/unit/test_data_pretraining.py (real processes; slow): see its
+docstring."""
 
 import json
 import subprocess
 
 import pytest
+from unit.test_data_pretraining import CORPUS
 from unit.test_runtime_preemption import default_cmd
-from unit.test_train import ROOT, _env
-
-CORPUS = str(ROOT / "bert_jax" / "data" / "sample_public_domain.txt")
+from unit.test_train import _env
 
 
 @pytest.mark.slow

@@ -1,34 +1,17 @@
-"""Every file in configs/ and experiments/ builds (every sweep point too), changes only its
-ablated fields, and one point of each experiment trains for 2 steps at cpu scale.
+"""The end-to-end half of tests/unit/test_experiments.py (real processes; slow): see its
+docstring."""
 
-The training tests share two small datasets built once from the bundled corpus (with and
-without NSP pairs), given to every run as config.data.dir.
-"""
-
-import importlib.util
 import json
 import math
 import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
+from unit.test_experiments import REPO, SEQ, _load
 
 from bert_jax import train
 
-REPO = str(pathlib.Path(__file__).resolve().parents[2])
-
-
-def _load(path):
-  name = "cfg_" + os.path.splitext(os.path.basename(path))[0]
-  spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-SEQ = 64
 TRAIN_OVERRIDES = {
   "opt.total_steps": 2,
   "opt.warmup_steps": 1,
@@ -40,27 +23,6 @@ TRAIN_OVERRIDES = {
   "ckpt.async_save": False,
   "model.vocab_size": 30522,  # the test data's (BERT's vocab), not the scale's trained one
 }
-
-
-@pytest.fixture(scope="module")
-def datasets(tmp_path_factory):
-  """{nsp: data dir}: the bundled corpus (its first 1,500 lines) with and without NSP."""
-  from bert_jax.data import pretraining as pretraining_data
-
-  root = tmp_path_factory.mktemp("experiment_data")
-  corpus = os.path.join(REPO, "bert_jax", "data", "sample_public_domain.txt")
-  with open(corpus) as f:
-    lines = f.readlines()[:1500]
-  small = root / "corpus.txt"
-  small.write_text("".join(lines))
-  out = {}
-  for nsp in (True, False):
-    out[nsp] = str(root / f"nsp_{nsp}")
-    pretraining_data.build(
-      str(small), out[nsp], max_seq_length=SEQ, nsp=nsp, eval_fraction=0.1, progress=False,
-      num_workers=0,
-    )  # fmt: skip
-  return out
 
 
 def _train(path, arg, data_dir, workdir):

@@ -1,54 +1,14 @@
-"""Fault suite, inputs a run cannot use (issue 46): a corpus too small for an eval split, a file
-with CR-only line ends, a metrics.jsonl that is not a regular file or a tb that is one, no home
-directory, `ulimit -v`, a refused init_from, an --overwrite export killed at its swap, and the
-notebook API's edge arguments. Real `python -m` processes on real files; each asserts what is on
-disk afterwards: one line, nothing made that the run would not keep, nothing lost."""
-
-import pathlib
-import re
-import subprocess
-import sys
+"""The end-to-end half of tests/unit/test_faults_inputs.py (real processes; slow): see its
+docstring."""
 
 import jax
 import pytest
-from unit.test_train import _env, _main_cmd
+from unit.test_faults_inputs import _create_data, _documents, _error, _run, _snapshot
+from unit.test_train import _main_cmd
 
-from bert_jax import config_lib
 from bert_jax import model as model_lib
 from bert_jax.interop import hf_io
 from bert_jax.model_config import BertConfig
-
-CORPUS = config_lib.BUNDLED_CORPUS
-
-
-def _run(cmd, **kw):
-  kw.setdefault("env", _env())
-  kw.setdefault("timeout", 600)
-  return subprocess.run(cmd, capture_output=True, text=True, **kw)
-
-
-def _error(r, prog="main", status=1):
-  """The one `PROG: error: ...` line that ends a failed command (absl log lines aside)."""
-  assert r.returncode == status, r.stderr[-3000:]
-  lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not re.match(r"[IWEF]\d{4} ", ln)]
-  assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), r.stderr[-3000:]
-  return lines[0].removeprefix(f"{prog}: error: ")
-
-
-def _documents(n):
-  """The first n documents of the bundled corpus, as its text."""
-  docs = [d for d in pathlib.Path(CORPUS).read_text().split("\n\n") if d.strip()]
-  return "\n\n".join(docs[:n]) + "\n"
-
-
-def _create_data(inp, out, *extra):
-  return _run([sys.executable, "-m", "bert_jax.create_data", f"--input={inp}",
-               f"--output_dir={out}", "--noprogress", "--num_workers=1", *extra])  # fmt: skip
-
-
-def _snapshot(d):
-  return {p.relative_to(d): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
-
 
 # ----------------------------------------------------------------------------- fault 3
 

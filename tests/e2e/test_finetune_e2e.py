@@ -1,83 +1,30 @@
-"""The fine-tuning engine end to end on small learnable tasks (bert_jax.finetune).
+"""The end-to-end half of tests/unit/test_finetune.py (real processes; slow): see its
+docstring."""
 
-Each task is built from rules a tiny randomly initialised BERT learns in a few dozen steps,
-so a broken loss, head, label mapping, batching or evaluation shows as a score near chance.
-"""
-
-import gzip
 import importlib.util
 import json
 import os
-import pathlib
 import signal
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from unit.test_finetune import (
+  CLI_FIELDS,
+  REPO,
+  WORDS,
+  _sentences,
+  _spec,
+  _splits,
+  finetune_config,
+  sentiment,
+  tiny_config,
+)
 
 from bert_jax import finetune
 
-REPO = str(pathlib.Path(__file__).resolve().parents[2])
-_spec = importlib.util.spec_from_file_location("finetune_config", f"{REPO}/configs/finetune.py")
-finetune_config = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(finetune_config)
-
-WORDS = "the a man woman dog cat house city river tree car road book day night sun".split()
-
-
-def _write(path, rows):
-  with gzip.open(path, "wt") as f:
-    for r in rows:
-      f.write(json.dumps(r) + "\n")
-  return str(path)
-
-
-def _sentences(rng, n, marker_words, p=0.5):
-  """Random word sequences; each gets one marker word with probability p (its index, or -1)."""
-  out = []
-  for _ in range(n):
-    words = list(rng.choice(WORDS, rng.integers(3, 9)))
-    k = -1
-    if rng.random() < p:
-      k = int(rng.integers(len(marker_words)))
-      words.insert(int(rng.integers(len(words) + 1)), marker_words[k])
-    out.append((words, k))
-  return out
-
-
-def _splits(tmp_path, make, sizes=(192, 64, 64)):
-  rng = np.random.default_rng(0)
-  return [
-    _write(tmp_path / f"{s}.jsonl.gz", make(rng, n))
-    for s, n in zip(("train", "dev", "test"), sizes, strict=True)
-  ]
-
-
-def tiny_config(task_kind, paths, **task):
-  c = finetune_config.get_config("custom,seeds=1,size=tiny")
-  c.task.kind = task_kind
-  c.task.train, c.task.dev, c.task.test = paths
-  for k, v in task.items():
-    c.task[k] = v
-  c.model.hidden_dropout_prob = c.model.attention_dropout_prob = 0.0
-  c.data.max_seq_length = 16
-  c.data.buckets = (8,)
-  c.data.batch_size = 16
-  c.data.eval_batch_size = 16
-  c.opt.lr = 2e-3
-  c.opt.epochs = 4
-  c.opt.min_steps = 0
-  c.log.every_steps = 1000
-  c.ckpt.async_save = False
-  return c
-
-
-def sentiment(rng, n):
-  rows = []
-  for words, k in _sentences(rng, n, ["good", "bad"], p=1.0):
-    rows.append({"sentence": " ".join(words), "label": ["pos", "neg"][k]})
-  return rows
 
 
 @pytest.mark.slow
@@ -110,20 +57,6 @@ def test_regression(tmp_path):
   res = finetune.finetune(c, str(tmp_path / "run"))
   assert res["main_metric"] == "pearson"
   assert res["seeds"][0]["dev"]["pearson"] > 0.8, res["seeds"][0]
-
-
-CLI_FIELDS = {
-  "task.kind": "classification",
-  "data.max_seq_length": 16,
-  "data.buckets": (8,),
-  "data.batch_size": 16,
-  "data.eval_batch_size": 16,
-  "opt.lr": 0.002,
-  "opt.epochs": 2,
-  "opt.min_steps": 0,
-  "log.every_steps": 1,
-  "ckpt.async_save": False,
-}
 
 
 @pytest.mark.slow

@@ -1,9 +1,5 @@
-"""Fault suite, fine-tuning: real `python -m bert_jax.finetune` processes on real files. A test
-split is absent (dev is reported alone), unlabelled (predictions, no metrics) or labelled
-(scored); one labelled in some rows only is one line naming the row. A preset's missing files
-are one line saying where they come from. SIGTERM during an eval stops it between two batches
-and the rerun evaluates that step again, ending as an uninterrupted run. What a killed save
-of best/ left goes with the next one."""
+"""The end-to-end half of tests/unit/test_finetune_faults.py (real processes; slow): see its
+docstring."""
 
 import json
 import os
@@ -16,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 from unit.test_finetune import CLI_FIELDS, REPO, _splits, _write, finetune_config, sentiment
+from unit.test_finetune_faults import _cmd, _one_line, _run
 from unit.test_train import _env
 
 from bert_jax import finetune
@@ -23,25 +20,6 @@ from bert_jax.runtime import checkpoints as ckpt_lib
 
 # What test_finetune's in-process runs use to learn its tasks (CLI_FIELDS: 2 epochs, dropout).
 LEARNS = {"opt.epochs": 4, "model.hidden_dropout_prob": 0.0, "model.attention_dropout_prob": 0.0}
-
-
-def _cmd(wd, arg="custom,seeds=1,size=tiny", **fields):
-  flags = [f"--config.{k}={v}" for k, v in {**CLI_FIELDS, **fields}.items()]
-  config = f"--config={REPO}/configs/finetune.py:{arg}"
-  cmd = [sys.executable, "-m", "bert_jax.finetune", config, f"--workdir={wd}"]
-  return [*cmd, "--num_cpu_devices=8", *flags]  # the mesh of in-process runs (conftest)
-
-
-def _run(cmd):
-  return subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
-
-
-def _one_line(r):
-  """The one `finetune: error: ...` line of a failed run (absl's log lines aside)."""
-  assert r.returncode == 1, r.stderr[-2000:]
-  lines = [ln for ln in r.stderr.splitlines() if ln.startswith("finetune: ")]
-  assert len(lines) == 1, r.stderr[-2000:]
-  return lines[0]
 
 
 def _rows(path, split):

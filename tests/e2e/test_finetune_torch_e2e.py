@@ -1,47 +1,16 @@
-"""references/finetune_torch.py, the PyTorch reference of fine-tuning: its inputs are bert_jax's
-(tasks.encode) row for row, and a tiny run writes results.json's layout. Both need an
-interpreter with torch and transformers ($BERT_JAX_PEER_PYTHON, or this one) and skip without."""
+"""The end-to-end half of tests/unit/test_finetune_torch.py (real processes; slow): see its
+docstring."""
 
 import json
 import math
-import os
 import pathlib
-import shutil
 import statistics
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from unit.test_finetune_torch import _checkpoint_dir, _run, _torch_python
 
-from bert_jax.benchmark import peers
 from bert_jax.tokenizers import tokenizer as tokenizer_lib
-
-SCRIPTS = pathlib.Path(__file__).resolve().parents[2] / "references"
-
-
-def _torch_python() -> str:
-  python = os.environ.get("BERT_JAX_PEER_PYTHON", sys.executable)
-  if not peers.peer_available(python)["torch"]:
-    pytest.skip("no interpreter with torch and transformers (set BERT_JAX_PEER_PYTHON)")
-  return python
-
-
-def _checkpoint_dir(tmp_path: pathlib.Path) -> pathlib.Path:
-  """A directory with the bundled (uncased) vocab, as an HF checkpoint has it."""
-  d = tmp_path / "ckpt"
-  d.mkdir()
-  shutil.copy(tokenizer_lib.default_vocab_path(), d / "vocab.txt")
-  (d / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
-  return d
-
-
-def _run(python: str, code: str, *args: str) -> str:
-  proc = subprocess.run(
-    [python, "-c", code, *args], capture_output=True, text=True, timeout=600, cwd=SCRIPTS
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return proc.stdout
 
 
 def _tiny_checkpoint(python: str, tmp_path: pathlib.Path) -> pathlib.Path:

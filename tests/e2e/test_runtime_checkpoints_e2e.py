@@ -1,8 +1,5 @@
-"""Faults on restore and on write, as real runs of `python -m bert_jax.main` on real files: a
-corrupt newest checkpoint falls back to the previous one, a torn metrics.jsonl tail is repaired,
-a full disk (a file-size limit: the kernel's EFBIG, the same failed write as ENOSPC) ends in one
-line and the run resumes afterwards. Plus the in-process pieces: TensorBoard purge on resume,
-no partial metrics row, atomic config.json / tokenizer copy."""
+"""The end-to-end half of tests/unit/test_runtime_checkpoints.py (real processes; slow): see its
+docstring."""
 
 import glob
 import json
@@ -14,6 +11,7 @@ import tempfile
 import time
 
 import pytest
+from unit.test_runtime_checkpoints import _truncate_largest
 from unit.test_train import _env, _main_cmd, _rows
 
 from bert_jax.runtime import checkpoints as ckpt_lib
@@ -63,14 +61,6 @@ def _error_lines(text):
 
 def _steps(workdir, split="train"):
   return [r["step"] for r in _rows(workdir, split)]
-
-
-def _truncate_largest(step_dir):
-  """Cuts the biggest array file of a checkpoint's params to 1 KB (a torn copy or upload)."""
-  files = glob.glob(os.path.join(step_dir, "params", "**", "*"), recursive=True)
-  big = max((f for f in files if os.path.isfile(f)), key=os.path.getsize)
-  assert os.path.getsize(big) > 100_000
-  os.truncate(big, 1000)
 
 
 @pytest.mark.slow

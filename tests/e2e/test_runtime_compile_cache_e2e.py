@@ -1,6 +1,5 @@
-"""bert_jax.runtime.compile_cache: a second process compiling the same train step loads it from
-JAX's persistent cache; the directory's defaults, switching it off, and an unwritable
-directory."""
+"""The end-to-end half of tests/unit/test_runtime_compile_cache.py (real processes; slow): see its
+docstring."""
 
 import json
 import os

@@ -1,8 +1,5 @@
-"""gs:// workdirs through an offline stand-in for GCS (tests/fake_gcs.py: etils.epath's gs://
-backend over a local directory, orbax's TensorStore kvstore pointed at the same place): a run
-trains, stops, resumes, and everything lands in the store, nothing in a local `gs:` directory.
-Plus what cannot be served: other schemes, gs:// without its packages, data on an object store.
-"""
+"""The end-to-end half of tests/unit/test_runtime_files.py (real processes; slow): see its
+docstring."""
 
 import json
 import os
@@ -11,6 +8,7 @@ import subprocess
 
 import pytest
 from unit.test_runtime_checkpoints import _truncate_largest
+from unit.test_runtime_files import _rows
 from unit.test_train import ROOT, _env, _main_cmd
 
 from bert_jax import api
@@ -22,10 +20,6 @@ def _run_on_fake_gcs(store, cwd, data_dir, steps, extra=()):
   cmd[1:3] = [str(ROOT / "tests" / "fake_gcs.py"), str(store), "bert_jax.main"]
   env = _env(PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
   return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=400)
-
-
-def _rows(text, split="train"):
-  return [r for r in map(json.loads, text.splitlines()) if r["split"] == split]
 
 
 @pytest.mark.slow

@@ -1,15 +1,9 @@
-"""Fault suite, preemption: real trainer subprocesses on real workdirs. SIGTERM, SIGINT and
-SIGHUP save the current step and exit with the preemption status; a signal to one of two
-processes makes both save the same step, and the rerun is bit-identical to an uninterrupted
-run; a signal however often and whenever it comes (twice to each of two processes, in an eval,
-in a checkpoint write, after the agreement, while process 0 builds the data) stops both
-together; a second trainer on a workdir is refused; a dead trainer's lock does not block."""
+"""The end-to-end half of tests/unit/test_runtime_preemption.py (real processes; slow): see its
+docstring."""
 
 import json
-import os
 import pathlib
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,26 +14,17 @@ import time
 import jax
 import numpy as np
 import pytest
+from unit.test_runtime_preemption import (
+  _new_pid_namespace,
+  _status,
+  _wait_for_step,
+  _wait_until_gone,
+)
 from unit.test_train import _env, _free_port, _main_cmd, _params, _rows
 
 from bert_jax.data import pretraining as pretraining_data
 from bert_jax.runtime import checkpoints as ckpt_lib
 from bert_jax.runtime import preemption, workdir_lock
-
-
-def _wait_for_step(proc, workdir, step, timeout=240):
-  """Blocks until process 0 of the run in `workdir` has logged `step`."""
-  deadline = time.time() + timeout
-  while time.time() < deadline and proc.poll() is None:
-    if (workdir / "metrics.jsonl").exists() and any(r["step"] >= step for r in _rows(workdir)):
-      return
-    time.sleep(0.05)
-  raise AssertionError(f"run ended or stalled before step {step}: {proc.poll()}")
-
-
-def _status(workdir):
-  with open(workdir / preemption.STATUS_FILE) as f:
-    return json.load(f)
 
 
 def _two_process_cmds(workdir, data_dir, steps, more=()):
@@ -140,15 +125,6 @@ def test_a_lost_process_ends_the_other_in_one_line(tiny_data_dir, tmp_path):
   assert status["state"] == "peer_lost" and status["step"] == saved[-1] >= 4
 
 
-def _new_pid_namespace():
-  """The command prefix that runs a command as pid 1 of a new pid namespace, killed with it (a
-  container's trainer, as `docker run` starts it), or None where that needs root we lack."""
-  cmd = ["unshare", "--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc"]
-  if os.geteuid() != 0 or not shutil.which("unshare"):
-    return None
-  return cmd if subprocess.run([*cmd, "true"], capture_output=True).returncode == 0 else None
-
-
 def _wait_for_checkpoint(proc, workdir, step, timeout=240):
   """Until the checkpoint of `step` is committed (orbax renames its temporary directory to the
   step's number once every file is written)."""
@@ -158,14 +134,6 @@ def _wait_for_checkpoint(proc, workdir, step, timeout=240):
       return
     time.sleep(0.05)
   raise AssertionError(f"run ended or stalled before its checkpoint {step}: {proc.poll()}")
-
-
-def _wait_until_gone(lock_path, timeout=60):
-  """Until the kernel has dropped the flock of a SIGKILLed holder (its exit takes a moment
-  after its parent's)."""
-  deadline = time.time() + timeout
-  while workdir_lock._flock_held(str(lock_path)) and time.time() < deadline:
-    time.sleep(0.05)
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
-"""Fault suite, resume mismatches and non-finite gradients: each case a real
-`python -m bert_jax.main` run against real files."""
+"""The end-to-end half of tests/unit/test_runtime_resume.py (real processes; slow): see its
+docstring."""
 
 import json
 import os
@@ -10,50 +10,12 @@ import subprocess
 import jax
 import numpy as np
 import pytest
+from unit.test_runtime_resume import _build, _copy, _error, _run
 from unit.test_train import _env, _main_cmd, _params, _rows, _run_two_processes
 
 from bert_jax import config_lib
 from bert_jax import model as model_lib
-from bert_jax.data import pretraining as pretraining_data
 from bert_jax.runtime import checkpoints as ckpt_lib
-
-
-def _run(workdir, data_dir, steps, *extra):
-  return subprocess.run(
-    _main_cmd(workdir, data_dir, steps, list(extra)), env=_env(), capture_output=True, text=True
-  )
-
-
-def _error(r):
-  """The one `main: error: ...` line that ends a failed run (absl's log lines aside)."""
-  assert r.returncode == 1, r.stderr[-2000:]
-  lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not re.match(r"[IWE]\d{4} ", ln)]
-  assert len(lines) == 1 and lines[0].startswith("main: error: "), r.stderr[-2000:]
-  return lines[0]
-
-
-@pytest.fixture(scope="module")
-def trained4(tiny_data_dir, tmp_path_factory):
-  """A workdir with a checkpoint at step 4 (the tests copy it)."""
-  wd = tmp_path_factory.mktemp("resume") / "wd"
-  r = _run(wd, tiny_data_dir, 4)
-  assert r.returncode == 0, r.stderr[-2000:]
-  return wd
-
-
-def _copy(src, tmp_path, name="wd"):
-  dst = tmp_path / name
-  shutil.copytree(src, dst)
-  return dst
-
-
-def _build(tiny_data_dir, out, vocab=None, **over):
-  """tiny_data_dir's build (conftest) with other options or another vocab."""
-  opts = dict(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1, eval_fraction=0.05)
-  opts.update(over)
-  corpus = os.path.join(os.path.dirname(config_lib.__file__), "data", "sample_public_domain.txt")
-  pretraining_data.build(corpus, str(out), vocab=vocab, num_workers=1, progress=False, **opts)
-  return str(out)
 
 
 @pytest.mark.slow

@@ -1,25 +1,17 @@
-"""The feature-based mode (bert_jax/tasks/features.py): the frozen encoder's chosen hidden
-states computed once, a BiLSTM tagger trained on them through the fine-tuning engine."""
+"""The end-to-end half of tests/unit/test_tasks_features.py (real processes; slow): see its
+docstring."""
 
 import json
 import os
 
 import numpy as np
 import pytest
-from unit.test_finetune import _sentences, _splits, tiny_config
+from unit.test_finetune import _splits, tiny_config
+from unit.test_tasks_features import cities
 
 from bert_jax import finetune
 from bert_jax.interop import hf_io, loader
 from bert_jax.tasks import features
-
-
-def cities(rng, n):
-  rows = []
-  for words, _ in _sentences(rng, n, ["paris", "london"], p=1.0):
-    rows.append(
-      {"tokens": words, "tags": ["B-LOC" if w in ("paris", "london") else "O" for w in words]}
-    )
-  return rows
 
 
 @pytest.mark.slow

@@ -1,13 +1,10 @@
-"""Trainer: sharded steps, gradient accumulation, exact resume, mesh changes, multi-process,
-notebook reload and one-line config errors."""
+"""The end-to-end half of tests/unit/test_train.py (real processes; slow): see its
+docstring."""
 
 import importlib.util
-import json
 import os
-import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,106 +12,26 @@ import time
 import jax
 import numpy as np
 import pytest
+from unit.test_train import (
+  ROOT,
+  TINY,
+  _env,
+  _main_cmd,
+  _params,
+  _rows,
+  _run_two_processes,
+  _synthetic_batch,
+  tiny_config,
+)
 
-from bert_jax import config_lib, config_schema, masking, model_config, objectives, optim, train
+from bert_jax import config_schema, masking, model_config, objectives, optim, train
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax.data import input_pipeline
 from bert_jax.runtime import checkpoints as ckpt_lib
 from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-TINY = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2)
-
-
-def tiny_config(data_dir, **over):
-  c = config_lib.base_config("tiny")
-  c.model.update(TINY)
-  c.data.dir = data_dir
-  c.data.max_seq_length = 64
-  c.data.batch_size = 8
-  c.masking.max_predictions = 10
-  c.opt.lr = 1e-3
-  c.opt.total_steps = 6
-  c.opt.warmup_steps = 1
-  c.ckpt.every_steps = 3
-  c.ckpt.async_save = False
-  c.eval.every_steps = 0
-  c.eval.max_batches = 2
-  c.log.every_steps = 1
-  for k, v in over.items():
-    node = c
-    *path, last = k.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = v
-  return c
-
-
-def _main_cmd(workdir, data_dir, steps=6, extra=()):
-  flags = [
-    f"--config={ROOT / 'configs' / 'local.py'}:size=tiny,steps={steps}",
-    f"--workdir={workdir}",
-    f"--config.data.dir={data_dir}",
-    "--config.data.max_seq_length=64",
-    "--config.data.batch_size=8",
-    "--config.opt.lr=1e-3",  # what the resume tests expect to read back
-    "--config.masking.max_predictions=10",
-    "--config.model.hidden_size=32",
-    "--config.model.intermediate_size=64",
-    "--config.ckpt.every_steps=4",
-    "--config.log.every_steps=1",
-    "--config.eval.every_steps=0",
-    "--config.eval.max_batches=2",
-    # The fixture data uses BERT's vocab; these tests compare losses at fp32 tolerance.
-    "--config.model.vocab_size=30522",
-    "--config.model.dtype=float32",
-    "--config.objective.nsp=True",  # the fixture data has NSP pairs
-  ]
-  return [sys.executable, "-m", "bert_jax.main", *flags, *extra]
-
-
-def _env(**extra):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-  # Only conftest's -O0 (compile time); no device-count flags from the caller's environment.
-  env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
-  env.update(extra)
-  return env
-
-
-def _params(workdir):
-  meta, step, _ = ckpt_lib.read_meta(workdir)
-  cfg = ckpt_lib.bert_config_from_meta(meta)
-  target = ckpt_lib.single_device_target(model_lib.abstract_params(cfg))
-  params, _ = ckpt_lib.restore_params(workdir, target)
-  return step, jax.tree.map(np.asarray, params)
-
-
-def _rows(workdir, split="train"):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [r for r in map(json.loads, f) if r["split"] == split]
-
-
 # ----------------------------------------------------------------------------- in-process
-
-
-def _synthetic_batch(b=8, length=32, vocab=30522, seed=0):
-  rng = np.random.default_rng(seed)
-  ids = rng.integers(1000, vocab, (b, length)).astype(np.int32)
-  ids[:, 0], ids[:, 15], ids[:, -1] = 101, 102, 102
-  mask = np.ones((b, length), np.int32)
-  ids[b // 2 :, 20:], mask[b // 2 :, 20:] = 0, 0
-  ids[b // 2 :, 19] = 102
-  seg = np.zeros_like(ids)
-  seg[:, 16:] = 1
-  return dict(
-    input_ids=ids,
-    segment_ids=seg * mask,
-    input_mask=mask,
-    next_sentence_label=rng.integers(0, 2, b).astype(np.int32),
-    example_id=np.arange(b, dtype=np.int32),
-    epoch=np.zeros(b, np.int32),
-  )
 
 
 @pytest.mark.slow
@@ -250,33 +167,6 @@ def test_sigkill_resume_is_bit_exact(tiny_data_dir, tmp_path):
     np.testing.assert_array_equal(a, b)
   assert _rows(wd) == _rows(ref)
   assert _rows(wd, "eval") == _rows(ref, "eval")
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def _run_two_processes(workdir, data_dir, steps, extra=(), timeout=400):
-  """`_main_cmd` as 2 jax.distributed processes x 4 CPU devices over localhost; returns
-  [(returncode, stdout, stderr)] of both."""
-  port = _free_port()
-  dist = ["--distributed", f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2"]
-  procs = [
-    subprocess.Popen(
-      _main_cmd(
-        workdir, data_dir, steps, ["--num_cpu_devices=4", *extra, *dist, f"--process_id={i}"]
-      ),
-      env=_env(),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-    )
-    for i in range(2)
-  ]
-  outs = [p.communicate(timeout=timeout) for p in procs]
-  return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs, strict=True)]
 
 
 @pytest.mark.slow

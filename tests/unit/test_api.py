@@ -6,17 +6,11 @@ import inspect
 import jax
 import numpy as np
 import pytest
+from tiny_models import CFG, random_params
 
 import bert_jax
 from bert_jax import api
-from bert_jax import model as model_lib
 from bert_jax.interop import hf_io
-from bert_jax.model_config import BertConfig
-
-CFG = BertConfig(
-  vocab_size=40, hidden_size=12, num_layers=2, num_heads=3, intermediate_size=20,
-  max_position_embeddings=16,
-)  # fmt: skip
 
 
 def test_help_of_bert_jax_load_shows_its_parameters():
@@ -29,12 +23,8 @@ def test_help_of_bert_jax_load_shows_its_parameters():
 
 @pytest.fixture(scope="module")
 def params_dir(tmp_path_factory):
-  rng = np.random.default_rng(0)
-  params = jax.tree.map(
-    lambda x: rng.standard_normal(x.shape).astype(np.float32), model_lib.abstract_params(CFG)
-  )
   out = tmp_path_factory.mktemp("api") / "params"
-  hf_io.save_params_dir(out, CFG, params)
+  hf_io.save_params_dir(out, CFG, random_params(CFG))
   return out
 
 

@@ -4,27 +4,14 @@ back with identical arrays; one-line errors for what cannot be read."""
 
 import json
 
-import jax
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
+from tiny_models import CFG, random_params
 
-from bert_jax import model as model_lib
 from bert_jax import params_tree
 from bert_jax.interop import hf_io
-from bert_jax.model_config import BertConfig
 from bert_jax.trees import flatten
-
-CFG = BertConfig(
-  vocab_size=40, hidden_size=12, num_layers=2, num_heads=3, intermediate_size=20,
-  max_position_embeddings=16,
-)  # fmt: skip
-
-
-def _params(cfg: BertConfig, pretraining: bool = True, seed: int = 0):
-  rng = np.random.default_rng(seed)
-  abstract = model_lib.abstract_params(cfg, pretraining)
-  return jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(np.float32), abstract)
 
 
 def _assert_same(a, b):
@@ -35,7 +22,7 @@ def _assert_same(a, b):
 
 
 def test_save_hf_then_load_hf_gives_the_same_params_and_config(tmp_path):
-  params = _params(CFG)
+  params = random_params(CFG)
   hf_io.save_hf(tmp_path / "hf", CFG, params)
   config = json.loads((tmp_path / "hf" / hf_io.HF_CONFIG).read_text())
   assert config["architectures"] == ["BertForPreTraining"]
@@ -49,13 +36,13 @@ def test_save_hf_refuses_an_existing_directory_without_overwrite(tmp_path):
   (tmp_path / "hf").mkdir()
   (tmp_path / "hf" / "keep.txt").write_text("x")
   with pytest.raises((FileExistsError, ValueError)) as e:
-    hf_io.save_hf(tmp_path / "hf", CFG, _params(CFG))
+    hf_io.save_hf(tmp_path / "hf", CFG, random_params(CFG))
   assert "\n" not in str(e.value)
   assert (tmp_path / "hf" / "keep.txt").read_text() == "x"
 
 
 def test_params_dir_round_trip_keeps_a_fine_tuned_head_and_its_task(tmp_path):
-  bert = _params(CFG, pretraining=False)
+  bert = random_params(CFG, pretraining=False)
   head = {"classifier": {"kernel": np.ones((12, 3), np.float32), "bias": np.arange(3.0)}}
   task = {"kind": "classification", "labels": ["a", "b", "c"], "task": "t", "max_seq_length": 16}
   hf_io.save_params_dir(tmp_path / "p", CFG, {"bert": bert, "head": head}, task=task)
@@ -68,7 +55,7 @@ def test_params_dir_round_trip_keeps_a_fine_tuned_head_and_its_task(tmp_path):
 
 
 def test_a_head_without_its_task_is_refused_before_anything_is_written(tmp_path):
-  bert = _params(CFG, pretraining=False)
+  bert = random_params(CFG, pretraining=False)
   head = {"classifier": {"kernel": np.ones((12, 2), np.float32), "bias": np.zeros(2)}}
   with pytest.raises(ValueError, match="missing; params has a 'head', which needs its task"):
     hf_io.save_params_dir(tmp_path / "p", CFG, {"bert": bert, "head": head})
@@ -76,7 +63,7 @@ def test_a_head_without_its_task_is_refused_before_anything_is_written(tmp_path)
 
 
 def test_a_pretraining_params_dir_has_no_task(tmp_path):
-  hf_io.save_params_dir(tmp_path / "p", CFG, _params(CFG))
+  hf_io.save_params_dir(tmp_path / "p", CFG, random_params(CFG))
   assert hf_io.read_task(tmp_path / "p") is None
   _, back = hf_io.load_params_dir(tmp_path / "p")
   assert params_tree.is_pretraining(back)

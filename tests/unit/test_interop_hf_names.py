@@ -4,25 +4,12 @@ test_convert.py)."""
 
 import dataclasses
 
-import jax
 import numpy as np
 import pytest
+from tiny_models import CFG, random_params
 
-from bert_jax import model as model_lib
 from bert_jax.interop import hf_names
-from bert_jax.model_config import BertConfig
 from bert_jax.trees import flatten
-
-CFG = BertConfig(
-  vocab_size=40, hidden_size=12, num_layers=2, num_heads=3, intermediate_size=20,
-  max_position_embeddings=16,
-)  # fmt: skip
-
-
-def _params(cfg: BertConfig, pretraining: bool = True, seed: int = 0):
-  rng = np.random.default_rng(seed)
-  abstract = model_lib.abstract_params(cfg, pretraining)
-  return jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(np.float32), abstract)
 
 
 def test_config_round_trips_through_hf_config_json():
@@ -49,7 +36,7 @@ def test_config_from_hf_refuses_in_one_line_naming_the_file(hf, needle):
 
 
 def test_state_dict_round_trip_reshapes_attention_and_transposes_linears():
-  params = _params(CFG)
+  params = random_params(CFG)
   sd = hf_names.params_to_hf_state_dict(params, CFG)
   flat = flatten(params)
   q = flat["bert/encoder/layer_0/query/kernel"]  # ours (D, H, K)
@@ -71,7 +58,7 @@ def test_state_dict_round_trip_reshapes_attention_and_transposes_linears():
 
 def test_state_dict_without_prefix_and_with_old_layernorm_names_reads_the_same():
   cfg = dataclasses.replace(CFG, num_layers=1)
-  params = _params(cfg, pretraining=False, seed=1)
+  params = random_params(cfg, pretraining=False, seed=1)
   sd = hf_names.params_to_hf_state_dict(params, cfg)  # a BertModel's: no "bert." prefix
   assert not any(k.startswith("bert.") for k in sd)
   rename = lambda k: k.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
@@ -85,7 +72,7 @@ def test_state_dict_without_prefix_and_with_old_layernorm_names_reads_the_same()
 
 
 def test_a_missing_tensor_is_named():
-  sd = hf_names.params_to_hf_state_dict(_params(CFG), CFG)
+  sd = hf_names.params_to_hf_state_dict(random_params(CFG), CFG)
   del sd["bert.encoder.layer.1.output.dense.weight"]
   with pytest.raises(ValueError, match="encoder.layer.1.output.dense.weight") as e:
     hf_names.hf_state_dict_to_params(sd, CFG, source="m.safetensors")
