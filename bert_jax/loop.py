@@ -420,8 +420,12 @@ def run(job: Job, state: Any, start_step: int, window: dict[str, float] | None =
     batch = sharding.to_global(host_batch, job.mesh)
     # The step's dispatch moves nothing between host and devices implicitly (big_vision's
     # guard): the batch went up explicitly above; the metrics come back in consume, by its
-    # explicit device_get, one step late (the host side is outside the guard).
-    with jax.transfer_guard("disallow"):
+    # explicit device_get, one step late (the host side is outside the guard). Moves between
+    # devices stay allowed: jit puts the step's key on the mesh.
+    with (
+      jax.transfer_guard_host_to_device("disallow"),
+      jax.transfer_guard_device_to_host("disallow"),
+    ):
       state, metrics = job.step_fn(state, batch, job.rng)
     step += 1
     if prev is not None:
