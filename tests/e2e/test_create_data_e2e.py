@@ -2,9 +2,12 @@
 docstring."""
 
 import gzip
+import os
+import subprocess
+import sys
 
 import pytest
-from unit.test_create_data import _records
+from unit.test_create_data import SAMPLE, _records
 
 from bert_jax.data import pretraining as cd
 
@@ -29,3 +32,49 @@ def test_statistics_on_corpus_subset(shared_data, tmp_path):
   assert 0.12 < s["short_128_frac"] < 0.36 and 0.03 < s["short_64_frac"] < 0.2
   _, recs = _records(str(tmp_path / "o"))
   assert max(int(r["input_mask"].sum()) for r in recs) <= 128
+
+
+@pytest.mark.slow
+def test_vocab_and_data_repeat_byte_for_byte(tmp_path):
+  # The bundled default's path from text to records, twice, in processes with different hash
+  # seeds and worker counts: every file (shards, metadata.json, tokenizer/) must be equal.
+  def run(out, seed, workers):
+    env = {**os.environ, "PYTHONHASHSEED": seed}
+    for cmd in (
+      [
+        "bert_jax.train_tokenizer",
+        f"--input={SAMPLE}",
+        "--vocab_size=2000",
+        f"--output={out}/vocab.txt",
+      ],
+      [
+        "bert_jax.create_data",
+        f"--input={SAMPLE}",
+        f"--vocab={out}/vocab.txt",
+        f"--output_dir={out}/data",
+        "--max_seq_length=64",
+        "--dupe_factor=2",
+        "--nsp=false",
+        "--write_masks",
+        "--records_per_shard=700",
+        f"--num_workers={workers}",
+        "--progress=false",
+      ],
+    ):
+      subprocess.run([sys.executable, "-m", *cmd], env=env, check=True, capture_output=True)
+
+  # The same output path both times: metadata.json records the vocab and input paths.
+  run(tmp_path / "out", "1", 1)
+  (tmp_path / "out").rename(tmp_path / "a")
+  run(tmp_path / "out", "2", 2)
+  (tmp_path / "out").rename(tmp_path / "b")
+
+  def files(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+  names = files(tmp_path / "a")
+  assert names == files(tmp_path / "b")
+  assert "vocab.txt" in names and "data/tokenizer/vocab.txt" in names
+  assert sum(n.startswith("data/train-") for n in names) > 1  # several shards
+  for name in names:
+    assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name

@@ -3,9 +3,13 @@ docstring."""
 
 import numpy as np
 import pytest
+from unit import test_data_input_pipeline as unit_data_input_pipeline
 from unit.test_data_input_pipeline import _take
 
 from bert_jax.data import input_pipeline as ip
+
+# The unit half's fixture, shared here.
+data = unit_data_input_pipeline.data
 
 
 @pytest.mark.slow

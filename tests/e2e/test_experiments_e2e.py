@@ -8,9 +8,14 @@ import subprocess
 import sys
 
 import pytest
+from unit import test_experiments as unit_experiments
 from unit.test_experiments import REPO, SEQ, _load
 
 from bert_jax import train
+
+# The unit half's fixture, shared here.
+datasets = unit_experiments.datasets
+
 
 TRAIN_OVERRIDES = {
   "opt.total_steps": 2,

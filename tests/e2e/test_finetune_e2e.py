@@ -187,3 +187,39 @@ def test_table5_pretrained_checkpoints_fine_tune(tmp_path, tiny_data_dir):
   text, _ = report.report(str(tmp_path / "root"))
   for row in ("mlm_nsp", "mlm", "ltr"):
     assert row in text
+
+
+@pytest.mark.slow
+def test_classification_seeds_results_and_rerun(tmp_path):
+  c = tiny_config("classification", _splits(tmp_path, sentiment))
+  c.seeds = 2
+  wd = str(tmp_path / "run")
+  res = finetune.finetune(c, wd)
+  assert res["labels"] == ["neg", "pos"]
+  assert res["data"]["train"] == 192 and res["data"]["dev"] == 64
+  assert [s["seed"] for s in res["seeds"]] == [0, 1]
+  for s in res["seeds"]:
+    assert s["dev"]["accuracy"] > 0.85, s  # chance is ~0.5
+    assert set(s["test"]) == {"accuracy", "loss"}
+  acc = [s["dev"]["accuracy"] for s in res["seeds"]]
+  assert res["dev"]["accuracy"]["mean"] == pytest.approx(np.mean(acc))
+  assert res["dev"]["accuracy"]["std"] == pytest.approx(np.std(acc, ddof=1))
+  assert res["dev"]["accuracy"]["n"] == 2
+  with open(os.path.join(wd, "results.json")) as f:
+    assert json.load(f)["seeds"] == res["seeds"]
+  task = json.load(open(os.path.join(wd, "seed_0", "best", "task.json")))
+  assert task["kind"] == "classification" and task["labels"] == ["neg", "pos"]
+  # The seeds differ in head init and data order.
+  assert res["seeds"][0]["dev"]["loss"] != res["seeds"][1]["dev"]["loss"]
+  # A rerun resumes a finished run: nothing retrains, the results are the same.
+  again = finetune.finetune(c, wd)
+  assert again["seeds"] == res["seeds"]
+  c2 = tiny_config("classification", (c.task.train, c.task.dev, c.task.test))
+  c2.opt.lr = 1e-3
+  with pytest.raises(ValueError, match=r"another config \(opt.lr"):
+    finetune.finetune(c2, wd)
+  # Checkpoints without their config.json are refused, not resumed under any config.
+  os.remove(os.path.join(wd, "config.json"))
+  with pytest.raises(ValueError, match=r"seed checkpoints \(seed_0/checkpoints/.*no config"):
+    finetune.finetune(c2, wd)
+  assert not os.path.exists(os.path.join(wd, "config.json"))

@@ -19,6 +19,7 @@ from unit.test_runtime_preemption import (
   _status,
   _wait_for_step,
   _wait_until_gone,
+  default_cmd,
 )
 from unit.test_train import _env, _free_port, _main_cmd, _params, _rows
 
@@ -402,4 +403,99 @@ def test_two_processes_signalled_while_process_0_builds_the_data_and_after(tmp_p
   for e in errs:
     assert re.findall(r"all processes save step (\d+) and exit", e) == [str(saved)], e[-3000:]
   assert (wd / "data" / "metadata.json").exists()
+  assert not (wd / workdir_lock.LOCK_FILE).exists()
+
+
+@pytest.mark.parametrize(
+  "sig",
+  [
+    pytest.param(signal.SIGINT, marks=pytest.mark.slow),
+    pytest.param(signal.SIGHUP, marks=pytest.mark.slow),
+    signal.SIGTERM,
+  ],
+  ids=lambda s: s.name,
+)
+def test_signal_saves_the_current_step_and_exits_preempted(tiny_data_dir, tmp_path, sig):
+  wd = tmp_path / "wd"
+  proc = subprocess.Popen(
+    _main_cmd(wd, tiny_data_dir, 500),
+    env=_env(),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  _wait_for_step(proc, wd, 3)
+  if sig == signal.SIGTERM:
+    # A second trainer on the same workdir stops with one line and leaves the first alone.
+    r = subprocess.run(
+      _main_cmd(wd, tiny_data_dir, 500), env=_env(), capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 1
+    lock = wd / workdir_lock.LOCK_FILE
+    assert r.stderr.strip().splitlines() == [
+      f"main: error: {wd} is in use by another trainer (pid {proc.pid} on this host, {lock}): "
+      "stop it first (SIGTERM saves and exits; its lock goes with it; a dead trainer's lock is "
+      f"taken over by itself), or delete {lock} if you are sure no trainer of it runs"
+    ]
+    assert proc.poll() is None
+  proc.send_signal(sig)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == preemption.EXIT_PREEMPTED, err[-2000:]
+  saved = ckpt_lib.read_meta(str(wd))[1]
+  assert 3 <= saved < 500
+  assert saved == max(r["step"] for r in _rows(wd))  # the signal's step, not a multiple of 4
+  # 46.9: one clean line says it (no absl-format lines about the signal before it).
+  said = [ln for ln in (out + err).splitlines() if sig.name in ln or "reempt" in ln]
+  assert said == [f"Preempted: saved step {saved}; rerun the same command to resume"], said
+  assert _status(wd) == {"state": "preempted", "step": saved, "total_steps": 500}
+  assert not (wd / workdir_lock.LOCK_FILE).exists()
+
+
+@pytest.mark.slow
+def test_signal_before_training_exits_preempted_and_releases_the_lock(tmp_path):
+  """SIGTERM while the bundled default trains its vocab and builds its data: exit 75 at once,
+  one line, the lock released, nothing half-built left; the rerun builds and trains."""
+  wd = tmp_path / "wd"
+  cmd = default_cmd(wd)
+  proc = subprocess.Popen(
+    cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+  )
+  deadline = time.time() + 240
+  while (
+    not (wd / workdir_lock.LOCK_FILE).exists() and proc.poll() is None and time.time() < deadline
+  ):
+    time.sleep(0.01)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=240)
+  assert proc.returncode == preemption.EXIT_PREEMPTED, err[-2000:]
+  assert err.strip().splitlines()[-1] == (
+    "SIGTERM received before training started: stopped, nothing to save; rerun the same "
+    "command to resume"
+  )
+  assert "step 1/" not in out
+  assert not (wd / workdir_lock.LOCK_FILE).exists()
+  assert not (wd / preemption.STATUS_FILE).exists()
+  assert not (wd / "checkpoints").exists()
+  if (wd / "data").exists():  # either not begun or whole, never a half-built dataset
+    leftovers = [p.name for p in (wd / "data").iterdir() if p.name.startswith(".")]
+    assert not leftovers
+  r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=400)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert _status(wd)["state"] == "finished"
+
+
+@pytest.mark.slow
+def test_stale_lock_of_a_dead_process_does_not_block(tiny_data_dir, tmp_path):
+  wd = tmp_path / "wd"
+  wd.mkdir()
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  (wd / workdir_lock.LOCK_FILE).write_text(
+    json.dumps({"host": socket.gethostname(), "pid": dead.pid})
+  )
+  r = subprocess.run(
+    _main_cmd(wd, tiny_data_dir, 2), env=_env(), capture_output=True, text=True, timeout=240
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert _status(wd) == {"state": "finished", "step": 2, "total_steps": 2}
   assert not (wd / workdir_lock.LOCK_FILE).exists()

@@ -4,12 +4,16 @@ docstring."""
 import hashlib
 
 import pytest
+from unit import test_tokenizers_tokenizer as unit_tokenizers_tokenizer
 from unit.test_tokenizers_tokenizer import (
   _check_codepoint_blocks,
   _corpus_lines,
   _fixture,
   _ids_line,
 )
+
+# The unit half's fixtures, shared here (request.getfixturevalue reads them by name too).
+uncased, cased = unit_tokenizers_tokenizer.uncased, unit_tokenizers_tokenizer.cased
 
 
 @pytest.mark.slow

@@ -326,51 +326,6 @@ def test_chunks_are_random_samples_of_an_ordered_corpus(tmp_path, monkeypatch):
   assert os.listdir(tmp_path) == []  # buckets are removed once read
 
 
-def test_vocab_and_data_repeat_byte_for_byte(tmp_path):
-  # The bundled default's path from text to records, twice, in processes with different hash
-  # seeds and worker counts: every file (shards, metadata.json, tokenizer/) must be equal.
-  def run(out, seed, workers):
-    env = {**os.environ, "PYTHONHASHSEED": seed}
-    for cmd in (
-      [
-        "bert_jax.train_tokenizer",
-        f"--input={SAMPLE}",
-        "--vocab_size=2000",
-        f"--output={out}/vocab.txt",
-      ],
-      [
-        "bert_jax.create_data",
-        f"--input={SAMPLE}",
-        f"--vocab={out}/vocab.txt",
-        f"--output_dir={out}/data",
-        "--max_seq_length=64",
-        "--dupe_factor=2",
-        "--nsp=false",
-        "--write_masks",
-        "--records_per_shard=700",
-        f"--num_workers={workers}",
-        "--progress=false",
-      ],
-    ):
-      subprocess.run([sys.executable, "-m", *cmd], env=env, check=True, capture_output=True)
-
-  # The same output path both times: metadata.json records the vocab and input paths.
-  run(tmp_path / "out", "1", 1)
-  (tmp_path / "out").rename(tmp_path / "a")
-  run(tmp_path / "out", "2", 2)
-  (tmp_path / "out").rename(tmp_path / "b")
-
-  def files(root):
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-
-  names = files(tmp_path / "a")
-  assert names == files(tmp_path / "b")
-  assert "vocab.txt" in names and "data/tokenizer/vocab.txt" in names
-  assert sum(n.startswith("data/train-") for n in names) > 1  # several shards
-  for name in names:
-    assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
-
-
 def _trainer_config(corpus_path, **over):
   """A training config whose data the trainer builds itself (as configs/local.py), tiny."""
   from bert_jax import config_lib

@@ -243,38 +243,6 @@ convert.run()
 """
 
 
-@pytest.mark.parametrize("how", ["swap", "two_renames"])
-def test_overwrite_export_killed_at_its_swap_keeps_an_output(tmp_path, how):
-  """`convert --overwrite` killed at the moment it replaces the old output: the old output was
-  only in a hidden .hf.old-PID. Now the swap is one step (the new output whole in place); where
-  the file system cannot swap, the next writer puts the old one back before anything else."""
-  old_src, new_src = _params_dir(tmp_path / "old", 0), _params_dir(tmp_path / "new", 1)
-  hf = tmp_path / "hf"
-  cmd = [sys.executable, "-m", "bert_jax.convert", f"--dst={hf}"]
-  assert _run([*cmd, f"--src={old_src}"]).returncode == 0
-  old = _snapshot(hf)
-  r = _run([sys.executable, "-c", _KILLED_CONVERT, how, f"--src={new_src}", f"--dst={hf}",
-            "--overwrite"])  # fmt: skip
-  assert r.returncode == -9, r.stderr[-2000:]
-  hidden = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".hf."))
-  after_kill = _snapshot(hf) if hf.exists() else None
-  if how == "swap":
-    assert hf.is_dir() and _snapshot(hf) != old  # the new output, whole
-    assert bert_jax.load(str(hf)).config.hidden_size == 16
-    assert len(hidden) == 1 and hidden[0].startswith(".hf.tmp-")  # the old, for the next writer
-  else:
-    # The old output aside, the new one not yet in place: no output under its name.
-    assert not hf.exists() and [h.split("-")[0] for h in hidden] == [".hf.old", ".hf.tmp"]
-  # The next writer (here one that is refused: no --overwrite) leaves the last whole output
-  # in place and nothing hidden.
-  r = _run([*cmd, f"--src={new_src}"])
-  assert "already exists" in _error(r, "convert")
-  assert _snapshot(hf) == (old if how == "two_renames" else after_kill)
-  r = _run([*cmd, f"--src={new_src}", "--overwrite"])
-  assert r.returncode == 0, r.stderr[-2000:]
-  assert not [p for p in tmp_path.iterdir() if p.name.startswith(".hf.")]
-
-
 def test_notebook_api_edge_arguments_are_one_line(tmp_path):
   """fill_mask([]) and embed([]) ('max() arg is an empty sequence'), attention(layer=99)
   (IndexError), load(dtype='float17') (TypeError): an empty result, or a ValueError naming the

@@ -2,7 +2,6 @@
 `python -m bert_jax.main` run against real files."""
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -58,50 +57,6 @@ def _build(tiny_data_dir, out, vocab=None, **over):
   return str(out)
 
 
-def test_other_tokenizer_refused_on_resume_and_init_from(trained4, tiny_data_dir, tmp_path):
-  """Data built with another vocab of the same size (two tokens swapped) is refused."""
-  vocab = tmp_path / "vocab.txt"
-  lines = open(tokenizer_lib.default_vocab_path()).read().splitlines(keepends=True)
-  lines[2000], lines[2001] = lines[2001], lines[2000]
-  vocab.write_text("".join(lines))
-  other = _build(tiny_data_dir, tmp_path / "other_tok", vocab=str(vocab))
-  wd = _copy(trained4, tmp_path)
-  line = _error(_run(wd, other, 8))
-  assert "would not be exact: tokenizer " in line and "resume_allow_changes=tokenizer" in line
-  line = _error(_run(tmp_path / "fresh", other, 2, f"--config.init_from={trained4}"))
-  assert f"init_from {trained4}: its tokenizer (fingerprint" in line
-
-
-def test_resume_onto_data_rebuilt_from_an_edited_text_is_refused(trained4, tiny_data_dir, tmp_path):
-  """37.3: create_data --overwrite into the run's data directory from the corpus with one word
-  of one document edited (same options, same split sizes: only the text's content hash
-  differs). The rerun used to resume without a word and diverge; it stops in one line naming
-  the hashes, and nothing in the workdir changes."""
-  data = shutil.copytree(tiny_data_dir, tmp_path / "data")
-  wd = _copy(trained4, tmp_path)
-  corpus = os.path.join(os.path.dirname(config_lib.__file__), "data", "sample_public_domain.txt")
-  edited = tmp_path / "edited.txt"
-  edited.write_text(open(corpus).read().replace("Alice", "Carol", 1))
-  build = [sys.executable, "-m", "bert_jax.create_data", f"--input={edited}"]
-  build += [f"--output_dir={data}", "--overwrite", "--noprogress", "--num_workers=1"]
-  build += ["--max_seq_length=64", "--max_predictions_per_seq=10", "--eval_fraction=0.05"]
-  r = subprocess.run(build, env=_env(), capture_output=True, text=True)
-  assert r.returncode == 0, r.stderr[-2000:]
-  new_meta = json.loads((data / "metadata.json").read_text())
-  old_meta = json.loads(open(os.path.join(tiny_data_dir, "metadata.json")).read())
-  assert new_meta["splits"] == old_meta["splits"]  # the same sizes: only the content tells
-  before = {p: p.read_bytes() for p in wd.rglob("*") if p.is_file()}
-  line = _error(_run(wd, data, 8))
-  old_sha, new_sha = (m["source"]["input_sha256"][:12] for m in (old_meta, new_meta))
-  assert line == (
-    f"main: error: resuming {wd}/checkpoints/4 would not be exact: dataset.input_sha256 "
-    f"{old_sha!r} -> {new_sha!r} (checkpoint -> now); restore the old values, use a new workdir, "
-    "or allow it with --config.resume_allow_changes=dataset.input_sha256"
-  )
-  assert {p: p.read_bytes() for p in before} == before
-  assert sorted(p for p in wd.rglob("*") if p.is_file()) == sorted(before)
-
-
 def test_auto_built_data_not_reused_with_other_options(tmp_path):
   """`<workdir>/data` built from config.data.input is refused when the config asks for other
   build options (it used to be reused silently)."""
@@ -132,26 +87,6 @@ def test_auto_built_data_not_reused_with_other_options(tmp_path):
   )
 
 
-def test_refused_or_failed_rerun_keeps_the_finished_record(trained4, tiny_data_dir, tmp_path):
-  """run_status.json of a finished run survives a rerun that is refused (a changed warmup) or
-  fails (no checkpoint restores): bad input writes nothing."""
-  wd = _copy(trained4, tmp_path)
-  status = (wd / "run_status.json").read_bytes()
-  assert json.loads(status)["state"] == "finished"
-  files = {p: p.read_bytes() for p in wd.rglob("*") if p.is_file() and "checkpoints" not in p.parts}
-  line = _error(_run(wd, tiny_data_dir, 4, "--config.opt.warmup_steps=3"))
-  assert "opt.warmup_steps" in line, line
-  assert {p: p.read_bytes() for p in files} == files  # every file as it was
-  for step_dir in (wd / "checkpoints").iterdir():  # now no checkpoint restores
-    for f in step_dir.rglob("*"):
-      if f.is_file() and f.stat().st_size > 100:
-        f.write_bytes(f.read_bytes()[:100])
-  line = _error(_run(wd, tiny_data_dir, 4))
-  assert "no checkpoint in" in line, line
-  assert (wd / "run_status.json").read_bytes() == status
-  assert not (wd / "bert_jax.lock").exists()
-
-
 @contextlib.contextmanager
 def _read_only(path):
   """`path` read-only for this test's processes: a read-only bind mount where we are root
@@ -175,52 +110,9 @@ def _files(root):
   return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
-def test_a_read_only_finished_run(trained4, tiny_data_dir, tmp_path):
-  """37.5: rerunning a finished run whose workdir is read-only (an archive, a read-only mount)
-  has nothing to write: it says so and ends with the final checkpoint's fill-mask lines, instead
-  of `[Errno 30] Read-only file system: .../bert_jax.lock`. Asked to train on, it is one line."""
-  wd = _copy(trained4, tmp_path)
-  before = _files(wd)
-  with _read_only(wd) as reason:
-    r = _run(wd, tiny_data_dir, 4)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert f"{wd} holds this run, finished at step 4, read-only: nothing to do" in r.stdout
-    assert "fill_mask: " in r.stdout
-    line = _error(_run(wd, tiny_data_dir, 8))
-    assert line == (
-      f"main: error: cannot create the lock {wd}/bert_jax.lock: {reason}: training needs a "
-      "writable workdir"
-    )
-  assert _files(wd) == before
-
-
 def _convert(src, dst, *extra):
   cmd = [sys.executable, "-m", "bert_jax.convert", f"--src={src}", f"--dst={dst}", *extra]
   return subprocess.run(cmd, env=_env(), capture_output=True, text=True)
-
-
-def test_convert_refuses_to_replace_a_runs_live_files(trained4, tmp_path):
-  """37.5: `convert --dst=<workdir>/checkpoints/4 --overwrite` replaced a live checkpoint with
-  an export. A checkpoint step, a new step name under checkpoints/ (the trainer would take it
-  for its newest step), the source's workdir and another training workdir are refused in one
-  line, --overwrite or not; nothing of either run changes."""
-  wd = _copy(trained4, tmp_path)
-  other = _copy(trained4, tmp_path, "other")
-  before = {**_files(wd), **_files(other)}
-  refused = {
-    wd / "checkpoints" / "4": f"is inside {wd}/checkpoints, a training run's checkpoints: write "
-    "the export elsewhere (the trainer would take it for a step)",
-    wd / "checkpoints" / "200": f"is inside {wd}/checkpoints, a training run's checkpoints: "
-    "write the export elsewhere (the trainer would take it for a step)",
-    wd: f"holds --src={wd}: write the export elsewhere",
-    other: "is a training workdir: refusing to replace it; write the export elsewhere",
-  }
-  for dst, why in refused.items():
-    r = _convert(wd, dst, "--overwrite")
-    assert r.returncode == 1, r.stderr[-2000:]
-    assert r.stderr.strip().splitlines()[-1] == f"convert: error: --dst={dst} {why}"
-  assert {**_files(wd), **_files(other)} == before
-  assert sorted(os.listdir(wd / "checkpoints")) == ["4"]
 
 
 def test_convert_and_finetune_init_fall_back_past_an_empty_newest_step(trained4, tmp_path):

@@ -1,5 +1,5 @@
 """notebooks/probe_a_checkpoint.ipynb runs end to end on a real checkpoint: every code cell in
-order, as Jupyter would, on a trained workdir."""
+order, as Jupyter would, on a workdir a real trainer process made."""
 
 import json
 import pathlib
@@ -7,13 +7,15 @@ import subprocess
 
 import matplotlib
 import numpy as np
+import pytest
+from unit.test_train import _env, _main_cmd
 
 from bert_jax import api
-from unit.test_train import _env, _main_cmd
 
 NOTEBOOK = pathlib.Path(__file__).resolve().parents[2] / "notebooks" / "probe_a_checkpoint.ipynb"
 
 
+@pytest.mark.slow
 def test_notebook_runs_on_a_trained_workdir(tiny_data_dir, tmp_path, monkeypatch):
   wd = tmp_path / "wd"
   r = subprocess.run(_main_cmd(wd, tiny_data_dir, 2), env=_env(), capture_output=True, text=True)
