@@ -177,8 +177,6 @@ TESTED_ELSEWHERE = {
   "runtime_workdir_lock": "test_runtime_preemption, test_runtime_files",
   "tasks": "test_finetune",
   "tasks_batches": "test_finetune",
-  "tasks_encode": "test_tasks_readers",
-  "tasks_formats": "test_tasks_readers",
   "tasks_heads": "test_finetune",
   "tokenizers_files": "test_interop_loader",
   "tokenizers_training": "test_tokenizers_tokenizer",
