@@ -132,8 +132,6 @@ def test_train_and_finetune_have_no_loop_of_their_own(name):
 # (<name>: the module's dotted path under bert_jax, "." -> "_"; a package: its __init__ or its
 # __main__).
 TESTED_ELSEWHERE = {
-  "backends_attention": "test_backends, test_model",
-  "backends_dropout": "test_model",
   **{
     f"benchmark_{m}": "test_benchmark, test_benchmark_gpu"
     for m in (
