@@ -122,7 +122,7 @@ def _masking_tables(config: ml_collections.ConfigDict) -> Any:
   import numpy as np
 
   from bert_jax import masking
-  from bert_jax import tokenizer as tokenizer_lib
+  from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
   candidates = []
   if config.data.dir:

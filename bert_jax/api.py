@@ -22,11 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import backends, loader, model_config, params_tree
-from bert_jax import checkpoints as ckpt_lib
+from bert_jax import backends, model_config, params_tree
 from bert_jax import model as model_lib
+from bert_jax.interop import loader
+from bert_jax.runtime import checkpoints as ckpt_lib
+from bert_jax.tokenizers.tokenizer import MASK_TEXT
 
-MASK_TEXT = "[MASK]"
 DTYPES = ("float32", "bfloat16", "float16")  # the compute dtypes `load` takes
 
 

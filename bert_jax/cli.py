@@ -47,7 +47,8 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections.config_flags import config_flags, tuple_parser
 
-from bert_jax import compile_cache, config_schema
+from bert_jax import config_schema
+from bert_jax.runtime import compile_cache
 
 # Errors whose message is all a user needs; anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, OSError, ImportError, FloatingPointError)

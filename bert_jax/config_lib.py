@@ -12,6 +12,7 @@ from ml_collections import config_dict
 
 from bert_jax import model_config
 from bert_jax import sharding as sh
+from bert_jax.data import sequences
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
@@ -97,16 +98,19 @@ def pretraining_seed(c: ml_collections.ConfigDict, seed: int) -> ml_collections.
   return c
 
 
-def scaled_base(scale: str) -> ml_collections.ConfigDict:
-  """The base of every experiment. full: BERT-Base as in the paper. cpu and gpu: the tiny
-  model at SCALED_STEPS[scale] steps of 16 x 64 tokens (cpu 12.3M tokens, gpu 21M), on the
-  bundled corpus unless the experiment's data= names a corpus built with a vocab of
-  SCALED_VOCAB (tools/replication/replicate_cpu.sh builds one)."""
+def scaled_base(
+  scale: str, size: str = "tiny", steps: int | None = None
+) -> ml_collections.ConfigDict:
+  """The base of every experiment and of configs/local.py. full: BERT-Base as in the paper.
+  cpu and gpu: the tiny model (or `size`) at SCALED_STEPS[scale] steps (or `steps`) of 16 x 64
+  tokens (cpu 12.3M tokens, gpu 21M), on the bundled corpus unless the experiment's data=
+  names a corpus built with a vocab of SCALED_VOCAB (tools/replication/replicate_cpu.sh builds
+  one)."""
   if scale == "full":
     return base_config("base")
   if scale not in SCALES:
     raise ValueError(f"scale must be one of {', '.join(SCALES)}, not {scale!r}")
-  c = base_config("tiny")
+  c = base_config(size)
   c.model.vocab_size = c.data.train_vocab_size = SCALED_VOCAB
   c.model.hidden_dropout_prob = c.model.attention_dropout_prob = 0.0
   c.model.initializer_range = 0.05
@@ -120,11 +124,11 @@ def scaled_base(scale: str) -> ml_collections.ConfigDict:
   c.data.max_seq_length = SCALED_LENGTH
   c.masking.max_predictions = SCALED_PREDICTIONS
   c.opt.lr = 1.4e-3
-  c.opt.total_steps = SCALED_STEPS[scale]
-  c.opt.warmup_steps = c.opt.total_steps // 20
-  c.ckpt.every_steps = c.opt.total_steps // 2
-  c.eval.every_steps = c.opt.total_steps // 4
-  c.log.every_steps = c.opt.total_steps // 60
+  c.opt.total_steps = steps or SCALED_STEPS[scale]
+  c.opt.warmup_steps = max(1, c.opt.total_steps // 20)
+  c.ckpt.every_steps = max(1, c.opt.total_steps // 2)
+  c.eval.every_steps = max(1, c.opt.total_steps // 4)
+  c.log.every_steps = max(1, c.opt.total_steps // 60)
   return c
 
 
@@ -161,7 +165,8 @@ def base_config(size: str = "base") -> ml_collections.ConfigDict:
   # for phase 2 at 512), a HuggingFace or Google BERT, a params dir. Heads missing: fresh.
   c.init_from = config_dict.placeholder(str)
   # A resume refuses changes that would make it differ from the uninterrupted run (optimizer,
-  # schedule, batch, model, masking, seeds: each named with both values; see bert_jax/resume.py)
+  # schedule, batch, model, masking, seeds: each named with both values; see
+  # bert_jax/runtime/resume.py)
   # unless listed here, comma-separated: fields ('opt.lr'), sections ('opt'), 'tokenizer' (the
   # data's tokenizer fingerprint, also for init_from), 'dataset' (the data's options) or '*'.
   c.resume_allow_changes = ""
@@ -189,7 +194,7 @@ def base_config(size: str = "base") -> ml_collections.ConfigDict:
   # Or > 0: train a WordPiece vocab of this size on data.input first (= model.vocab_size).
   c.data.train_vocab_size = 0
   c.data.max_seq_length = 128
-  c.data.dupe_factor = 10
+  c.data.dupe_factor = sequences.DUPE_FACTOR  # 1, create_data's default too
   c.data.short_seq_prob = 0.1
   c.data.eval_fraction = 0.01
   c.data.seed = 12345

@@ -2,7 +2,8 @@
 allowed values or range, checked in one place before anything is written.
 
   config_schema.check_pretraining(config)   # python -m bert_jax.main's --config
-  config_schema.check_finetuning(config)    # python -m bert_jax.finetune's --config
+  finetune.schema.check_finetuning(config)  # python -m bert_jax.finetune's --config (its
+                                            # fields' rules live with fine-tuning)
   config_schema.check_data_build(options)   # python -m bert_jax.create_data's flags
 
 Each raises `ConfigError` (a ValueError) whose one line names the field, the bad value and
@@ -11,11 +12,11 @@ check their config right after parsing the flags and exit with status 2, before 
 a file is created; `cli.run` also gives status 2 to a `ConfigError` raised later, by the
 checks of a config against the devices or the data (still before anything is written).
 
-A field's rule is a `Rule` in PRETRAINING, FINETUNING or DATA_BUILD; what cannot be said per
-field (one value against another) is in the `_cross_*` functions below. The values of the
-model's backend fields are model_config's (KERNELS, DROPOUT_RNGS, ATTENTION_IMPLS), read when a
-config is checked. A field without a rule is not checked (tests/test_config_schema.py fails
-for every field of a bundled config that has none).
+A field's rule is a `Rule` in PRETRAINING, DATA_BUILD or finetune.schema.FINETUNING; what
+cannot be said per field (one value against another) is in the `_cross_*` functions. The
+values of the model's backend fields are model_config's (KERNELS, DROPOUT_RNGS,
+ATTENTION_IMPLS), read when a config is checked. A field without a rule is not checked
+(tests/unit/test_config_schema.py fails for every field of a bundled config that has none).
 """
 
 from __future__ import annotations
@@ -250,87 +251,6 @@ PRETRAINING: dict[str, Rule] = {
 }
 
 
-def _task_kinds() -> tuple:
-  from bert_jax.tasks import kinds
-
-  return tuple(kinds.KINDS)
-
-
-def _task_formats() -> tuple:
-  from bert_jax.tasks import readers
-
-  return ("auto", *readers.FORMATS)
-
-
-def _feature_values(name: str) -> Callable[[], tuple]:
-  def values() -> tuple:
-    from bert_jax.tasks import features
-
-    value = getattr(features, name)
-    return ("", *value) if name == "ROWS" else tuple(value)
-
-  return values
-
-
-FINETUNING: dict[str, Rule] = {
-  "seed": SEED,
-  "seeds": Int(1),
-  "init": Str(),
-  "resume_allow_changes": Str(),
-  "task.name": Str(),
-  "task.kind": OneOf(_task_kinds),
-  "task.format": OneOf(_task_formats),
-  "task.train": Str(),
-  "task.dev": Str(),
-  "task.test": Str(),
-  "task.text_fields": Tuple(Str()),
-  "task.label_field": Str(),
-  "task.tokens_field": Str(),
-  "task.tags_field": Str(),
-  "task.word_column": Int(),
-  "task.tag_column": Int(),
-  "task.labels": Tuple(Str()),
-  "task.labels_from": OneOf(("train", "all")),
-  "task.metrics": Tuple(Str()),  # names: `_cross_finetuning`
-  "task.glue_dir": Str(),
-  "task.tfds_data_dir": Str(),
-  "task.max_examples": Int(0, note="0: every example"),
-  "task.max_train_examples": Int(0, note="0: every example"),
-  "task.max_eval_examples": Int(0, note="0: every example"),
-  "task.files_hint": Str(),
-  **_within("model", MODEL),
-  "head.bilstm": Bool(),
-  "features.row": OneOf(_feature_values("ROWS")),
-  "features.layers": Tuple(Int()),
-  "features.all_layers": Bool(),
-  "features.combine": OneOf(_feature_values("COMBINES")),
-  "features.lstm_size": Int(0, note="0: hidden_size // 2"),
-  "features.lstm_layers": Int(1),
-  "features.dtype": OneOf(_feature_values("DTYPES")),
-  "data.max_seq_length": Int(8, 65535),
-  "data.buckets": Tuple(Int(1)),
-  "data.batch_size": Int(1),
-  "data.eval_batch_size": Int(1),
-  "data.vocab": Str(),
-  **_within("opt", OPT),
-  "opt.epochs": Int(1),
-  "opt.min_steps": Int(0, note="0: opt.epochs whatever the training set's size"),
-  "opt.warmup_fraction": Float(0, 1, high_open=True),
-  "grid.lr": Tuple(OPT["lr"]),
-  "grid.batch_size": Tuple(Int(1)),
-  "grid.epochs": Tuple(Int(1)),
-  "squad.doc_stride": Int(1),
-  "squad.max_query_length": Int(1),
-  "squad.n_best": Int(1),
-  "squad.max_answer_length": Int(1),
-  "squad.version_2": Bool(),
-  "eval.every_steps": Int(0, note="0: after every epoch"),
-  **_within("mesh", MESH),
-  "ckpt.keep": PRETRAINING["ckpt.keep"],
-  "ckpt.async_save": Bool(),
-  "log.every_steps": EVERY,
-}
-
 # create_data's flags (the keyword arguments of pretraining_data.build).
 DATA_BUILD: dict[str, Rule] = {
   "max_seq_length": PRETRAINING["data.max_seq_length"],
@@ -391,15 +311,6 @@ def check_pretraining(config: Any) -> None:
   _cross_common(values)
   _cross_pretraining(values)
   _check_allow_changes(values, RESUME_NAMES["pretraining"])
-
-
-def check_finetuning(config: Any) -> None:
-  """Every field of a fine-tuning config (`configs/finetune.py`), as `check_pretraining`."""
-  values = _leaves(config)
-  _check_fields(values, FINETUNING, "config.")
-  _cross_common(values)
-  _cross_finetuning(values)
-  _check_allow_changes(values, RESUME_NAMES["finetuning"])
 
 
 def check_data_build(options: Mapping[str, Any]) -> None:
@@ -497,40 +408,17 @@ def _cross_pretraining(v: Mapping[str, Any]) -> None:
         f"config.data.train_vocab_size={n_vocab}: must equal config.model.vocab_size="
         f"{v['model.vocab_size']} (the vocab it trains is the model's)"
       )
-  from bert_jax.api import MASK_TEXT
+  from bert_jax.tokenizers.tokenizer import MASK_TEXT
 
   for text in v["log.fill_mask"]:
     if MASK_TEXT not in text:
       raise ConfigError(f"config.log.fill_mask: {text!r} has no {MASK_TEXT} to fill")
 
 
-def _cross_finetuning(v: Mapping[str, Any]) -> None:
-  from bert_jax.tasks import kinds, metrics
-
-  known = (*metrics.METRICS, *kinds.KINDS[v["task.kind"]].metrics)
-  for name in v["task.metrics"]:
-    if name not in known:
-      raise ConfigError(
-        f"config.task.metrics: {name!r} is not a metric of a {v['task.kind']} task (one of "
-        f"{', '.join(dict.fromkeys(known))})"
-      )
-  if v["data.max_seq_length"] > v["model.max_position_embeddings"] and not v["init"]:
-    raise ConfigError(
-      f"config.data.max_seq_length={v['data.max_seq_length']}: must be at most "
-      f"config.model.max_position_embeddings={v['model.max_position_embeddings']}"
-    )
-  for b in v["grid.batch_size"]:
-    if b % v["opt.grad_accum_steps"]:
-      raise ConfigError(
-        f"config.grid.batch_size: {b} must be a multiple of config.opt.grad_accum_steps="
-        f"{v['opt.grad_accum_steps']}"
-      )
-
-
 def _check_allow_changes(v: Mapping[str, Any], names: tuple[str, ...]) -> None:
   """Each name of resume_allow_changes is a field or section of the config (or one of
   `names`): a misspelt one would let nothing through, and say nothing."""
-  from bert_jax import resume
+  from bert_jax.runtime import resume
 
   fields = list(v)
   for name in resume.parse_allowed(v.get("resume_allow_changes", "")):

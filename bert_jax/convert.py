@@ -5,7 +5,7 @@
     python -m bert_jax.convert --src=PARAMS_DIR --dst=HF_DIR            # export
     python -m bert_jax.convert --src=RUN/seed_0/best --dst=HF_DIR       # a fine-tuned model
 
---src is anything `bert_jax.loader.load_checkpoint` reads (a workdir, one orbax step, a
+--src is anything `bert_jax.interop.loader.load_checkpoint` reads (a workdir, one orbax step, a
 HuggingFace dir, a Google TF checkpoint, a bert_jax params dir), detected from its files.
 --dst_format=auto exports bert_jax's own formats to HuggingFace and imports the others into a
 params dir. The tokenizer found with the weights goes along (HuggingFace's own files for hf:
@@ -42,7 +42,7 @@ flags.mark_flags_as_required(["src", "dst"])
 
 
 def main(argv: list[str]) -> None:
-  from bert_jax import loader
+  from bert_jax.interop import loader
 
   del argv
   scan = {"auto": None, "true": True, "false": False}[_SCAN_LAYERS.value]

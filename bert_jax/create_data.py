@@ -22,7 +22,10 @@ import sys
 
 from absl import flags
 
-from bert_jax import cli, config_schema, files, pretraining_data
+from bert_jax import cli, config_schema
+from bert_jax.data import pretraining as pretraining_data
+from bert_jax.data import sequences
+from bert_jax.runtime import files
 
 _INPUT = flags.DEFINE_string(
   "input", None, "Comma-separated globs of .txt/.gz files (a sentence a line)."
@@ -54,7 +57,9 @@ _SHORT_SEQ_PROB = flags.DEFINE_float(
   "short_seq_prob", 0.1, "Probability of a shorter random target length."
 )
 _DUPE_FACTOR = flags.DEFINE_integer(
-  "dupe_factor", 1, "Passes over the corpus (the original BERT default: 10)."
+  "dupe_factor",
+  sequences.DUPE_FACTOR,
+  "Passes over the corpus, each re-drawing segmentation and pairs (the original BERT's: 10).",
 )
 _SEED = flags.DEFINE_integer("seed", 12345, "Random seed (segmentation, pairing, written masks).")
 _NSP = flags.DEFINE_bool("nsp", True, "Sentence pairs for next-sentence prediction; else packing.")

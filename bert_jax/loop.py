@@ -34,8 +34,9 @@ import jax
 from absl import logging
 from etils import epath
 
-from bert_jax import files, input_pipeline
-from bert_jax import preemption as preemption_lib
+from bert_jax import sharding
+from bert_jax.runtime import files
+from bert_jax.runtime import preemption as preemption_lib
 
 # ----------------------------------------------------------------------------- console
 
@@ -416,8 +417,16 @@ def run(job: Job, state: Any, start_step: int, window: dict[str, float] | None =
   while step < job.total_steps and not stop:
     host_batch = next(job.batches)
     tokens = host_batch["input_ids"].size * jax.process_count()
-    batch = input_pipeline.to_global(host_batch, job.mesh)
-    state, metrics = job.step_fn(state, batch, job.rng)
+    batch = sharding.to_global(host_batch, job.mesh)
+    # The step's dispatch moves nothing between host and devices implicitly (big_vision's
+    # guard): the batch went up explicitly above; the metrics come back in consume, by its
+    # explicit device_get, one step late (the host side is outside the guard). Moves between
+    # devices stay allowed: jit puts the step's key on the mesh.
+    with (
+      jax.transfer_guard_host_to_device("disallow"),
+      jax.transfer_guard_device_to_host("disallow"),
+    ):
+      state, metrics = job.step_fn(state, batch, job.rng)
     step += 1
     if prev is not None:
       consume(*prev)

@@ -20,7 +20,8 @@ import sys
 from absl import flags, logging
 from ml_collections import config_flags
 
-from bert_jax import cli, config_schema, preemption
+from bert_jax import cli, config_schema
+from bert_jax.runtime import preemption
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
@@ -51,14 +52,15 @@ def main(argv: list[str]) -> None:
   preemption.install(defer=_DISTRIBUTED.value)
   import jax
 
-  from bert_jax import files
+  from bert_jax.runtime import files
 
   # A workdir this code cannot serve (s4://, gs:// without gcsfs, a file) fails before the pod
   # joins up.
   files.as_dir(_WORKDIR.value, "--workdir")
   if _CPU_DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
-  from bert_jax import multihost, train
+  from bert_jax import train
+  from bert_jax.runtime import multihost
 
   if _DISTRIBUTED.value:
     multihost.initialize(

@@ -73,7 +73,7 @@ class MaskingTables(NamedTuple):
 
 
 def tables_from_tokenizer(tok: Any) -> MaskingTables:
-  """Builds MaskingTables from a `bert_jax.tokenizer.Tokenizer`."""
+  """Builds MaskingTables from a `bert_jax.tokenizers.tokenizer.Tokenizer`."""
   special = np.asarray(tok.special_mask(), dtype=bool)
   word_start = np.asarray(tok.word_start_mask(), dtype=bool)
   if special.ndim != 1 or special.shape != word_start.shape:

@@ -31,8 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import input_pipeline, masking, objectives, records
-from bert_jax import tokenizer as tokenizer_lib
+from bert_jax import masking, objectives
+from bert_jax.data import input_pipeline, records
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 _READ_BATCH = 4096  # records per read while counting
 
@@ -253,7 +254,7 @@ def reference(
       totals += score_mlm(
         counts, p["input_ids"], p["positions"], p["targets"], p["target_weights"], tables.mask_id
       )
-  lm = "ltr" if obj.ltr else "mlm"
+  lm = objectives.lm_name(obj.ltr)
   out = {f"{lm}_reference_accuracy": float(totals[0] / max(totals[1], 1))}
   if not obj.ltr:
     out["mlm_reference_accuracy_at_mask"] = float(totals[2] / max(totals[3], 1))

@@ -20,6 +20,11 @@ from bert_jax import masking
 Array = jax.Array
 
 
+def lm_name(ltr: bool) -> str:
+  """The token objective's name, the prefix of its metrics (`mlm_loss`, `ltr_accuracy`, ...)."""
+  return "ltr" if ltr else "mlm"
+
+
 @dataclasses.dataclass(frozen=True)
 class Objective:
   mlm: bool = True
@@ -120,7 +125,7 @@ def _token_ce(logits_BPV: Array, targets_BP: Array, weights_BP: Array):
 def losses(outputs: dict[str, Array], inputs: dict[str, Array], obj: Objective) -> dict[str, Array]:
   """Summed losses, correct counts and weights (float32 scalars), keyed by objective."""
   sums = {}
-  name = "ltr" if obj.ltr else "mlm"
+  name = lm_name(obj.ltr)
   loss, correct, count = _token_ce(
     outputs["mlm_logits"], inputs["targets"], inputs["target_weights"]
   )
@@ -137,7 +142,7 @@ def losses(outputs: dict[str, Array], inputs: dict[str, Array], obj: Objective) 
 def total_loss(sums: dict[str, Array], totals: dict[str, Array], obj: Objective) -> Array:
   """BERT's loss: mean token loss of the LM objective (+ mean NSP loss), normalised by the
   totals of the whole (accumulated) batch so micro-batching changes nothing."""
-  name = "ltr" if obj.ltr else "mlm"
+  name = lm_name(obj.ltr)
   loss = sums[f"{name}_loss"] / jnp.maximum(totals[f"{name}_count"], 1.0)
   if obj.nsp:
     loss = loss + sums["nsp_loss"] / jnp.maximum(totals["nsp_count"], 1.0)
@@ -145,7 +150,7 @@ def total_loss(sums: dict[str, Array], totals: dict[str, Array], obj: Objective)
 
 
 def counts(inputs: dict[str, Array], obj: Objective) -> dict[str, Array]:
-  name = "ltr" if obj.ltr else "mlm"
+  name = lm_name(obj.ltr)
   out = {f"{name}_count": jnp.sum(inputs["target_weights"])}
   if obj.nsp:
     out["nsp_count"] = jnp.sum(inputs["example_weight"])

@@ -52,7 +52,7 @@ DEFAULT_RULES: Rules = (
   (ACT_KV, None),  # head dim stays whole
   # MLM logits are NOT constrained to 'tensor': in jax 0.10.2 that constraint, with the tied
   # table sharded ('tensor', 'fsdp'), gives wrong gradients on a (2,2,2) mesh (max error 0.2
-  # in the embeddings; tests/test_sharding.py guards it). They are small at the masked
+  # in the embeddings; tests/unit/test_sharding.py guards it). They are small at the masked
   # positions (P = max_predictions, 20 at length 128, 80 at 512); an LTR model's cover every
   # position (P = L), a larger replicated [B, L, V] that the same bug rules out sharding.
   (ACT_VOCAB, None),
@@ -208,3 +208,12 @@ def init_sharded(
   with mesh_context(mesh, rules):
     tree = sharded_init(init_fn, shardings)(*args)
   return tree, shardings, abstract
+
+
+def to_global(host_batch: dict[str, np.ndarray], mesh: Mesh, data_axes=DATA_AXES) -> dict:
+  """Host batch -> global jax.Arrays sharded over data_axes on the batch dimension."""
+  sharding = NamedSharding(mesh, PartitionSpec(data_axes))
+  return {
+    k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+    for k, v in host_batch.items()
+  }

@@ -28,42 +28,22 @@ from etils import epath
 from bert_jax import (
   backends,
   config_schema,
-  files,
-  input_pipeline,
-  loader,
   loop,
   masking,
   model_config,
-  multihost,
   ngram_reference,
   objectives,
   optim,
-  pretraining_data,
-  resume,
 )
-from bert_jax import checkpoints as ckpt_lib
 from bert_jax import model as model_lib
-from bert_jax import preemption as preemption_lib
 from bert_jax import sharding as sh
-from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.config_schema import ConfigError
-
-# Per-chip peak dense bf16 FLOP/s by device kind, for MFU on accelerators. On CPU set
-# config.log.peak_flops (the benchmark measures it).
-PEAK_FLOPS = {
-  "TPU v4": 275e12,
-  "TPU v5 lite": 197e12,
-  "TPU v5e": 197e12,
-  "TPU v5p": 459e12,
-  "TPU v5": 459e12,
-  "TPU v6 lite": 918e12,
-  "TPU v6e": 918e12,
-  "NVIDIA A100-SXM4-80GB": 312e12,
-  "NVIDIA A100-SXM4-40GB": 312e12,
-  "NVIDIA H100 80GB HBM3": 989e12,
-  "NVIDIA H200": 989e12,
-}
-
+from bert_jax.data import input_pipeline, run_data
+from bert_jax.interop import loader
+from bert_jax.runtime import checkpoints as ckpt_lib
+from bert_jax.runtime import files, multihost, resume, workdir_lock
+from bert_jax.runtime import preemption as preemption_lib
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 # ----------------------------------------------------------------------------- set-up
 
@@ -85,7 +65,7 @@ def model_and_optimizer(
 
 def validate(config: ml_collections.ConfigDict, mesh, metadata: dict) -> None:
   """The config against the devices (`mesh`) and its data (`metadata`: metadata.json, or
-  `pretraining_data.planned_metadata` before the data is built): a ConfigError (exit status 2)
+  `run_data.planned_metadata` before the data is built): a ConfigError (exit status 2)
   before anything is written. Each field on its own: config_schema.check_pretraining."""
   dp = sh.data_parallel_size(mesh)
   b, accum = config.data.batch_size, config.opt.grad_accum_steps
@@ -113,9 +93,12 @@ def validate(config: ml_collections.ConfigDict, mesh, metadata: dict) -> None:
       f"data max_seq_length {metadata['max_seq_length']} exceeds "
       f"config.model.max_position_embeddings={config.model.max_position_embeddings}"
     )
-  if config.data.dir and metadata["max_seq_length"] != config.data.max_seq_length:
+  # One truth: the config's max_seq_length is the data's, whether the data was given
+  # (config.data.dir) or built into the workdir by an earlier run of another config.
+  if metadata["max_seq_length"] != config.data.max_seq_length:
+    where = config.data.dir or "the workdir's data"
     raise ConfigError(
-      f"config.data.max_seq_length={config.data.max_seq_length} but {config.data.dir} was built "
+      f"config.data.max_seq_length={config.data.max_seq_length} but {where} was built "
       f"with max_seq_length={metadata['max_seq_length']}"
     )
   if config.objective.nsp and not metadata["nsp"]:
@@ -211,12 +194,7 @@ def state_init_fn(config, model, tx) -> Callable:
 
 def abstract_state(config, model, tx, mesh, rules, rng) -> tuple[Any, Any]:
   """(shardings, ShapeDtypeStructs carrying them) of the train state: no compute at all."""
-  boxed = jax.eval_shape(state_init_fn(config, model, tx), rng)
-  shardings = sh.logical_shardings(boxed, mesh, rules)
-  structs = jax.tree.map(
-    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), nn.meta.unbox(boxed), shardings
-  )
-  return shardings, structs
+  return sh.abstract_sharded(state_init_fn(config, model, tx), mesh, rules, rng)
 
 
 def create_state(config, model, tx, mesh, rules, rng):
@@ -294,14 +272,14 @@ def evaluate(eval_step, params, config, data_dir, mesh, stop=None) -> dict[str, 
       break
     if stop is not None and stop():
       raise loop.EvalInterrupted()
-    batch = input_pipeline.to_global(host_batch, mesh)
+    batch = sh.to_global(host_batch, mesh)
     sums = jax.device_get(eval_step(params, batch))
     hist = hist + sums.pop("target_hist")
     for k, v in sums.items():
       totals[k] = totals.get(k, 0.0) + float(v)
   out = objectives.summarize(totals)
   if np.sum(hist) > 0:
-    lm = "ltr" if config.objective.ltr else "mlm"
+    lm = objectives.lm_name(config.objective.ltr)
     out[f"{lm}_majority_baseline"] = float(np.max(hist) / np.sum(hist))
   return out
 
@@ -315,9 +293,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   workdir = str(files.as_dir(workdir, "workdir"))
   # Every config and data mistake is one line before anything is created.
   config_schema.check_pretraining(config)
-  pretraining_data.check_source(config, workdir)  # unreadable data
+  run_data.check_source(config, workdir)  # unreadable data
   mesh = make_run_mesh(config)
-  validate(config, mesh, pretraining_data.planned_metadata(config, workdir))
+  validate(config, mesh, run_data.planned_metadata(config, workdir))
   loop.check_log_paths(workdir)  # a metrics.jsonl that is a directory or a link to /dev/full
   if config.init_from and not epath.Path(workdir, "checkpoints").exists():
     # A fresh run starts from init_from: a missing path or another architecture is one line
@@ -327,13 +305,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   created = not epath.Path(workdir).exists()
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   try:
-    with preemption_lib.Preemption() as preempt, preemption_lib.WorkdirLock(workdir) as lock:
+    with preemption_lib.Preemption() as preempt, workdir_lock.WorkdirLock(workdir) as lock:
       unregister = multihost.on_cleanup(lambda: _peer_lost(workdir, config, lock))
       try:
         return _train_and_evaluate(config, workdir, mesh, preempt)
       finally:
         unregister()
-  except preemption_lib.ReadOnlyWorkdir as e:  # only taking the lock raises it
+  except workdir_lock.ReadOnlyWorkdir as e:  # only taking the lock raises it
     status = preemption_lib.read_status(workdir) or {}
     total = config.opt.total_steps
     if status.get("state") != "finished" or status.get("total_steps") != total:
@@ -378,7 +356,7 @@ def _peer_lost(workdir: str, config, lock) -> None:
 
 def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
   rules = sh.rules_from_config(config.mesh.rules)
-  data_dir = pretraining_data.ensure_built(config, workdir)
+  data_dir = run_data.ensure_built(config, workdir)
   metadata = input_pipeline.read_metadata(data_dir)
   validate(config, mesh, metadata)
   tokenizer = tokenizer_lib.load_tokenizer(os.path.join(data_dir, "tokenizer"))
@@ -465,10 +443,10 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
     p_eval_step = sh.jit_eval(make_eval_step(model, obj, tables), mesh, state_sh["params"])
 
   logger = loop.MetricLogger(workdir, start_step)
-  lm = "ltr" if obj.ltr else "mlm"
+  lm = objectives.lm_name(obj.ltr)
   preds = seq_len if obj.ltr else obj.masking.max_predictions
   flops_per_token = model_lib.train_flops_per_token(cfg, seq_len, preds)
-  peak = config.log.peak_flops or PEAK_FLOPS.get(jax.devices()[0].device_kind, 0.0)
+  peak = config.log.peak_flops or backends.peak_flops(jax.devices()[0].device_kind) or 0.0
   last_eval: dict[str, float] = {}
 
   def evaluate_and_log(step: int, state: Any) -> None:

@@ -17,7 +17,8 @@ import time
 
 from absl import flags
 
-from bert_jax import cli, tokenizer_training
+from bert_jax import cli
+from bert_jax.tokenizers import training as tokenizer_training
 
 _INPUT = flags.DEFINE_string("input", None, "Comma-separated globs of .txt/.gz files.")
 _KIND = flags.DEFINE_enum("kind", "wordpiece", ["wordpiece", "sentencepiece"], "Tokenizer kind.")

@@ -5,9 +5,11 @@
   python -m bert_jax.aot --config=bert_large --topology=v5e-16  # does it fit?
 
 Same recipe as bert_base (ARG `phase=1|2`). Layers are scanned (compile time independent of
-depth) and rematerialised at the dots-without-batch-dims policy. Hardware: the paper's 16
-Cloud TPUs (64 chips) for 4 days. Target: above BERT-Base's pretraining accuracy (bert_jax
-has not run it end to end: no TPU has been available).
+depth) and rematerialised at the dots-without-batch-dims policy.
+
+Hardware: the paper's 16 Cloud TPUs (64 chips). Time: 4 days there. Expected: above
+BERT-Base's pretraining accuracy (bert_jax has not run it end to end: no TPU has been
+available). Fit on a v5e-16: docs/aot_fit.md.
 """
 
 from bert_jax import config_lib

@@ -31,8 +31,8 @@ hidden states (bert_jax/tasks/features.py), e.g. wnut16_ner,features=concat_last
 `config.init` is any checkpoint the loader reads (empty: a randomly initialised model of
 config.model, a no-pretraining baseline).
 
-Results from all-MiniLM-L6-v2 on 2 CPU cores (AMD EPYC, fp32, 2026-11-24/25; every command in
-docs/finetuning.md), test score at the best dev epoch, mean ± std over seeds:
+Hardware: 2 CPU cores (fp32). Expected, from all-MiniLM-L6-v2 (test score at the best dev
+epoch, mean ± std over seeds; each command, machine and date: docs/finetuning.md):
   rotten_tomatoes  first 2,000 train, lr 5e-5, 2 epochs, 5 seeds: accuracy 78.7 ± 1.1
   wnut16_ner       lr 1e-4, batch 16, 3 epochs, 5 seeds: entity F1 36.2 ± 2.0, ~4 min/seed
   brown_pos        first 2,000 train / 1,000 dev / 1,000 test, lr 1e-4, batch 16, 3 epochs, 3 seeds:

@@ -125,7 +125,7 @@ def control(scale: str, config: Any, seed: int, data: str = "") -> list[dict[str
   workdir in for {point}). The baseline's pretraining seed `seed` gets row
   `pretraining=none,seed=SEED`, whose fine-tuning seeds start at seed x FINETUNE_SEEDS (other
   random initialisations for every row); --reuse links it between experiments."""
-  from bert_jax import checkpoints  # the fields that make an architecture (param shapes)
+  from bert_jax.runtime import checkpoints  # the fields that make an architecture (param shapes)
 
   architecture = (*checkpoints.SHAPE_FIELDS, "initializer_range")
   model = {f"model.{k}": config.model[k] for k in architecture}

@@ -16,7 +16,7 @@ import re
 import shlex
 import subprocess
 
-EXIT_PREEMPTED = 75  # bert_jax.preemption.EXIT_PREEMPTED (sweep.py exits with it too)
+EXIT_PREEMPTED = 75  # bert_jax.runtime.preemption.EXIT_PREEMPTED (sweep.py exits with it too)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,7 +63,7 @@ requeue`) when SIGTERM made it save and exit 75 (a preemption, `scancel --signal
 or 5 minutes before its time limit), then the report as a job of its own that waits for the
 whole array (afterany) and reports once every point is done (else it fails, naming them).
 --sbatch and --sbatch_report add sbatch options (partition, GPUs, time) to the array and the
-report job. Tested against a one-node SLURM 22.05 (tests/test_slurm.py; docs/cluster.md).
+report job. Tested against a one-node SLURM 22.05 (tests/e2e/test_slurm_e2e.py; docs/cluster.md).
 --backend=tpu_vm: per point one Cloud TPU queued resource, set up with launch/tpu_pod.sh,
 running the point on every worker (--distributed), then deleted; the report after all
 (written from the gcloud reference: no TPU was available to run it). With --dry_run both print
@@ -75,9 +75,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import importlib.util
-import inspect
 import json
 import os
 import shlex
@@ -90,25 +87,41 @@ from typing import Any
 
 from absl import flags
 
-from bert_jax import preemption
+from bert_jax.runtime import preemption
 
 # The scheduler backends live beside this file (it runs as a script, or is loaded by path).
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import finetune_runs as finetune_runs_lib  # noqa: E402
 import schedulers  # noqa: E402
+from deadline import (  # noqa: E402
+  DEADLINE,  # noqa: F401 -- the file a deadline writes, read as sweep.DEADLINE
+  _call_passing_signals,
+  _parse_deadline,
+  _write_deadline,
+)
 from finetune_runs import (  # noqa: E402
   DONE,
   FINETUNE_CONFIG,
   RESULTS,
   FinetuneRun,
   check_finetune_overrides,
-  check_keys,
   finetune_command,
   finetune_key,
-  link_if_same,
   reuse_run,
 )
+from points import (  # noqa: E402
+  Point,
+  _reuse,
+  _selected,
+  check_overrides,
+  command,
+  expand,
+  load_experiment,
+  pretraining_key,
+  split_experiment,
+)
+from sweep_flags import BACKENDS, FLAGS, STAGES  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -119,147 +132,6 @@ class Preempted(Exception):
 
 class PastDeadline(Exception):
   """The sweep's --deadline came: the run in flight was stopped (it saved a checkpoint)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Point:
-  name: str  # "key=value[,key=value]": the point's own keys, also its workdir under --root
-  arg: str  # the full ARG passed to get_config
-
-
-def split_experiment(spec: str) -> tuple[str, str]:
-  """'FILE.py[:ARG]' -> (FILE.py, ARG)."""
-  path, _, arg = spec.partition(":")
-  return path, arg
-
-
-def load_experiment(path: str) -> Any:
-  """Imports an experiment file; one-line errors for a missing file or missing functions."""
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"--experiment: no such file {path}")
-  spec = importlib.util.spec_from_file_location(
-    "experiment_" + os.path.splitext(os.path.basename(path))[0], path
-  )
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  for fn in ("get_config", "sweep"):
-    if not callable(getattr(module, fn, None)):
-      raise ValueError(f"--experiment: {path} defines no {fn}() (see launch/sweep.py)")
-  return module
-
-
-def _fmt(value: Any) -> str:
-  return str(value)  # bools -> True/False, which parse_arg reads back
-
-
-def _merge_arg(base: str, point: dict[str, Any]) -> str:
-  items: dict[str, str] = {}
-  for item in filter(None, base.split(",")):
-    if "=" not in item:
-      raise ValueError(f"--experiment ARG item {item!r} must be key=value in a sweep")
-    k, v = item.split("=", 1)
-    items[k] = v
-  items.update({k: _fmt(v) for k, v in point.items()})
-  return ",".join(f"{k}={v}" for k, v in items.items())
-
-
-def expand(path: str, arg: str = "") -> list[Point]:
-  """The sweep's points; every point's config is built once so a bad point fails here."""
-  module = load_experiment(path)
-  raw: list[dict[str, Any]] = []
-
-  def add(**point: Any) -> None:
-    if not point:
-      raise ValueError(f"{path}: sweep() called add() without arguments")
-    raw.append(point)
-
-  # sweep(add, arg) may list different points per scale (Table 6's sizes).
-  if len(inspect.signature(module.sweep).parameters) > 1:
-    module.sweep(add, arg)
-  else:
-    module.sweep(add)
-  if not raw:
-    raise ValueError(f"{path}: sweep() added no points")
-  points = []
-  for p in raw:
-    name = ",".join(f"{k}={_fmt(v)}" for k, v in p.items())
-    full = _merge_arg(arg, p)
-    try:
-      module.get_config(full)
-    except ValueError as e:
-      raise ValueError(f"{path}: sweep point {name}: {e}") from None
-    points.append(Point(name=name, arg=full))
-  names = [p.name for p in points]
-  if len(set(names)) != len(names):
-    raise ValueError(f"{path}: sweep() added the same point twice: {names}")
-  return points
-
-
-def check_overrides(path: str, arg: str, overrides: list[str]) -> None:
-  """Every --config.a.b=v names an existing key (main.py would fail later, per point)."""
-  check_keys(load_experiment(path).get_config(arg), overrides, path)
-
-
-def command(
-  path: str, point: Point, root: str, overrides: list[str], main_module: str = "bert_jax.main"
-) -> list[str]:
-  return [
-    sys.executable,
-    "-m",
-    main_module,
-    f"--config={path}:{point.arg}" if point.arg else f"--config={path}",
-    f"--workdir={os.path.join(root, point.name)}",
-    *overrides,
-  ]
-
-
-def pretraining_key(path: str, point: Point, overrides: list[str]) -> str:
-  """What decides a pretraining run's result: the point's config and the overrides on it."""
-  config = load_experiment(path).get_config(point.arg)
-  payload = {"config": json.loads(config.to_json_best_effort()), "overrides": sorted(overrides)}
-  return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-def _reuse(key: str, workdir: str, roots: list[str]) -> str | None:
-  """Links `workdir` to a finished point with the same pretraining key under `roots`."""
-  if os.path.lexists(workdir):
-    return None
-  for root in roots:
-    if not os.path.isdir(root):
-      continue
-    for name in sorted(os.listdir(root)):
-      if link_if_same(key, os.path.join(root, name), workdir):
-        return os.path.join(root, name)
-  return None
-
-
-def _selected(points: list[Point], only: str | None) -> list[Point]:
-  if not only:
-    return points
-  chosen = []
-  for want in only.split(";"):
-    match = [p for p in points if _matches(want, p.name)]
-    if not match:
-      raise ValueError(f"--only={want}: no such point; points: {'; '.join(p.name for p in points)}")
-    chosen += [p for p in match if p not in chosen]
-  return [p for p in points if p in chosen]
-
-
-def _values(name: str) -> str:
-  """'task=mlm,scale=cpu' -> 'mlm,cpu': --only may name a point by its values alone."""
-  return ",".join(item.split("=", 1)[1] for item in name.split(","))
-
-
-def _matches(want: str, name: str) -> bool:
-  """Whether --only's `want` names the point `name`: every comma-separated item of it is one of
-  the point's key=value items or values ('mlm' and 'task=mlm' name every seed of task=mlm)."""
-  items = name.split(",")
-  have = set(items) | {item.split("=", 1)[1] for item in items}
-  return want in (name, _values(name)) or set(want.split(",")) <= have
-
-
-STAGES = ("pretrain", "finetune", "report")
-BACKENDS = ("local", "slurm", "tpu_vm")
 
 
 def finetune_runs(path: str, point: Point) -> list[FinetuneRun]:
@@ -485,22 +357,6 @@ def _run_points(
         failed.append(name)
 
 
-DEADLINE = "deadline.json"
-
-
-def _write_deadline(root: str, deadline: float | None, stopped: str, skipped: list[str]) -> None:
-  """<root>/deadline.json: what the last --deadline left undone (removed once all is done)."""
-  path = os.path.join(root, DEADLINE)
-  if not skipped:
-    if os.path.exists(path):
-      os.remove(path)
-    return
-  os.makedirs(root, exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    json.dump({"deadline": deadline, "stopped": stopped, "not_done": skipped}, f, indent=2)
-  os.replace(path + ".tmp", path)
-
-
 def _not_done(path: str, points: list[Point], root: str, stages: tuple[str, ...]) -> list[str]:
   """The runs of `stages` (pretrain, finetune) of `points` without their sweep_done.json."""
   missing = []
@@ -512,48 +368,6 @@ def _not_done(path: str, points: list[Point], root: str, stages: tuple[str, ...]
         if not os.path.exists(os.path.join(ft.workdir(root), DONE)):
           missing.append(f"{ft.row}/finetune/{ft.task}")
   return missing
-
-
-# After SIGTERM at the deadline, how long a run may take to save and exit before it is killed.
-DEADLINE_GRACE_S = 60
-
-
-def _call_passing_signals(
-  cmd: list[str], env: dict[str, str] | None, deadline: float | None = None
-) -> tuple[int, bool | str]:
-  """Runs `cmd`; SIGTERM/SIGINT/SIGHUP to this script are passed on to it (it saves and exits
-  75) instead of killing it; at `deadline` (unix time) it gets SIGTERM too. Returns (exit
-  status, whether this script got a signal, or "deadline")."""
-  procs: list[subprocess.Popen] = []
-  got: list[int] = []
-
-  def forward(signum: int, frame: Any) -> None:
-    del frame
-    got.append(signum)
-    if procs and procs[0].poll() is None:
-      procs[0].send_signal(signum)  # a second copy (a terminal's process group) is harmless
-
-  # Installed first: a signal while the command starts is passed on once it has started.
-  old = {sig: signal.signal(sig, forward) for sig in preemption.SIGNALS}
-  try:
-    procs.append(subprocess.Popen(cmd, env=env))
-    for signum in got:
-      procs[0].send_signal(signum)
-    try:
-      timeout = None if deadline is None else max(0.0, deadline - time.time())
-      rc = procs[0].wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-      procs[0].send_signal(signal.SIGTERM)
-      try:
-        procs[0].wait(timeout=DEADLINE_GRACE_S)
-      except subprocess.TimeoutExpired:
-        procs[0].kill()
-        procs[0].wait()
-      return procs[0].returncode, "deadline"
-  finally:
-    for sig, handler in old.items():
-      signal.signal(sig, handler)
-  return rc, bool(got)
 
 
 def _rel_experiment(experiment: str, repo: str) -> str:
@@ -635,66 +449,6 @@ def launch(experiment: str, root: str, opts: Options) -> None:
   print(schedulers.SUBMIT[opts.backend](sweep, file, opts.sbatch, opts.sbatch_report))
 
 
-# ----------------------------------------------------------------------------- flags
-
-# The sweep's own flags (absl, on a FlagValues of their own: tests call main() repeatedly and
-# bert_jax's modules define flags of the same names). --config.KEY=VALUE and
-# --finetune.KEY=VALUE pass through to the runs, so they are split off before absl sees them.
-FLAGS = flags.FlagValues()
-flags.DEFINE_string(
-  "experiment", None, "FILE.py[:ARG]: the experiment file and its ARG.", flag_values=FLAGS
-)
-flags.DEFINE_string("root", None, "Directory of the sweep: a workdir per point.", flag_values=FLAGS)
-flags.DEFINE_string(
-  "only", None, "Points by name or values, separated by ';' (default: all).", flag_values=FLAGS
-)
-flags.DEFINE_list("stages", list(STAGES), "What runs: pretrain,finetune,report.", flag_values=FLAGS)
-flags.DEFINE_string("backend", "local", "local, slurm or tpu_vm.", flag_values=FLAGS)
-flags.DEFINE_list(
-  "reuse",
-  [],
-  "local: roots whose finished points with the same config are linked.",
-  flag_values=FLAGS,
-)
-flags.DEFINE_bool(
-  "distributed",
-  False,
-  "Every run is one multi-process JAX job (--distributed).",
-  flag_values=FLAGS,
-)
-flags.DEFINE_bool(
-  "dry_run",
-  False,
-  "Print the commands (or the scheduler's script); run nothing.",
-  flag_values=FLAGS,
-)
-flags.DEFINE_string(
-  "sbatch",
-  "",
-  "slurm: sbatch options of the array job, e.g. '--partition=gpu --gpus=1 "
-  "--time=8:00:00' (they override the script's #SBATCH lines).",
-  flag_values=FLAGS,
-)
-flags.DEFINE_string(
-  "sbatch_report", "", "slurm: sbatch options of the report job.", flag_values=FLAGS
-)
-flags.DEFINE_string(
-  "deadline",
-  None,
-  "local: a time (unix seconds, or +SECONDS from now) when the run in flight is stopped "
-  "(SIGTERM: it saves) and nothing more starts; <root>/deadline.json lists what did not run, "
-  "the report covers what did, and the exit status is 75 (rerun to finish).",
-  flag_values=FLAGS,
-)
-flags.DEFINE_list(
-  "report_requires",
-  None,
-  "The stages whose runs must be done (sweep_done.json) before the "
-  "report stage reports (default: the other --stages; all of them for --stages=report).",
-  flag_values=FLAGS,
-)
-
-
 def _parse(argv: list[str]) -> tuple[str, str, Options]:
   """argv (without the program name) -> (experiment, root, options); ValueError if bad."""
   opts = Options()
@@ -746,15 +500,6 @@ def _parse(argv: list[str]) -> tuple[str, str, Options]:
   opts.sbatch = shlex.split(FLAGS.sbatch)
   opts.sbatch_report = shlex.split(FLAGS.sbatch_report)
   return FLAGS.experiment, FLAGS.root, opts
-
-
-def _parse_deadline(value: str) -> float:
-  """--deadline: unix seconds, or +SECONDS from now."""
-  try:
-    t = float(value[1:]) if value.startswith("+") else float(value)
-  except ValueError:
-    raise ValueError(f"--deadline={value}: not a number of seconds") from None
-  return time.time() + t if value.startswith("+") else t
 
 
 def _stop_between_runs(signum: int, frame: Any) -> None:

@@ -1,5 +1,6 @@
 """Dumps masked pretraining batches (as bert_jax's trainer makes them) for
-references/hf_reference_mlm.py: the 3,200-batch comparison with HuggingFace in docs/history.md.
+references/hf_reference_mlm.py: the 3,200-batch comparison with HuggingFace in
+docs/notes/history.md.
 
   python references/dump_masked_batches.py --data_dir=WORKDIR/data --out=DIR  # e.g. local.py's
 """
@@ -10,8 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import config_lib, input_pipeline, masking, objectives
-from bert_jax import tokenizer as tl
+from bert_jax import config_lib, masking, objectives
+from bert_jax.data import input_pipeline
+from bert_jax.tokenizers import tokenizer as tl
 
 p = argparse.ArgumentParser()
 p.add_argument("--data_dir", required=True)

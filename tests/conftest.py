@@ -1,4 +1,12 @@
-"""Test set-up: 8 fake CPU devices so (2,2,2) meshes run on one CPU host."""
+"""Test set-up: 8 fake CPU devices so (2,2,2) meshes run on one CPU host, and the tiers.
+
+unit/  one test file per module, named after it (test_<folder>_<module>.py inside a folder):
+       the default run (the README's test command, CI)
+e2e/   real processes (trainers, resumes, SLURM, two-process preemption): marked `slow` here,
+       CI runs them too: pytest -m slow
+lab/   the benchmark, GPU programs and flash attention: marked `lab`, not in CI:
+       pytest -m lab
+"""
 
 import os
 import pathlib
@@ -31,6 +39,18 @@ from absl import flags  # noqa: E402
 # grain's multiprocessing workers read absl flags; pytest never parses them.
 flags.FLAGS.mark_as_parsed()
 
+TESTS = pathlib.Path(__file__).resolve().parent
+_TIER_MARKS = {"e2e": "slow", "lab": "lab"}
+
+
+def pytest_collection_modifyitems(config, items):
+  """A test's folder is its tier: e2e/ tests are `slow`, lab/ tests `lab`."""
+  for item in items:
+    tier = pathlib.Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
+    if tier in _TIER_MARKS:
+      item.add_marker(_TIER_MARKS[tier])
+
+
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
@@ -45,7 +65,7 @@ def shared_data():
 @pytest.fixture(scope="session")
 def tiny_data_dir(tmp_path_factory):
   """The bundled corpus built once per session at sequence length 64 (a few seconds)."""
-  from bert_jax import pretraining_data
+  from bert_jax.data import pretraining as pretraining_data
 
   out = tmp_path_factory.mktemp("data") / "local64"
   pretraining_data.build(

@@ -1,4 +1,5 @@
-"""A one-node SLURM cluster on the test machine, for the tests of launch/ (tests/test_slurm.py).
+"""A one-node SLURM cluster on the test machine, for the tests of launch/
+(tests/e2e/test_slurm_e2e.py).
 
 munged, slurmctld and slurmd run with a generated `slurm.conf` in a temporary directory (their
 own ports, munge socket, state and spool directories), so they touch nothing of the machine's

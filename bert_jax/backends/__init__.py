@@ -45,6 +45,31 @@ AUTO_ATTENTION: dict[tuple[str, int], tuple[str, str]] = {
 # A platform without a measured entry (before attention_impl existed).
 DEFAULT_ATTENTION = ("xla", "explicit")
 
+# Dense bf16 peak FLOP/s per chip, from the datasheets, by device kind: a substring of the kind
+# JAX or PyTorch reports, the first match wins (so "H100 PCIe" before "H100"). The one table of
+# peaks: the trainer's `mfu` (metrics.jsonl) and the benchmark's `mfu_datasheet` divide by it.
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+  ("TPU v4", 275e12),
+  ("TPU v5 lite", 197e12),
+  ("TPU v5e", 197e12),
+  ("TPU v5p", 459e12),
+  ("TPU v5", 459e12),
+  ("TPU v6 lite", 918e12),
+  ("TPU v6e", 918e12),
+  ("H200", 989e12),
+  ("H100 PCIe", 756e12),
+  ("H100", 989e12),  # SXM
+  ("A100", 312e12),
+)
+
+
+def peak_flops(device_kind: str) -> float | None:
+  """The datasheet's dense bf16 peak FLOP/s of one chip of `device_kind`, or None (unknown: on
+  a CPU, config.log.peak_flops gives it)."""
+  kind = device_kind.lower()
+  return next((flops for key, flops in PEAK_BF16_FLOPS if key.lower() in kind), None)
+
+
 # Whether Pallas interprets the flash kernels, per platform (GPU: Triton; CPU: for tests).
 FLASH_INTERPRET = {"gpu": False, "cpu": True}
 # The largest head dim 'auto' runs flash at (only 64 has run on a GPU: docs/gpu.md).

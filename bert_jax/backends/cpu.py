@@ -1,6 +1,6 @@
 """The XLA:CPU kernels BertConfig.kernels='cpu' runs (the CPU's 'auto'): the same values,
 gradients and parameters as the stock ops (up to float32 summation order,
-tests/test_kernels.py), in the forms XLA:CPU runs fast:
+tests/unit/test_backends_cpu.py), in the forms XLA:CPU runs fast:
 
 - `matmul`, `tied_logits`: custom VJPs that keep both backward dots in the compute dtype with
   float32 accumulators, and take the weight gradient from a transposed copy of the narrower

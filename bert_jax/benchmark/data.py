@@ -8,8 +8,9 @@ import tempfile
 import time
 from typing import Any
 
-from bert_jax import input_pipeline, pretraining_data
-from bert_jax import tokenizer as tokenizer_lib
+from bert_jax.data import input_pipeline
+from bert_jax.data import pretraining as pretraining_data
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 
 def measure_data(seq: int = 128, batch: int = 32, batches: int = 50) -> dict[str, Any]:

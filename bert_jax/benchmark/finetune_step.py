@@ -18,7 +18,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import backends, input_pipeline, model_config, optim
+from bert_jax import backends, model_config, optim
 from bert_jax import sharding as sh
 from bert_jax import tasks as tasks_lib
 from bert_jax.benchmark import batches, sizes, step
@@ -95,7 +95,7 @@ def prepare(config: ml_collections.ConfigDict) -> step.Prepared:
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
   state_sh, abstract = sh.abstract_sharded(init_fn, mesh, rules, init_rng)
 
-  batch = input_pipeline.to_global(host_batch(config, cfg.vocab_size), mesh)
+  batch = sh.to_global(host_batch(config, cfg.vocab_size), mesh)
   with sh.mesh_context(mesh, rules):
     fn = sh.jit_step(train_step, mesh, state_sh)
     t0 = time.perf_counter()

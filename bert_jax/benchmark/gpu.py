@@ -38,7 +38,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from bert_jax import compile_cache
+from bert_jax import backends
 from bert_jax.benchmark import (
   gpu_plan,
   kernel_families,
@@ -49,26 +49,19 @@ from bert_jax.benchmark import (
   suite,
   tables,
 )
+from bert_jax.runtime import compile_cache
 
 # Past the deadline, a build that had to start (a shape) may still be running: the parent waits
 # this long for its workers before it stops them (tools/gpu/device_run.sh's hard timeout is
 # the deadline + this + a margin).
 GRACE_S = 20.0
-# Dense bf16 TFLOP/s by device kind (substring of the kind JAX or PyTorch reports, first match).
-DATASHEET_BF16_TFLOPS = (
-  ("H200", 989.0),
-  ("H100 PCIe", 756.0),
-  ("H100", 989.0),  # SXM
-  ("A100", 312.0),
-)
 
 
 def datasheet_tflops(device_kind: str) -> float | None:
-  """The dense bf16 datasheet peak of a device kind, or None (not in the table)."""
-  for key, tflops in DATASHEET_BF16_TFLOPS:
-    if key.lower() in device_kind.lower():
-      return tflops
-  return None
+  """The dense bf16 datasheet peak of a device kind in TFLOP/s (`backends.PEAK_BF16_FLOPS`, the
+  trainer's table), or None (not in the table)."""
+  flops = backends.peak_flops(device_kind)
+  return None if flops is None else flops / 1e12
 
 
 def enrich(rec: dict[str, Any], peaks: dict[str, float]) -> dict[str, Any]:

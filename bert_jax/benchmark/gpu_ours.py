@@ -34,9 +34,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from bert_jax import backends, compile_cache
+from bert_jax import backends
 from bert_jax.benchmark import finetune_step, gpu_plan, host, memory, profile, protocol
 from bert_jax.benchmark import step as step_lib
+from bert_jax.runtime import compile_cache
 
 DTYPE = "bfloat16"  # compute dtype; params stay float32
 # Products in the chained matmul (`_matmuls`): one call long enough (~30 ms of 8192-cube bf16

@@ -18,10 +18,10 @@ from typing import Any
 
 import jax
 
-from bert_jax import compile_cache
 from bert_jax import model as model_lib
 from bert_jax.benchmark import finetune_step, host, memory, protocol, sizes, tables
 from bert_jax.benchmark import step as step_lib
+from bert_jax.runtime import compile_cache
 
 
 def measure_ours(

@@ -10,9 +10,9 @@ from typing import Any
 from bert_jax import model as model_lib
 from bert_jax import model_config
 
-# (num_layers, hidden_size, num_heads); intermediate = 4 * hidden, BERT's 30,522 vocab.
-EXTRA_SIZES = {"minilm": (6, 384, 12)}
-SIZES = {**model_config.SIZES, **EXTRA_SIZES}
+# The benchmark's own names for sizes model_config.size_fields reads (as the paper names them).
+EXTRA_SIZES = {"minilm": "L6_H384_A12"}
+SIZES = (*model_config.SIZES, *EXTRA_SIZES)
 # Predicted positions per sequence by length (the original BERT's two phases).
 MAX_PREDICTIONS = {128: 20, 512: 80}
 
@@ -23,11 +23,10 @@ def max_predictions(seq: int) -> int:
 
 
 def size_fields(name: str) -> dict[str, int]:
-  """BertConfig fields for a benchmark size."""
+  """BertConfig fields for a benchmark size (`model_config.size_fields` of its name)."""
   if name not in SIZES:
     raise ValueError(f"--sizes: unknown size {name!r}; choose from {', '.join(SIZES)}")
-  n, d, h = SIZES[name]
-  return dict(num_layers=n, hidden_size=d, num_heads=h, intermediate_size=4 * d)
+  return model_config.size_fields(EXTRA_SIZES.get(name, name))
 
 
 def config_for_size(name: str, **overrides: Any) -> model_config.BertConfig:

@@ -21,11 +21,11 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import compile_cache, config_lib, masking, model_config, train
-from bert_jax import input_pipeline as pipeline
+from bert_jax import config_lib, masking, model_config, train
 from bert_jax import sharding as sh
-from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.benchmark import batches, sizes
+from bert_jax.runtime import compile_cache
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 # The two kernel settings of the model (`--variants=kernels=xla` times the stock XLA path).
 # Without a variant the benchmark times the trainer's default ('auto': the CPU kernels on the
@@ -131,7 +131,7 @@ def prepare(config: ml_collections.ConfigDict, tables: Any = None) -> Prepared:
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
   state_sh, abstract = train.abstract_state(config, model, tx, mesh, rules, init_rng)
   host_batch = synthetic_batch(config.data.batch_size, config.data.max_seq_length, cfg.vocab_size)
-  batch = pipeline.to_global(host_batch, mesh)
+  batch = sh.to_global(host_batch, mesh)
   with sh.mesh_context(mesh, rules):
     fn = train.jit_train_step(model, tx, obj, tables, config.opt.grad_accum_steps, mesh, state_sh)
     t0 = time.perf_counter()

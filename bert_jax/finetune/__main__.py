@@ -33,7 +33,8 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from bert_jax import cli, config_schema
+from bert_jax import cli
+from bert_jax.finetune import schema as ft_schema
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
@@ -55,9 +56,9 @@ def main(argv: list[str]) -> None:
 
   if _CPU_DEVICES.value:
     jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
-  from bert_jax import multihost
-  from bert_jax import preemption as preemption_lib
   from bert_jax.finetune import grid, inputs
+  from bert_jax.runtime import multihost
+  from bert_jax.runtime import preemption as preemption_lib
 
   preemption_lib.install(defer=_DISTRIBUTED.value)  # several processes stop together
   if _DISTRIBUTED.value:
@@ -83,7 +84,7 @@ def run() -> None:
   """`python -m bert_jax.finetune` and the console script. Exit status: 0 done; 75 preempted
   after saving (rerun to resume); 1 an error a user can fix (one line); 2 a bad flag or
   config."""
-  from bert_jax import preemption as preemption_lib
+  from bert_jax.runtime import preemption as preemption_lib
 
   preemption_lib.install()  # from the start: a signal never finds the default action
   try:
@@ -91,7 +92,7 @@ def run() -> None:
       main,
       "finetune",
       compilation_cache=True,
-      check=lambda: config_schema.check_finetuning(_CONFIG.value),
+      check=lambda: ft_schema.check_finetuning(_CONFIG.value),
     )
   except preemption_lib.Preempted as e:
     print(e.line(), file=sys.stderr, flush=True)

@@ -13,8 +13,9 @@ from typing import Any, NamedTuple
 
 import ml_collections
 
-from bert_jax import corpus, files
 from bert_jax import tasks as tasks_lib
+from bert_jax.data import corpus
+from bert_jax.runtime import files
 from bert_jax.tasks import encode, kinds, readers, squad
 from bert_jax.tasks.encode import Encoded
 

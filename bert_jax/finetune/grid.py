@@ -9,10 +9,12 @@ from typing import Any
 
 import ml_collections
 
-from bert_jax import config_schema, files, loop, multihost
-from bert_jax import preemption as preemption_lib
+from bert_jax import loop
 from bert_jax.finetune import inputs, seed
+from bert_jax.finetune import schema as ft_schema
 from bert_jax.finetune import workdir as workdir_lib
+from bert_jax.runtime import files, multihost, workdir_lock
+from bert_jax.runtime import preemption as preemption_lib
 
 
 def grid_points(config: ml_collections.ConfigDict) -> list[dict[str, Any]]:
@@ -68,12 +70,12 @@ def run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
       f"--workdir={workdir}: fine-tuning writes its best/ params dir and predictions with "
       "local file APIs; use a local (or gcsfuse-mounted) directory"
     )
-  config_schema.check_finetuning(config)  # the CLI checked it already; a library call too
+  ft_schema.check_finetuning(config)  # the CLI checked it already; a library call too
   with preemption_lib.Preemption() as preempt:
     prep = inputs.prepare(config)
     run = seed.seed_run(config, workdir, prep)
     os.makedirs(workdir, exist_ok=True)
-    with preemption_lib.WorkdirLock(workdir) as lock:
+    with workdir_lock.WorkdirLock(workdir) as lock:
       unregister = multihost.on_cleanup(lambda: workdir_lib.peer_lost(run, lock))
       try:
         workdir_lib.check_workdir(

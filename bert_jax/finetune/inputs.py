@@ -15,13 +15,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from bert_jax import config_schema, hf_io, loader, loop
+from bert_jax import config_schema, loop
 from bert_jax import sharding as sh
 from bert_jax import tasks as tasks_lib
-from bert_jax import tokenizer as tokenizer_lib
 from bert_jax.finetune import data as data_lib
+from bert_jax.interop import hf_io, loader
 from bert_jax.model_config import BertConfig
 from bert_jax.tasks import features as features_lib
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 # BertConfig fields a fine-tuning config may set on top of the checkpoint's architecture.
 RUN_FIELDS = (
@@ -100,7 +101,7 @@ def check_size_overrides(config: ml_collections.ConfigDict, overridden: Iterable
 
 def validate(config: ml_collections.ConfigDict, mesh) -> None:
   """The config against the devices (a ConfigError: exit 2, before the workdir is made); its
-  fields alone are config_schema.check_finetuning's."""
+  fields alone are finetune.schema.check_finetuning's."""
   dp = sh.data_parallel_size(mesh)
   for name, b in (
     ("data.batch_size", config.data.batch_size),

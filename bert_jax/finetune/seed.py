@@ -19,13 +19,14 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from bert_jax import backends, files, input_pipeline, loop, optim, params_tree
-from bert_jax import checkpoints as ckpt_lib
+from bert_jax import backends, loop, optim, params_tree
 from bert_jax import sharding as sh
 from bert_jax import tasks as tasks_lib
 from bert_jax.finetune.data import Split, Splits
 from bert_jax.finetune.inputs import Prepared
 from bert_jax.model_config import BertConfig
+from bert_jax.runtime import checkpoints as ckpt_lib
+from bert_jax.runtime import files
 from bert_jax.tasks import batches as batches_lib
 from bert_jax.tasks import kinds, squad
 
@@ -142,7 +143,7 @@ def evaluate(
     if stop is not None and stop():
       raise loop.EvalInterrupted()
     local = batches_lib.host_slice(batch)  # this process's rows
-    out = jax.device_get(p_eval(params, input_pipeline.to_global(local, mesh)))
+    out = jax.device_get(p_eval(params, sh.to_global(local, mesh)))
     loss_sum += float(out.pop("loss_sum"))
     count += float(out.pop("count"))
     for j, r in enumerate(out.pop("row")):

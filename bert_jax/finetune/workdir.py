@@ -16,11 +16,12 @@ from typing import Any
 
 import jax
 
-from bert_jax import files, loop, resume
-from bert_jax import preemption as preemption_lib
+from bert_jax import loop
 from bert_jax import tasks as tasks_lib
 from bert_jax.finetune import data as data_lib
 from bert_jax.finetune.seed import SEED_RESULT, SeedRun
+from bert_jax.runtime import files, resume
+from bert_jax.runtime import preemption as preemption_lib
 from bert_jax.tasks import kinds, metrics
 
 CONFIG = "config.json"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert_jax import trees
-from bert_jax.files import read_json
+from bert_jax.runtime.files import read_json
 
 REPORT_DIR = "report"
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from bert_jax.tasks import kinds
 from bert_jax.tasks.formats import TaggedExample, TextExample
-from bert_jax.tokenizer import Tokenizer
+from bert_jax.tokenizers.tokenizer import Tokenizer
 
 # label_ids of a word's first sub-token whose tag is unknown (an unlabelled test split): no loss
 # or metric reads it (they take ids >= 0); an unlabelled split's predictions file does.

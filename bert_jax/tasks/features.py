@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
 import time
 from typing import Any
@@ -41,11 +40,12 @@ import ml_collections
 import numpy as np
 from jax import Array
 
-from bert_jax import files, input_pipeline, model_config, params_tree, trees
 from bert_jax import model as model_lib
+from bert_jax import model_config, params_tree, trees
 from bert_jax import sharding as sh
+from bert_jax.runtime import files
 from bert_jax.tasks import batches, kinds
-from bert_jax.tokenizer import TOKENIZER_DIR
+from bert_jax.tokenizers.tokenizer import TOKENIZER_DIR
 
 ROWS: dict[str, dict[str, Any]] = {
   "embeddings": dict(layers=(0,), all_layers=False, combine="concat"),
@@ -275,7 +275,7 @@ def add_features(
         continue
       rows = split.rows
       for batch in batches.eval_batches(rows, config.data.eval_batch_size, bl, pad_id):
-        inputs = input_pipeline.to_global(batches.host_slice(batch), mesh)
+        inputs = sh.to_global(batches.host_slice(batch), mesh)
         h = jax.device_get(forward(params, *(inputs[k] for k in batches.MODEL_INPUTS)))
         n_batches += 1
         for j, r in enumerate(batch["row"]):
@@ -361,7 +361,3 @@ def load_head(path: str) -> tuple[dict[str, Any], Any]:
     raise FileNotFoundError(f"{p}: not a feature head dir (no {HEAD_FILE})")
   info = files.read_json(p / kinds.TASK_FILE)
   return info, trees.unflatten(load_file(str(p / HEAD_FILE)))
-
-
-def is_head_dir(path: str) -> bool:
-  return os.path.isfile(os.path.join(path, HEAD_FILE))

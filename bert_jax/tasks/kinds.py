@@ -7,10 +7,11 @@
   span_qa          every token         qa_outputs   2 (start, end)  QuestionAnswering
   multiple_choice  pooled, per choice  classifier   1 (per choice)  MultipleChoice
 
-The model (heads.py), the fine-tuning interface (`bert_jax.tasks.Task`), the readers and the
-HF export (`bert_jax.hf_heads`) read their per-kind choices from `KINDS` instead of testing
-kind names. Losses return (summed loss, count) so gradient accumulation divides by the whole
-batch's count.
+The model (heads.py), the fine-tuning interface (`bert_jax.tasks.Task`) and the readers read
+their per-kind choices from `KINDS` instead of testing kind names; a kind's head as checkpoints
+hold it (output Dense, output count, HF class) is `Kind.hf`, from `bert_jax.interop.hf_heads`,
+which reads checkpoints without this module. Losses return (summed loss, count) so gradient
+accumulation divides by the whole batch's count.
 """
 
 from __future__ import annotations
@@ -24,13 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
+from bert_jax.interop import hf_heads
 from bert_jax.tasks import metrics as metrics_lib
 
 Batch = dict[str, Array]
 
-# The file a fine-tuned params dir (hf_io) or a feature head dir (features.py) keeps its task
-# in: {"kind", "labels", "task", "max_seq_length"} (hf_heads.check_task checks it).
-TASK_FILE = "task.json"
+TASK_FILE = hf_heads.TASK_FILE  # a fine-tuned model's or feature head's task (task.json)
 
 
 def _ce(logits: Array, labels: Array) -> Array:
@@ -157,21 +157,13 @@ class Kind:
   metrics: tuple[str, ...]  # the default metrics, main first (tagging's entity_f1: BIO only)
   loss: Callable[[Array, Batch], tuple[Array, Array]]  # (summed loss, count)
   score: Callable[..., dict[str, float]]  # (task, preds, rows, extra) -> a split's metrics
-  hf_class: str  # the HF class export writes and import reads
   pooled: bool = True  # the head reads the pooled [CLS] (else every token)
-  head: str = "classifier"  # the head's output Dense, the same name in ours and HF's
-  head_dropout: bool = True  # dropout before it (HF's QA head has none)
-  outputs: int | None = None  # the head's output size; None: one per label
-  min_labels: int = 0  # the fewest labels a fine-tuned model's task.json may name
+  head_dropout: bool = True  # dropout before the head (HF's QA head has none)
   choices: bool = False  # a row holds C choices ([B, C, L]) and the logits score each
   value_label: bool = False  # the label is a number (NaN when unknown), not a class index
   examples: str = "text"  # what reads its files: "text" or "tagged" (readers), "squad" (squad)
   count: Callable[[Batch], Array] = _rows  # the loss's count of a whole batch
   predict: Callable[[Array], dict[str, Array]] = _argmax  # per-row predictions for the host
-  hf_pooler: bool = True  # HF's class keeps BertModel's pooler (else add_pooling_layer=False)
-  hf_problem_type: str | None = None  # config.json's problem_type when it must be written
-  hf_id2label: tuple[str, ...] = ()  # the id2label export writes for an unlabelled kind
-  hf_num_labels: int | None = None  # the num_labels HF's class needs of an unlabelled kind
   # What a model that learned nothing scores (tasks.metrics' *_baseline functions).
   baseline: Callable[..., dict[str, Any]] = metrics_lib.majority_class_baseline
   # (task, a row's prediction, the row) -> the JSON value an unlabelled split's predictions
@@ -180,12 +172,25 @@ class Kind:
   prediction: Callable[[Any, Any, dict], Any] | None = _class_name
 
   @property
+  def hf(self) -> hf_heads.Head:
+    """Its head as checkpoints hold it: output Dense, output count, HF class (hf_heads.HEADS)."""
+    return hf_heads.HEADS[self.name]
+
+  @property
+  def head(self) -> str:
+    return self.hf.name
+
+  @property
+  def outputs(self) -> int | None:
+    return self.hf.outputs
+
+  @property
   def labelled(self) -> bool:
     """Whether the outputs are named by the task's labels (classes or tags)."""
-    return self.outputs is None
+    return self.hf.labelled
 
   def num_outputs(self, labels: Sequence[str]) -> int:
-    return len(labels) if self.outputs is None else self.outputs
+    return self.hf.num_outputs(labels)
 
 
 KINDS: dict[str, Kind] = {
@@ -193,66 +198,50 @@ KINDS: dict[str, Kind] = {
   for k in (
     Kind(
       name="classification",
-      min_labels=2,
       metrics=("accuracy",),
       loss=_class_loss,
       score=_score_classes,
-      hf_class="BertForSequenceClassification",
     ),
     Kind(
       name="regression",
-      outputs=1,
       value_label=True,
       metrics=("pearson", "spearman"),
       loss=_squared_error,
       predict=_value,
       score=_score_values,
       prediction=_number,
-      hf_class="BertForSequenceClassification",
-      hf_problem_type="regression",
-      hf_id2label=("LABEL_0",),  # HF's name for output 0
       baseline=metrics_lib.train_mean_baseline,
     ),
     Kind(
       name="tagging",
       pooled=False,
-      min_labels=1,
       examples="tagged",
       metrics=("entity_f1", "token_accuracy"),
       loss=_tag_loss,
       count=_tagged_tokens,
       score=_score_tags,
       prediction=_word_tags,
-      hf_class="BertForTokenClassification",
-      hf_pooler=False,
       baseline=metrics_lib.majority_tag_baseline,
     ),
     Kind(
       name="span_qa",
       pooled=False,
-      head="qa_outputs",
       head_dropout=False,
-      outputs=2,
       examples="squad",
       metrics=("f1", "exact_match"),
       loss=_span_loss,
       predict=_span_logits,
       score=_score_spans,
       prediction=None,
-      hf_class="BertForQuestionAnswering",
-      hf_pooler=False,
-      hf_num_labels=2,  # its qa_outputs size (HF's default id2label)
       baseline=metrics_lib.no_baseline,
     ),
     Kind(
       name="multiple_choice",
-      outputs=1,  # one score per choice, whatever HF's num_labels says
       choices=True,
       metrics=("accuracy",),
       loss=_class_loss,
       score=_score_classes,
       prediction=_choice,
-      hf_class="BertForMultipleChoice",
       baseline=metrics_lib.chance_baseline,
     ),
   )

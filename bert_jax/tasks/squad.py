@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bert_jax import tokenizer as tokenizer_lib
+from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
 try:
   from bert_jax.tasks.encode import Encoded

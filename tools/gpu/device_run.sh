@@ -12,7 +12,7 @@
 # $OUT/profile/: gpu.jsonl, gpu.log, env.txt, losses.txt and profile/{ours,torch}-*.trace.json.gz.
 # It stays within 9 minutes: the benchmark plans for --deadline (500 s) and its parent stops its
 # workers 20 s after it; `timeout` is the backstop. $PYTHON (default python3) runs it all; the
-# CPU test (tests/test_benchmark_gpu.py) runs it with --gpu_smoke and WHEELS=''.
+# CPU test (tests/lab/test_benchmark_gpu.py) runs it with --gpu_smoke and WHEELS=''.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/gpu_out}"

@@ -1,0 +1,344 @@
+"""bert_jax.benchmark.profile and kernel_families: the profile of a traced CPU step by kernel
+family, GPU kernels classified by HLO op or by name, the H200 traces of both sides, the must-show
+summaries of the H200 run."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from bert_jax.benchmark import (
+  gpu,
+  kernel_families,
+)
+from bert_jax.benchmark import profile as benchmark_profile
+from lab.test_benchmark_gpu import REPO, RUNS, _jsonl
+
+
+def _flax_step():
+  """A tiny training step with each family's ops: a dense layer, an attention function
+  (einsum, softmax), LayerNorm, dropout bits, optax's AdamW."""
+  import flax.linen as nn
+  import optax
+
+  def self_attention(x_BLD):
+    s_BLL = jnp.einsum("bld,bmd->blm", x_BLD, x_BLD)
+    return jnp.einsum("blm,bmd->bld", jax.nn.softmax(s_BLL), x_BLD)
+
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x_BLD, rng):
+      h = nn.Dense(64)(x_BLD)
+      h = self_attention(h)
+      h = nn.LayerNorm(name="LayerNorm")(h)
+      keep = jax.random.bernoulli(rng, 0.9, h.shape)
+      return jnp.where(keep, h / 0.9, 0.0)
+
+  net = Net()
+  x = jnp.ones((4, 32, 64))
+  params = net.init(jax.random.key(0), x, jax.random.key(1))
+  tx = optax.adamw(1e-3)
+
+  def apply_update(grads, opt_state, params):
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  def train_step(state, rng):
+    params, opt_state = state
+    loss, grads = jax.value_and_grad(lambda p: jnp.mean(net.apply(p, x, rng) ** 2))(params)
+    return apply_update(grads, opt_state, params), loss
+
+  compiled = jax.jit(train_step).lower((params, tx.init(params)), jax.random.key(2)).compile()
+  return compiled, (params, tx.init(params))
+
+
+def test_profile_of_a_traced_cpu_step_by_kernel_family(tmp_path):
+  compiled, state = _flax_step()
+  holder = [state]
+
+  def one():
+    holder[0], loss = compiled(holder[0], jax.random.key(3))
+    jax.block_until_ready(loss)
+
+  one()
+  rec = benchmark_profile.profile_step(one, compiled.as_text(), steps=2, log_dir=str(tmp_path))
+  fams = rec["families_ms"]
+  assert set(fams) == set(benchmark_profile.FAMILIES)
+  assert rec["device_ms"] == pytest.approx(sum(fams.values()))
+  for family in ("matmuls", "attention", "rng", "optimizer"):
+    assert fams[family] > 0, (family, fams)
+  assert rec["attributed"] > 0.99  # XLA:CPU names the HLO op of every thunk it runs
+  assert rec["steps"] == 2 and rec["trace_file"].startswith(str(tmp_path))
+  assert rec["top"] and rec["top"][0]["ms"] == max(k["ms"] for k in rec["top"])
+  hlo = benchmark_profile.HloIndex(compiled.as_text())
+  for k in rec["top"]:  # each kernel's family is its HLO instruction's
+    assert k["family"] == benchmark_profile.classify(hlo.evidence(k["hlo_op"]))
+  table = benchmark_profile.format_profile({**rec, "side": "ours", "task": "pretrain"})
+  assert "| matmuls (other dots) |" in table and "| total |" in table
+
+
+def test_profile_classifies_gpu_kernels_by_hlo_op_or_by_name():
+  """A GPU-shaped trace (a device plane's stream, kernels named by cuBLAS, cuDNN and XLA):
+  kernels tied to HLO ops by their annotation or name follow the instruction; the others
+  go by `GPU_KERNEL_PATTERNS`."""
+  from types import SimpleNamespace as NS
+
+  hlo = (
+    "HloModule jit_train_step, is_scheduled=true\n\n"
+    "%fused_computation.3 (p: f32[8]) -> f32[8] {\n"
+    "  %p = f32[8]{0} parameter(0)\n"
+    "  ROOT %m = f32[8]{0} multiply(f32[8]{0} %p, f32[8]{0} %p), metadata={op_name="
+    '"jit(train_step)/jvp(Bert)/encoder/attention_LayerNorm/mul"}\n'
+    "}\n\n"
+    "ENTRY %main (a: f32[8]) -> (f32[8], f32[8,8]) {\n"
+    "  %a = f32[8]{0} parameter(0)\n"
+    "  %loop_multiply_fusion.3 = f32[8]{0} fusion(f32[8]{0} %a), kind=kLoop, "
+    "calls=%fused_computation.3\n"
+    "  %custom-call.7 = (f32[8,8]{1,0}, s8[0]{0}) custom-call(f32[8]{0} %a), custom_call_target="
+    '"__cublas$gemm", metadata={op_name="jit(train_step)/jvp(Bert)/encoder/intermediate/dot"}\n'
+    "  ROOT %t = (f32[8], f32[8,8]) tuple(%loop_multiply_fusion.3, %custom-call.7)\n"
+    "}\n"
+  )
+  index = benchmark_profile.HloIndex(hlo)
+  assert index.module == "jit_train_step"
+  assert index.instrs["custom-call.7"].opcode == "custom-call"
+  annotation = "XlaModule:#hlo_module=jit_train_step,program_id=4#::Thunk:#hlo_op=custom-call.7#"
+
+  def ev(name, start, dur, **stats):
+    return NS(name=name, start_ns=start, duration_ns=dur, end_ns=start + dur, stats=stats.items())
+
+  stream = NS(name="Stream #13(Compute)", events=[
+    ev("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 0, 500, ann=annotation),
+    ev("loop_multiply_fusion_3", 600, 100),  # XLA names the kernel after its fusion
+    ev("cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x64_4x1x1_kernel0_0", 800, 300),
+    ev("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NNT", 1200, 200),
+    ev("input_reduce_fusion_12", 1500, 50),
+    ev("MemcpyD2D", 1600, 10),
+    ev("other_module_fusion", 1700, 999, hlo_module="jit_other"),
+  ])  # fmt: skip
+  derived = NS(name="XLA Ops", events=[ev("x", 0, 9)])  # XProf's copy of the kernels
+  host_line = NS(name="python", events=[ev("py", 0, 5000)])
+  planes = [NS(name="/device:GPU:0", lines=[stream, derived]),
+            NS(name="/host:CPU", lines=[host_line])]  # fmt: skip
+  events = benchmark_profile.trace_events(planes)
+  assert [e.name for e in events][:2] == [stream.events[0].name, "loop_multiply_fusion_3"]
+  out = benchmark_profile.summarize(events, index, steps=1)
+  fams = out["families_ms"]
+  assert fams["matmuls"] == pytest.approx((500 + 200) / 1e6)  # by hlo_op, and by name
+  assert fams["layernorm"] == pytest.approx(100 / 1e6)  # by the fusion's ops' op_name
+  assert fams["attention"] == pytest.approx(300 / 1e6)
+  assert fams["reductions"] == pytest.approx(50 / 1e6)
+  assert fams["copies"] == pytest.approx(10 / 1e6)
+  assert out["device_ms"] == pytest.approx(1160 / 1e6)  # jit_other's kernel left out
+  assert out["attributed"] == pytest.approx(600 / 1160)
+  assert out["span_ms"] == pytest.approx(1610 / 1e6)
+  for name, family in (
+    ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", "attention"),
+    ("cutlass3x_sm90_tensorop_gemm_bf16_128x256x64_warpspecialized", "matmuls"),
+    ("void at::native::(anonymous)::fused_dropout_kernel_philox", "rng"),
+    ("triton_per_fused_native_layer_norm_3", "layernorm"),
+    ("loop_add_fusion_7", "other"),
+  ):
+    assert benchmark_profile.classify_name(name) == family, name
+
+
+def test_kernel_families_of_the_h200_trace_of_our_base_step():
+  """The 2026-11-28 H200 trace of our default Base 128 x 256 step (then threefry dropout and
+  the explicit attention), by kernel name: every kernel on the device's stream once (the host
+  threads left out), the same device time, span and kernel count as that run's `profile`
+  record, and the families NOTES-gpu.md read off the same trace by hand (GEMMs 29.0 ms,
+  reduce fusions 10.6, transpose 8.9, compares 6.2, elementwise loops 5.2, other 4.9)."""
+  trace = kernel_families.read_trace(str(RUNS / "profile-base128-default.trace.json.gz"))
+  kernels = kernel_families.device_kernels(trace)
+  assert len(kernels) == 2252
+  out = kernel_families.summarize(kernels, steps=1)
+  (rec,) = [r for r in _jsonl(RUNS / "call1-default-deadline475.jsonl") if r["kind"] == "profile"]
+  assert out["device_ms"] == pytest.approx(rec["device_ms"])
+  assert out["span_ms"] == pytest.approx(rec["span_ms"])
+  assert out["kernels"] == rec["ops"] == 314
+  fams = {k: round(v, 2) for k, v in out["families_ms"].items()}
+  assert fams == {
+    "attention": 0.0,  # no fused attention kernel: the explicit attention's dots are GEMMs
+    "gemm": 29.16,  # cuBLAS's nvjet and CUTLASS kernels, XLA's Triton GEMMs, split-K reductions
+    "optimizer": 0.0,  # XLA's AdamW is loop fusions (elementwise) by name
+    "rng_compare": 6.28,  # the compare fusions (threefry bits inside them) and a few xor/adds
+    "transpose": 8.91,
+    "reduce": 10.4,
+    "elementwise": 5.55,
+    "copy": 0.12,  # the memset, a concatenation, a memcpy
+    "other": 5.19,  # XLA's generic fusion_N, scatters, sorts
+  }
+  top = out["top"][0]
+  assert (top["kernel"], top["family"], top["calls"]) == (
+    "input_compare_transpose_fusion_19", "rng_compare", 21
+  )  # fmt: skip
+  assert top["ms"] == pytest.approx(3.98, abs=0.005)
+
+
+def test_kernel_families_name_both_sides_kernels_alike():
+  for name, family in (
+    # ours: XLA's fusions, cuBLAS, Pallas' flash kernels
+    ("input_add_reduce_fusion_11", "reduce"),
+    ("input_compare_transpose_fusion_19", "rng_compare"),
+    ("loop_add_xor_fusion_3", "rng_compare"),
+    ("loop_transpose_fusion_34", "transpose"),
+    ("loop_convert_multiply_fusion_11", "elementwise"),
+    ("gemm_fusion_dot_235", "gemm"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_256x128_32x3_nn_align1>(...)", "gemm"),
+    ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>", "gemm"),
+    ("flash_attention_dkv", "attention"),
+    ("wrapped_concatenate", "copy"),
+    ("Memset 0", "copy"),
+    ("input_scatter_fusion_2", "other"),
+    ("fusion_2283", "other"),
+    # torch.compile: Inductor's Triton kernels, ATen's, cuBLAS's, SDPA's
+    ("triton_tem_fused_addmm_gelu_3", "gemm"),
+    ("triton_per_fused_native_layer_norm_7", "reduce"),
+    ("triton_red_fused_sum_2", "reduce"),
+    ("triton_poi_fused_native_dropout_4", "rng_compare"),
+    ("triton_poi_fused_clone_1", "transpose"),
+    ("triton_poi_fused__to_copy_add_0", "elementwise"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "gemm"),
+    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn", "gemm"),
+    ("pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Traits>", "attention"),
+    ("fmha_cutlassB_bf16_aligned_64x64_k64_sm80", "attention"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3", "attention"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<TensorListMetadata<4>, "
+     "FusedAdamMathFunctor<float, 4>, float*>", "optimizer"),
+    ("void at::native::lpnorm_cleanup<float, (at::native::NormType)1, float>", "optimizer"),
+    ("void at::native::vectorized_elementwise_kernel<4, FillFunctor<float>>", "elementwise"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>", "reduce"),
+    ("Memcpy DtoD (Device -> Device)", "copy"),
+    ("operand_fusion", "other"),  # `rand` inside a word is no RNG
+  ):  # fmt: skip
+    assert kernel_families.classify(name) == family, name
+  # XLA's generic fusion names go by the opcodes of their HLO instruction, other names never.
+  assert kernel_families.classify("fusion_2283", "compare multiply select") == "rng_compare"
+  assert kernel_families.classify("ynn_fusion.101", "dot") == "gemm"
+  assert kernel_families.classify("input_scatter_fusion", "add") == "other"
+
+
+def test_kernel_families_read_torch_profiler_traces():
+  """torch.profiler's Chrome trace: the device's kernels, copies and memsets (not the CUDA
+  runtime's or the CPU's ops); without any (a CPU run) the CPU ops, each less the ops inside."""
+
+  def x(name, cat, ts, dur, tid=1):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": tid, "ts": ts, "dur": dur}
+
+  gpu = {"traceEvents": [
+    x("aten::addmm", "cpu_op", 0, 50), x("cudaLaunchKernel", "cuda_runtime", 1, 5),
+    x("sm90_xmma_gemm_bf16bf16_bf16f32", "kernel", 10, 30, tid=7),
+    x("triton_poi_fused_native_dropout_0", "kernel", 45, 5, tid=7),
+    x("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 60, 2, tid=7),
+    {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "python"}},
+  ]}  # fmt: skip
+  out = kernel_families.summarize(kernel_families.device_kernels(gpu), steps=2)
+  assert out["device_ms"] == pytest.approx(37e-3 / 2) and out["span_ms"] == pytest.approx(26e-3)
+  assert {k: v for k, v in out["families_ms"].items() if v} == pytest.approx(
+    {"gemm": 15e-3, "rng_compare": 2.5e-3, "copy": 1e-3}
+  )
+  cpu = {"traceEvents": [
+    x("aten::linear", "cpu_op", 0, 100), x("aten::addmm", "cpu_op", 10, 60),
+    x("aten::copy_", "cpu_op", 20, 10), x("aten::gelu", "cpu_op", 200, 40, tid=2),
+  ]}  # fmt: skip
+  got = {name: dur for name, _, dur, _ in kernel_families.device_kernels(cpu)}
+  assert got == {"aten::linear": 40, "aten::addmm": 50, "aten::copy_": 10, "aten::gelu": 40}
+
+
+def test_must_show_and_summaries_of_the_h200_run():
+  """Issue 44's must-show lines from call 1 of 2026-11-28 (the old default): every ratio below
+  its bar, MFU and memory short, the matmul as one call only, no alone build."""
+  records = _jsonl(RUNS / "call1-default-deadline475.jsonl")
+  records = [gpu.enrich(r, {}) if r["kind"] == "step" else r for r in records]
+  summary = gpu.summary_records(records)
+  (gemm,) = summary
+  assert gemm["kind"] == "gemm" and gemm["call_ratio"] == pytest.approx(681.385 / 792.787, 1e-4)
+  assert "chain_ratio" not in gemm  # that run timed one call only
+  lines = gpu.must_show(records + summary)
+  assert lines[1:] == [
+    "1. base 128 x 256: ours 3,833 seq/s, torch.compile 4,108, eager 2,783: 0.93x "
+    "(at least 1.2x: NOT met)",
+    "1. large 128 x 256: ours 1,343 seq/s, torch.compile 1,582, eager 1,226: 0.85x "
+    "(at least 1.1x: NOT met)",
+    "1. large 512 x 64: ours 242 seq/s, torch.compile 342, eager 286: 0.71x "
+    "(at least 1.1x: NOT met)",
+    "2. MFU at large 128 x 256: 32.7% (torch.compile 38.5%) (at least 42%: NOT met)",
+    "2. step memory at large 512 x 64: ours 81.1 GiB, torch.compile 34.6 GiB "
+    "(at most torch.compile's: NOT met)",
+    "3. bf16 matmul: one call only (ours / PyTorch 0.859); the chain of products not taken",
+    "5. cold build of large 128 x 256, each alone: not taken",
+  ]
+
+
+def test_gemm_gap_and_compile_alone_summaries():
+  """The parent's `gemm` record: the chains' ratio, and per profiled step of ours the GEMM
+  kernels' ms times the gap; `compile_alone`: our lowering + compile + init against
+  torch.compile's first step less a steady one."""
+  shape = dict(task="pretrain", size="base", seq=128, batch=256, variant={})
+  records = [
+    {"kind": "peak", "side": "ours", "tflops": 660.0, "tflops_chain": 760.0, "matmul_n": 8192},
+    {"kind": "peak", "side": "torch", "tflops": 793.0, "tflops_chain": 800.0},
+    {"kind": "profile", "side": "ours", "of": "ours0", **shape, "kernel_device_ms": 56.0,
+     "kernel_families_ms": {"gemm": 30.0}},
+    {"kind": "built", "side": "ours", "id": "ours1", "alone": True, **shape, "size": "large",
+     "build_s": 77.0, "lower_s": 7.8, "compile_s": 71.5, "init_compile_s": 5.5,
+     "compile_cache_hit": False},
+    {"kind": "built", "side": "torch", "id": "torch4", "impl": "torch_compile", "alone": True,
+     **shape, "size": "large", "first_step_s": 60.2},
+    {"kind": "step", "side": "torch", "id": "torch4", "impl": "torch_compile", **shape,
+     "size": "large", "step_s": 0.2, "variant": {}},
+  ]  # fmt: skip
+  gemm, alone = gpu.summary_records(records)
+  assert gemm["chain_ratio"] == pytest.approx(0.95) and gemm["within_5pct"]
+  (st,) = gemm["steps"]
+  assert (st["of"], st["gemm_ms"], st["gap_ms"]) == ("ours0", 30.0, pytest.approx(1.5))
+  assert alone["ours_build_s"] == 77.0 and alone["ours_compile_s"] == pytest.approx(63.7)
+  assert alone["torch_compile_s"] == pytest.approx(60.0)
+  assert alone["ratio"] == pytest.approx(77.0 / 60.0)
+  lines = gpu.must_show(records + [gemm, alone])
+  assert lines[-2].startswith("3. bf16 matmul, chain of products: ours / PyTorch 0.950 (within")
+  assert "base 128: 1.5 of 56.0 ms" in lines[-2]
+  assert lines[-1] == (
+    "5. cold build of large 128 x 256, each alone: ours 77 s, torch_compile 60 s "
+    "(no slower: NOT met)"
+  )
+  assert "ours 77.0 s (lowering 7.8, compile 63.7, state init 5.5)" in gpu.format_compile_alone(
+    alone
+  )
+
+
+def test_cpu_reference_compares_the_plan_with_its_dropout_bits(tmp_path):
+  """tools/gpu/cpu_reference.py --compare takes the Base 128 x 256 plan that ran threefry
+  dropout with the explicit attention: the default in the 2026-11-28 run (3.19e-4, as its
+  losses.txt), the old default's variant where the default resolves otherwise."""
+  script = REPO / "tools" / "gpu" / "cpu_reference.py"
+
+  def compare(path):
+    argv = [sys.executable, str(script), f"--compare={path}"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+  proc = compare(RUNS / "call1-default-deadline475.jsonl")
+  assert proc.returncode == 0, proc.stderr[-1000:]
+  assert proc.stdout.splitlines()[0] == "GPU plan: ours0 (default)"
+  assert "largest relative difference 3.19e-04 (within 0.01)" in proc.stdout
+  base = dict(side="ours", task="pretrain", size="base", seq=128, batch=256)
+  old = {"dropout_rng": "threefry", "attention_impl": "explicit"}
+  recs = [
+    {**base, "kind": "built", "id": "ours0", "variant": {}, "kernels": "xla",
+     "dropout_rng": "hash", "attention": "flash"},
+    {**base, "kind": "built", "id": "ours3", "variant": old, "kernels": "xla",
+     "dropout_rng": "threefry", "attention": "explicit"},
+    {**base, "kind": "step", "id": "ours0", "variant": {}, "losses": [1.0, 1.0, 1.0]},
+    {**base, "kind": "step", "id": "ours3", "variant": old, "losses": [11.13, 11.134, 11.1266]},
+  ]  # fmt: skip
+  path = tmp_path / "gpu.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+  proc = compare(path)
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-1000:]
+  assert "GPU plan: ours3 (dropout_rng=threefry,attention_impl=explicit)" in proc.stdout
+  path.write_text("".join(json.dumps(r) + "\n" for r in recs if r["id"] == "ours0"))
+  proc = compare(path)
+  assert proc.returncode == 1 and "with the reference's dropout bits" in proc.stderr

@@ -1,0 +1,89 @@
+"""tools/replication/collect.py: the finished runs' small files of a replication root, copied
+with each fine-tuning run's trivial baselines, and a report regenerated from the copy."""
+
+import importlib.util
+import json
+import os
+import pathlib
+
+import pytest
+
+from bert_jax import report
+
+REPO = str(pathlib.Path(__file__).resolve().parents[2])
+spec = importlib.util.spec_from_file_location(
+  "collect", os.path.join(REPO, "tools", "replication", "collect.py")
+)
+collect = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(collect)
+
+
+def _write(path, obj):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as f:
+    f.write(obj if isinstance(obj, str) else json.dumps(obj))
+
+
+def _point(root, name, done=True):
+  cfg = {"seed": 0, "objective": {"mlm": True, "nsp": True, "ltr": False}}
+  _write(os.path.join(root, name, "config.json"), cfg)
+  _write(os.path.join(root, name, "metrics.jsonl"),
+         json.dumps({"step": 5, "split": "eval", "mlm_perplexity": 40.0}) + "\n")  # fmt: skip
+  _write(os.path.join(root, name, "checkpoints", "5", "big.bin"), "x" * 1000)
+  if done:
+    _write(os.path.join(root, name, "sweep_done.json"), {"seconds": 1.0})
+
+
+def _finetune(root, point, task, done=True):
+  d = os.path.join(root, point, "finetune", task)
+  res = {
+    "task": task, "kind": "classification", "main_metric": "accuracy", "init": "",
+    "seeds": [{"dev": {"accuracy": 0.6}, "test": {"accuracy": 0.7}}],
+    "baseline": {"name": "majority class", "test": {"accuracy": 0.5}, "dev": {"accuracy": 0.4}},
+  }  # fmt: skip
+  _write(os.path.join(d, "lr0.001_bs32_ep3", "results.json"), res)
+  _write(os.path.join(d, "lr0.001_bs32_ep3", "seed_0", "metrics.jsonl"), "{}\n")
+  if done:
+    _write(os.path.join(d, "results.json"), {**res, "grid": []})
+    _write(os.path.join(d, "sweep_done.json"), {"seconds": 1.0})
+
+
+def test_collect_copies_finished_runs_small_files_and_baselines(tmp_path):
+  root, out = tmp_path / "root", tmp_path / "out"
+  t5 = str(root / "table5")
+  _point(t5, "task=mlm_nsp,seed=0")
+  _point(t5, "task=mlm_nsp,seed=1", done=False)  # still training: left out
+  _finetune(t5, "task=mlm_nsp,seed=0", "squad_qnli")
+  _finetune(t5, "task=mlm_nsp,seed=0", "brown_pos", done=False)  # its grid is not done
+  # Table 6's tiny row linked to Table 5's baseline (--reuse): copied as what it links to.
+  os.makedirs(root / "table6")
+  os.symlink(os.path.join(t5, "task=mlm_nsp,seed=0"), root / "table6" / "row=tiny,seed=0")
+  written = collect.collect(str(root), str(out))
+  assert sorted(w for w in written if w.startswith("table5")) == sorted(
+    os.path.join("table5", "task=mlm_nsp,seed=0", f)
+    for f in (
+      "config.json", "metrics.jsonl", "sweep_done.json",
+      "finetune/squad_qnli/results.json", "finetune/squad_qnli/sweep_done.json",
+      "finetune/squad_qnli/baselines.json",
+      "finetune/squad_qnli/lr0.001_bs32_ep3/results.json",
+      "finetune/squad_qnli/lr0.001_bs32_ep3/baselines.json",
+    )
+  )  # fmt: skip
+  assert (out / "table6" / "row=tiny,seed=0" / "finetune" / "squad_qnli" / "results.json").is_file()
+  assert not list(out.rglob("big.bin")) and not list(out.rglob("seed_0"))
+  saved = json.load(open(out / "table5/task=mlm_nsp,seed=0/finetune/squad_qnli/baselines.json"))
+  assert saved == {"dev": {"majority class": 40.0}, "test": {"majority class": 50.0}}
+  md, _ = report.report(str(out / "table5"))
+  assert "| task=mlm_nsp | 40.00 |" in md and "| baseline: majority class | – | 50.0 |" in md
+
+
+def test_splice_replaces_only_the_marked_block(tmp_path):
+  doc = tmp_path / "r.md"
+  doc.write_text(f"# T\n\nintro\n\n{collect.BEGIN}\nold\n{collect.END}\n\nafter\n")
+  collect.splice(str(doc), "## Verdicts\n\n| a |")
+  assert doc.read_text() == (
+    f"# T\n\nintro\n\n{collect.BEGIN}\n\n### Verdicts\n\n| a |\n\n{collect.END}\n\nafter\n"
+  )
+  (tmp_path / "none.md").write_text("no markers")
+  with pytest.raises(ValueError, match="none.md: no <!-- verdicts"):
+    collect.splice(str(tmp_path / "none.md"), "x")
