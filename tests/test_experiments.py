@@ -168,19 +168,22 @@ def test_experiment_specifics():
   assert [(c.num_layers, c.hidden_size, c.num_heads) for c in rows] == [
     (3, 768, 12), (6, 768, 3), (6, 768, 12), (12, 768, 12), (12, 1024, 16), (24, 1024, 16),
   ]  # fmt: skip
-  # cpu scale: tiny / L4_H128_A2 / L2_H256_A4, at one token budget (steps x batch x length).
+  # cpu scale: L1_H128_A2 / tiny, at one token budget (steps x batch x length).
   cpu = [t6.get_config(_arg(p, scale="cpu")) for p in _points(t6, "cpu") if p["seed"] == 0]
   assert [(c.model.num_layers, c.model.hidden_size, c.model.num_heads) for c in cpu] == [
-    (2, 128, 2), (4, 128, 2), (2, 256, 4),
+    (1, 128, 2), (2, 128, 2),
   ]  # fmt: skip
-  # The lr is tiny's, halved per doubling of width or depth.
-  assert [c.opt.lr for c in cpu] == pytest.approx([1.4e-3, 7e-4, 7e-4])
+  # The smaller row keeps tiny's lr (not doubled).
+  assert [c.opt.lr for c in cpu] == pytest.approx([1.4e-3, 1.4e-3])
   budgets = {c.opt.total_steps * c.data.batch_size * c.data.max_seq_length for c in cpu}
   assert budgets == {config_lib.SCALED_STEPS["cpu"] * 16 * 64}
   assert {c.masking.max_predictions for c in cpu} == {config_lib.SCALED_PREDICTIONS}
-  # gpu scale: the same recipe, those rows and mini, at least 20M tokens per point.
+  # gpu scale: the same recipe, tiny, L4_H128_A2, L2_H256_A4 and mini, at least 20M tokens per
+  # point; the lr is tiny's, halved per doubling of width or depth.
   gpu = [t6.get_config(_arg(p, scale="gpu")) for p in _points(t6, "gpu") if p["seed"] == 0]
-  assert [c.model.hidden_size for c in gpu] == [c.model.hidden_size for c in cpu] + [256]
+  assert [(c.model.num_layers, c.model.hidden_size) for c in gpu] == [
+    (2, 128), (4, 128), (2, 256), (4, 256),
+  ]  # fmt: skip
   assert [c.opt.lr for c in gpu] == pytest.approx([1.4e-3, 7e-4, 7e-4, 3.5e-4])
   assert {c.opt.lr for c in (t6.get_config(f"row={r}") for r in t6.ROWS)} == {1e-4}
   assert {c.opt.total_steps * c.data.batch_size * c.data.max_seq_length for c in gpu} == {
@@ -190,7 +193,7 @@ def test_experiment_specifics():
   # The reduced scales' vocab is trained on the corpus: data=DIR brings its own (DIR/nsp).
   assert {c.model.vocab_size for c in cpu + gpu} == {config_lib.SCALED_VOCAB}
   assert t6.get_config("scale=cpu").model.hidden_size == 128  # the cpu baseline is tiny
-  with pytest.raises(ValueError, match="row must be one of tiny, L4_H128_A2, L2_H256_A4, not"):
+  with pytest.raises(ValueError, match="row must be one of L1_H128_A2, tiny, not"):
     t6.get_config("row=mini,scale=cpu")
   # Table 5's rows read the same sentence pairs: only the objective changes.
   t5_dirs = {t5.get_config(f"task={t},scale=cpu,data=/d").data.dir for t in t5.TASKS}
@@ -200,7 +203,10 @@ def test_experiment_specifics():
     tuple(v for k, v in p.items() if k != "seed") for p in _points(m, "cpu") if p["seed"] == 2
   }
   assert seeded(t5) == {(t,) for t in t5.TASKS}
-  assert seeded(t6) == {("tiny",), ("L2_H256_A4",)}
+  assert seeded(t6) == {("tiny",), ("L1_H128_A2",)}
+  # At gpu scale tiny and the 256-wide row; the others once.
+  gpu_seeded = {p["row"] for p in _points(t6, "gpu") if p["seed"] == 2}
+  assert gpu_seeded == {"tiny", "L2_H256_A4"}
   with pytest.raises(ValueError, match="seed must be >= 0"):
     t5.get_config("seed=-1")
   with pytest.raises(ValueError, match="task must be one of"):
