@@ -204,9 +204,15 @@ def test_experiment_specifics():
   }
   assert seeded(t5) == {(t,) for t in t5.TASKS}
   assert seeded(t6) == {("tiny",), ("L1_H128_A2",)}
+  masking = _load(os.path.join(REPO, "experiments", "masking_static_vs_dynamic.py"))
+  wwm = _load(os.path.join(REPO, "experiments", "whole_word_masking.py"))
+  assert seeded(masking) == {("static",), ("dynamic",)}
+  assert seeded(wwm) == {(False,), (True,)}
   # At gpu scale tiny and the 256-wide row; the others once.
   gpu_seeded = {p["row"] for p in _points(t6, "gpu") if p["seed"] == 2}
   assert gpu_seeded == {"tiny", "L2_H256_A4"}
+  assert {p["mode"] for p in _points(masking, "gpu") if p["seed"] == 2} == {"static"}
+  assert {p["whole_word"] for p in _points(wwm, "gpu") if p["seed"] == 2} == {False}
   with pytest.raises(ValueError, match="seed must be >= 0"):
     t5.get_config("seed=-1")
   with pytest.raises(ValueError, match="task must be one of"):
