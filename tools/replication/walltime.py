@@ -60,6 +60,10 @@ def busy_seconds(pieces: list[Piece]) -> int:
   return total
 
 
+# Pieces this short that exit 0 are counted in a run's row, not listed one by one.
+SHORT_S = 30
+
+
 def _hm(t: int) -> str:
   return time.strftime("%H:%M", time.gmtime(t))
 
@@ -98,10 +102,15 @@ def markdown(pieces: list[Piece]) -> str:
     "|---|---|---|---|",
   ]
   for (phase, exp, point), ps in runs.items():
+    # A driver that starts again walks its queue: a finished run is a piece of a few seconds.
+    short = [p for p in ps if p.end is not None and p.end - p.start < SHORT_S and p.exit == "0"]
     spans = ", ".join(
       f"{_hm(p.start)}-{_hm(p.end)} ({p.exit})" if p.end is not None else f"{_hm(p.start)}-"
       for p in ps
+      if p not in short
     )
+    if short:
+      spans += f"{', ' if spans else ''}{len(short)} under {SHORT_S} s (found finished)"
     minutes = sum(p.end - p.start for p in ps if p.end is not None) / 60
     lines.append(f"| {phase} | {exp}/{point} | {spans} | {minutes:.1f} |")
   return "\n".join(lines)
