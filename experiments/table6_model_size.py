@@ -15,8 +15,8 @@ At `scale=gpu` the rows are depth {2, 4} x width {128, 256} at one token budget
 (`seed=`), the others once (an observation, never a verdict). At `scale=cpu` the 2-core budget
 pretrains no bigger row 3 times (L2_H256_A4 costs about 65 minutes a seed alone, L4_H128_A2
 about 45): the claim is tested a step down instead, L1_H128_A2 (1 layer, half tiny's
-non-embedding parameters, about 10 minutes a seed) against tiny, both with every seed. Full
-scale: every row with every seed.
+non-embedding parameters, 3 minutes a seed on the 2 cores at load 7-10) against tiny, both
+with every seed. Full scale: every row with every seed.
 
 Command (full scale; the big rows may want --config.model.scan_layers=True, and
 `python -m bert_jax.aot` tells whether a row fits a slice):
