@@ -8,7 +8,12 @@ first-N limits the run used):
             overall), token accuracy on the split's first N sentences;
   span QA   the sentence of most question overlap: the context sentence sharing the most
             distinct normalised words with the question (the first of equals), as the answer,
-            official SQuAD v1.1 F1 on the split's first N questions.
+            official SQuAD v1.1 F1 on the split's first N questions;
+  pairs     (2 classes, 2 text fields: QNLI's kind) the word-overlap threshold: the fraction of
+            the first text's distinct normalised words found in the second, one class at or
+            above a threshold and the other below, the threshold and the side chosen for the
+            best accuracy on the training examples the run trained on (the lowest threshold of
+            equals), accuracy on the split's first N examples.
 """
 
 from __future__ import annotations
@@ -80,6 +85,38 @@ def overlap_sentence_f1(questions: list[tuple[str, str, list[str]]]) -> float:
   return squad.squad_v1_score(gold, pred)["f1"]
 
 
+def _overlap(first: str, second: str) -> float:
+  words = _words(first)
+  return len(words & _words(second)) / max(len(words), 1)
+
+
+def overlap_threshold_accuracy(
+  train: list[tuple[str, str, Any]], test: list[tuple[str, str, Any]]
+) -> float:
+  """Accuracy on `test` of the word-overlap threshold fitted on `train` (both: (first text,
+  second text, label) of a 2-class task; see the module docstring)."""
+  labels = sorted({y for _, _, y in train}, key=str)
+  if len(labels) != 2:
+    raise ValueError(f"the overlap threshold needs 2 classes, not {len(labels)}")
+  # One pass up the sorted overlaps: below t so far, of each class (t: each distinct value).
+  scored = sorted((_overlap(a, b), y == labels[0]) for a, b, y in train)
+  n_first = sum(f for _, f in scored)
+  best = (-1, 0.0, labels[0])  # (training examples right, threshold, the class at or above it)
+  first_below = other_below = 0
+  for i, (t, f) in enumerate(scored):
+    if i == 0 or t != scored[i - 1][0]:
+      right = (n_first - first_below) + other_below  # the first class at or above t
+      for n, side in ((right, labels[0]), (len(scored) - right, labels[1])):
+        if n > best[0]:
+          best = (n, t, side)
+    first_below += f
+    other_below += not f
+  _, t, side = best
+  other = labels[1] if side == labels[0] else labels[0]
+  right = sum((side if _overlap(a, b) >= t else other) == y for a, b, y in test)
+  return right / max(len(test), 1)
+
+
 def _squad_questions(paths: str, limit: int) -> list[tuple[str, str, list[str]]]:
   out = []
   for path in paths.split(","):
@@ -95,7 +132,7 @@ def _squad_questions(paths: str, limit: int) -> list[tuple[str, str, list[str]]]
 
 
 @functools.cache
-def _lexical(kind: str, files: tuple[str, ...], fields: tuple[str, str], limits: tuple[int, int]):
+def _lexical(kind: str, files: tuple[str, ...], fields: tuple[str, ...], limits: tuple[int, int]):
   train_path, split_path = files
   if kind == "tagging":
     tokens, tags = fields
@@ -104,6 +141,11 @@ def _lexical(kind: str, files: tuple[str, ...], fields: tuple[str, str], limits:
     return "per-word tag lookup", 100.0 * value
   if kind == "span_qa":
     return "max-overlap sentence", overlap_sentence_f1(_squad_questions(split_path, limits[1]))
+  if kind == "pairs":
+    first, second, label = fields
+    read = lambda p, n: [(r[first], r[second], r[label]) for r in _jsonl(p, n)]
+    value = overlap_threshold_accuracy(read(train_path, limits[0]), read(split_path, limits[1]))
+    return "word-overlap threshold", 100.0 * value
   return None
 
 
@@ -128,9 +170,15 @@ def task_baselines(results: dict[str, Any], split: str, path: str = "") -> dict[
     out[base["name"]] = 100.0 * value
   task = ((results.get("config") or {}).get("task")) or {}
   kind = results.get("kind")
-  if kind in ("tagging", "span_qa") and task.get(split) and task.get("train"):
+  fields: tuple[str, ...] = (
+    str(task.get("tokens_field", "tokens")),
+    str(task.get("tags_field", "tags")),
+  )
+  text_fields = tuple(task.get("text_fields") or ())
+  if kind == "classification" and len(text_fields) == 2 and len(results.get("labels") or ()) == 2:
+    kind, fields = "pairs", (*text_fields, str(task.get("label_field", "label")))
+  if kind in ("tagging", "span_qa", "pairs") and task.get(split) and task.get("train"):
     limits = (int(task.get("max_train_examples") or 0), int(task.get("max_eval_examples") or 0))
-    fields = (str(task.get("tokens_field", "tokens")), str(task.get("tags_field", "tags")))
     try:
       found = _lexical(kind, (task["train"], task[split]), fields, limits)
     except (OSError, ValueError, KeyError, TypeError):

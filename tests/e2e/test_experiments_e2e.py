@@ -48,7 +48,7 @@ def _rows(workdir, split):
 @pytest.mark.parametrize(
   "name,arg,nsp",
   [
-    ("table6_model_size", "row=L2_H256_A4,scale=cpu", True),
+    ("table6_model_size", "row=L1_H128_A2,scale=cpu", True),
     ("masking_static_vs_dynamic", "mode=dynamic,scale=cpu", True),
     ("whole_word_masking", "whole_word=True,scale=cpu", True),
   ],

@@ -32,18 +32,20 @@ def test_the_queue_runs_in_two_lanes_then_links_and_reports(tmp_path, built_repl
   )  # fmt: skip
   assert r.returncode == 0, r.stdout + r.stderr
   queue = (root / "logs" / "queue_pretrain.txt").read_text().splitlines()
-  assert queue[:6] == [
-    f"table5 task={t},seed={s}" for s in range(3) for t in ("mlm_nsp", "mlm")
-  ]  # fmt: skip
-  assert queue[-3:] == ["masking mode=dynamic,seed=0", "wwm whole_word=True,seed=0",
-                        "table6 row=L4_H128_A2,seed=0"]  # fmt: skip
-  assert len(queue) == 15 and not any("row=tiny" in q or "mode=static" in q for q in queue)
+  # The cheapest compared point (Table 6's 1-layer row) with all its seeds first, then the
+  # points of tiny's cost seed by seed (Table 5's MLM rows, dynamic and whole-word masking),
+  # then LTR.
+  tiny = ("table5 task=mlm_nsp", "table5 task=mlm", "masking mode=dynamic", "wwm whole_word=True")
+  assert queue == [f"table6 row=L1_H128_A2,seed={s}" for s in range(3)] + [
+    f"{p},seed={s}" for s in range(3) for p in tiny
+  ] + [f"table5 task=ltr,seed={s}" for s in range(3)]  # fmt: skip
+  assert not any("row=tiny" in q or "mode=static" in q for q in queue)
   timeline = (root / "logs" / "timeline.tsv").read_text().splitlines()
   starts = [ln.split("\t") for ln in timeline if "\tstart\t" in ln]
   assert [f"{s[3]} {s[4]}" for s in starts if s[2] == "pretrain"] == queue
   assert all(ln.endswith("\t0") for ln in timeline if "\tend\t" in ln)
-  log = (root / "logs" / "pretrain" / "table6_row_L2_H256_A4_seed_2.log").read_text()
-  assert re.search(r"bert_jax\.main .*row=L2_H256_A4,seed=2 --workdir=\S*/table6/", log)
+  log = (root / "logs" / "pretrain" / "table6_row_L1_H128_A2_seed_2.log").read_text()
+  assert re.search(r"bert_jax\.main .*row=L1_H128_A2,seed=2 --workdir=\S*/table6/", log)
   ft = (root / "logs" / "finetune" / "table5_task_mlm_nsp_seed_1.log").read_text()
   assert "pretraining=none,seed=1/finetune/squad_qnli" in ft
   # The links: every experiment's whole sweep, with Table 5's root to reuse.

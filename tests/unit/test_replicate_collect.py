@@ -87,3 +87,44 @@ def test_splice_replaces_only_the_marked_block(tmp_path):
   (tmp_path / "none.md").write_text("no markers")
   with pytest.raises(ValueError, match="none.md: no <!-- verdicts"):
     collect.splice(str(tmp_path / "none.md"), "x")
+
+
+walltime = collect.walltime
+
+
+def test_walltime_pieces_minutes_and_busy_time(tmp_path):
+  # Two runs side by side, one stopped (75) and resumed after a pause, one still in progress;
+  # lines out of time order (an end appended later) are read in time order.
+  t0 = 1_800_000_000
+  lines = [
+    (t0, "start", "pretrain", "table5", "task=mlm,seed=0"),
+    (t0 + 60, "start", "pretrain", "table5", "task=mlm_nsp,seed=0"),
+    (t0 + 600, "end", "pretrain", "table5", "task=mlm,seed=0", "75"),
+    (t0 + 3600, "start", "pretrain", "table5", "task=mlm,seed=0"),
+    (t0 + 4200, "end", "pretrain", "table5", "task=mlm,seed=0", "0"),
+    (t0 + 4300, "start", "finetune", "table5", "task=mlm,seed=0"),
+    (t0 + 4210, "start", "pretrain", "table5", "task=mlm,seed=0"),  # a driver finds it finished
+    (t0 + 4213, "end", "pretrain", "table5", "task=mlm,seed=0", "0"),
+    (t0 + 1260, "end", "pretrain", "table5", "task=mlm_nsp,seed=0", "0"),
+  ]
+  path = tmp_path / "timeline.tsv"
+  path.write_text("".join("\t".join(map(str, ln)) + "\n" for ln in lines))
+  pieces = walltime.read(str(path))
+  assert [(p.point, p.start - t0, p.end and p.end - t0, p.exit) for p in pieces] == [
+    ("task=mlm,seed=0", 0, 600, "75"),
+    ("task=mlm_nsp,seed=0", 60, 1260, "0"),
+    ("task=mlm,seed=0", 3600, 4200, "0"),
+    ("task=mlm,seed=0", 4210, 4213, "0"),
+    ("task=mlm,seed=0", 4300, None, ""),
+  ]
+  # Busy: 0-1260 (the two runs overlap) and 3600-4200; the 2340 s pause does not count.
+  assert walltime.busy_seconds(pieces) == 1260 + 600 + 3
+  md = walltime.markdown(pieces)
+  assert "for **31 minutes**" in md
+  assert "- pretrain: 40 lane minutes, 2 runs in 4 finished pieces" in md
+  row = "| pretrain | table5/task=mlm,seed=0 | 08:00-08:10 (75), 09:00-09:10 (0), 1 under 30 s"
+  assert f"{row} (found finished) | 20.1 |" in md
+  assert "in progress (no end line): table5/task=mlm,seed=0 (finetune, since 09:11)" in md
+  path.write_text("1800000000\tbegin\tpretrain\ttable5\tx\n")
+  with pytest.raises(ValueError, match="line 1 is not EPOCH, start|end"):
+    walltime.read(str(path))

@@ -503,6 +503,41 @@ def test_lexical_baselines_on_known_inputs():
   assert baselines.overlap_sentence_f1(tie) == 0.0
 
 
+def test_overlap_threshold_on_known_inputs(tmp_path):
+  from bert_jax.report import baselines
+
+  # Overlaps (the first text's words found in the second; articles would be dropped, so none
+  # here): 0.75 E, 0.25 N, 1.0 E, 0.0 N, 0.5 N. Only t = 0.75 (E at or above) gets all 5 right.
+  train = [("p q r s", "p q r z", "E"), ("p q r s", "p z y x", "N"), ("p q", "q p", "E"),
+           ("p q", "z y", "N"), ("p q r s", "p q y x", "N")]  # fmt: skip
+  # 0.75 -> E (right), 0.5 -> N (wrong), 0.0 -> N (right).
+  test = [("p q r s", "s r q y", "E"), ("p q", "p z", "E"), ("p q r s", "z", "N")]
+  assert baselines.overlap_threshold_accuracy(train, test) == pytest.approx(2 / 3)
+  # The side is learned too: with the labels swapped, N at or above 0.75.
+  swap = {"E": "N", "N": "E"}
+  flip = lambda rows: [(a, b, swap[y]) for a, b, y in rows]
+  assert baselines.overlap_threshold_accuracy(flip(train), flip(test)) == pytest.approx(2 / 3)
+  with pytest.raises(ValueError, match="2 classes, not 3"):
+    baselines.overlap_threshold_accuracy([*train, ("p", "p", "X")], test)
+  # task_baselines reads a 2-class pair task's files as results.json's config names them.
+  for split, rows in (("train", train), ("test", test)):
+    lines = [json.dumps({"question": a, "sentence": b, "label": y}) for a, b, y in rows]
+    (tmp_path / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+  task = {"train": str(tmp_path / "train.jsonl"), "test": str(tmp_path / "test.jsonl"),
+          "text_fields": ["question", "sentence"], "label_field": "label",
+          "max_train_examples": 0, "max_eval_examples": 2}  # fmt: skip
+  results = {"kind": "classification", "main_metric": "accuracy", "labels": ["E", "N"],
+             "baseline": {"name": "majority class", "test": {"accuracy": 0.5}},
+             "config": {"task": task}}  # fmt: skip
+  # The first 2 test rows: 0.75 -> E right, 0.5 -> N wrong.
+  assert baselines.task_baselines(results, "test") == {
+    "majority class": 50.0,
+    "word-overlap threshold": 50.0,
+  }
+  one = {**results, "config": {"task": {**task, "text_fields": ["sentence"]}}}
+  assert baselines.task_baselines(one, "test") == {"majority class": 50.0}
+
+
 # ----------------------------------------------------------------------------- the test
 
 
