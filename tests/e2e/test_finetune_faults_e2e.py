@@ -259,13 +259,12 @@ def _params_dir(path):
   import jax
   import jax.numpy as jnp
 
-  from bert_jax import model as model_lib
-  from bert_jax import params_tree
+  from bert_jax import model_config, params_tree
   from bert_jax.interop import hf_io
   from bert_jax.tasks import Task
   from bert_jax.tokenizers import tokenizer as tokenizer_lib
 
-  cfg = model_lib.config_for_size("tiny", vocab_size=30522, max_position_embeddings=64)
+  cfg = model_config.config_for_size("tiny", vocab_size=30522, max_position_embeddings=64)
   model = Task("t", "classification", ("a", "b"), ("accuracy",)).model(cfg)
   ids = jnp.zeros((1, 8), jnp.int32)
   params = model.init({"params": jax.random.key(0)}, ids, ids, jnp.ones_like(ids))["params"]
