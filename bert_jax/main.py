@@ -109,19 +109,14 @@ def show_fill_mask(workdir: str, texts: list[str], top_k: int = 3) -> None:
 
 
 def run() -> None:
-  preemption.install()  # from the start: a signal never finds the default action
-  try:
-    cli.run(
+  preemption.run_command(
+    lambda: cli.run(
       main,
       "main",
       compilation_cache=True,
       check=lambda: config_schema.check_pretraining(_CONFIG.value),
     )
-  except preemption.Preempted as e:
-    print(e.line(), file=sys.stderr, flush=True)
-    raise
-  finally:
-    preemption.exiting()
+  )
 
 
 if __name__ == "__main__":

@@ -86,19 +86,14 @@ def run() -> None:
   config."""
   from bert_jax.runtime import preemption as preemption_lib
 
-  preemption_lib.install()  # from the start: a signal never finds the default action
-  try:
-    cli.run(
+  preemption_lib.run_command(
+    lambda: cli.run(
       main,
       "finetune",
       compilation_cache=True,
       check=lambda: ft_schema.check_finetuning(_CONFIG.value),
     )
-  except preemption_lib.Preempted as e:
-    print(e.line(), file=sys.stderr, flush=True)
-    raise
-  finally:
-    preemption_lib.exiting()
+  )
 
 
 if __name__ == "__main__":

@@ -377,3 +377,17 @@ def read_status(workdir: str) -> dict | None:
     return json.loads(epath.Path(workdir, STATUS_FILE).read_text())
   except (FileNotFoundError, json.JSONDecodeError):
     return None
+
+
+def run_command(run: Callable[[], None]) -> None:
+  """A trainer's command line (`run`, e.g. `cli.run(main, ...)`) under the handler from its
+  first line: a signal never finds the default action, and a stop before training ends in
+  its one line (`Preempted.line`), exit 75."""
+  install()
+  try:
+    run()
+  except Preempted as e:
+    print(e.line(), file=sys.stderr, flush=True)
+    raise
+  finally:
+    exiting()
