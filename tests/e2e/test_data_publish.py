@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -33,15 +34,17 @@ def _cmd(out, *extra):
   ]
 
 
+def _popen(out, extra):
+  return subprocess.Popen(
+    _cmd(out, *extra), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+  )
+
+
 def _race(out, first, second, delay):
   """Starts `first`, then `second` `delay` s later, both into `out`; their results."""
   procs = []
   for extra in (first, second):
-    procs.append(
-      subprocess.Popen(
-        _cmd(out, *extra), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-      )
-    )
+    procs.append(_popen(out, extra))
     time.sleep(delay)
   outs = [p.communicate(timeout=600) for p in procs]
   return [(p.returncode, *o) for p, o in zip(procs, outs, strict=True)]
@@ -61,15 +64,28 @@ def _whole(out):
 
 @pytest.mark.slow
 def test_two_builds_into_one_fresh_directory_leave_one_whole_build(tmp_path):
-  """A slow build (20 passes) and a quick one of another seed, started 1 s apart into the same
-  fresh directory: both find it empty; the quick one publishes first; the slow one, finding
-  another build there when it publishes, stops in one line and leaves nothing of its own. The
-  output is the quick build's, whole. Then the same command twice, 1 s apart: the second finds
-  the identical build there and keeps it (exit 0), or, started after it, refuses at once."""
+  """A slow build (20 passes) and a quick one of another seed into the same fresh directory,
+  in an order no machine load can change: the slow one starts, is paused (SIGSTOP) once its
+  temporary directory shows it found the directory empty, the quick one then finds it empty too
+  and publishes, and the slow one resumes: finding another build there when it publishes, it
+  stops in one line and leaves nothing of its own. The output is the quick build's, whole. Then
+  the same command twice, 1 s apart: the second finds the identical build there and keeps it
+  (exit 0), or, started after it, refuses at once."""
   out = tmp_path / "out"
-  (slow, _, slow_err), (quick, _, quick_err) = _race(
-    out, ["--dupe_factor=20", "--num_workers=1", "--seed=1"], ["--num_workers=1", "--seed=2"], 1
-  )
+  slow_proc = _popen(out, ["--dupe_factor=20", "--num_workers=1", "--seed=1"])
+  deadline = time.monotonic() + 300
+  while not (out.is_dir() and any(n.startswith(".create_data-") for n in os.listdir(out))):
+    assert slow_proc.poll() is None, slow_proc.communicate()[1][-2000:]
+    assert time.monotonic() < deadline, "the slow build made no temporary directory in 300 s"
+    time.sleep(0.05)
+  slow_proc.send_signal(signal.SIGSTOP)
+  try:
+    quick_proc = _popen(out, ["--num_workers=1", "--seed=2"])
+    quick, (_, quick_err) = quick_proc.wait(timeout=600), quick_proc.communicate()
+  finally:
+    slow_proc.send_signal(signal.SIGCONT)
+  slow_err = slow_proc.communicate(timeout=600)[1]
+  slow = slow_proc.returncode
   assert quick == 0, quick_err[-2000:]
   assert slow == 1, slow_err[-2000:]
   meta = _whole(out)

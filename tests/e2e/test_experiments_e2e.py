@@ -83,7 +83,7 @@ def test_sweep_and_report_end_to_end(datasets, tmp_path):
   ]
   r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
   assert r.returncode == 0, r.stderr[-3000:]
-  run = root / "task=ltr"
+  run = root / "task=ltr,seed=0"  # scale=cpu pretrains every point with seeds 0, 1, 2
   assert (run / "sweep_done.json").exists()
   train_rows = _rows(run, "train")
   assert [r["step"] for r in train_rows] == [1, 2]
@@ -97,6 +97,6 @@ def test_sweep_and_report_end_to_end(datasets, tmp_path):
     timeout=120,
   )
   assert r.returncode == 0, r.stderr[-2000:]
-  row = next(ln for ln in r.stdout.splitlines() if ln.startswith("| task=ltr |"))
+  row = next(ln for ln in r.stdout.splitlines() if ln.startswith("| task=ltr,seed=0 |"))
   assert f"| {train_rows[-1]['ltr_loss']:.4f} |" in row
   assert (root / "report" / "train_loss.png").exists()

@@ -19,7 +19,7 @@
 #
 # Runs go through a queue that LANES processes take from in order (a tiny BERT's step leaves
 # part of 2 cores idle: two lanes got through about 1.3 times the work of one). The queue
-# (tools/replication/queue.py) has the compared points first, the cheapest with all their
+# (tools/replication/run_queue.py) has the compared points first, the cheapest with all their
 # seeds first, so that a run stopped early has whole comparisons of 3 runs a side; the points
 # pretrained once come last. Each run's output goes to
 # ROOT/logs/<phase>/<experiment>_<point>.log, and ROOT/logs/timeline.tsv gets a line when each
@@ -89,11 +89,11 @@ export -f one spec
 export PY ROOT LOGS DATA SCALE DEADLINE TASKS
 export SWEEP_FLAGS="$*"
 
-# The runs of every experiment, one "EXPERIMENT POINT" a line (tools/replication/queue.py),
+# The runs of every experiment, one "EXPERIMENT POINT" a line (tools/replication/run_queue.py),
 # each pretraining config once (Table 6's tiny row, static masking and masking pieces are
 # Table 5's baseline: their sweeps link it later).
 queue() {
-  "$PY" tools/replication/queue.py --data="$DATA" --scale="$SCALE" | grep -E -- "$QUEUE_FILTER"
+  "$PY" tools/replication/run_queue.py --data="$DATA" --scale="$SCALE" | grep -E -- "$QUEUE_FILTER"
 }
 
 # stop_lanes XARGS_PID: xargs stopped first (else it starts the next run), then the sweeps.

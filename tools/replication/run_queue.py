@@ -1,7 +1,7 @@
 """The replication's runs in the order tools/replication/replicate_{cpu,gpu}.sh's lanes take
 them: one `EXPERIMENT POINT` a line (a launch/sweep.py --only of that experiment).
 
-  python tools/replication/queue.py --data=DIR [--scale=cpu]
+  python tools/replication/run_queue.py --data=DIR [--scale=cpu]
 
 The compared points first, the cheapest (by `step_cost`) with all their seeds first, so that
 a run stopped early has whole comparisons of 3 runs a side for the cheap points; the points
