@@ -7,7 +7,7 @@ paths and why each stays") and docs/backends.md (CPU and TPU).
 
 Modules: `attention` (`attend`, the one attention dispatch), `dropout` (keep-masks and the
 Dropout module), `cpu` (the XLA:CPU kernels), `flash` (Pallas flash attention), `fused_norm`
-(post-LN's dropout + residual + LayerNorm, in Pallas with kernels='fused'; opt-in, unmeasured).
+(post-LN's dropout + residual + LayerNorm in Pallas: kernels='fused', the GPU's 'auto').
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ Array = jax.Array
 
 # ----------------------------------------------------------------------------- 'auto' per platform
 
+# kernels='auto' per platform (docs/gpu.md, docs/backends.md); a platform not named: 'xla'.
+KERNELS_AUTO = {"cpu": "cpu", "gpu": "fused"}
+# The oldest CUDA compute capability 'auto' runs the fused kernels on (Triton's, as flash's).
+FUSED_MIN_CAPABILITY = 8.0
 # dropout_rng='auto' per platform (docs/gpu.md, docs/backends.md).
 DROPOUT_RNG_AUTO = {"cpu": "hash", "tpu": "hash", "gpu": "hash"}
 
@@ -97,18 +101,21 @@ def vocab_rows(cfg: BertConfig, vocab: int) -> int:
 
 def resolve_kernels(cfg: BertConfig, platform: str) -> BertConfig:
   """`cfg` resolved for a JAX platform ('cpu', 'tpu', 'gpu', 'cuda', ...): `kernels` 'auto'
-  becomes 'cpu' on the CPU platform and 'xla' on every other, `dropout_rng` 'auto' the
-  platform's `DROPOUT_RNG_AUTO`, and `platform` records it for `attention_impl` 'auto' (which
-  also depends on the sequence length: `attention_choice`). Explicit values stay."""
+  becomes the platform's `KERNELS_AUTO` ('xla' where none is named, and where the GPU's 'fused'
+  does not apply: ROCm, a dropout_rng other than the 'hash' mask its kernels draw, or this
+  process's GPU not a CUDA device of compute capability >= FUSED_MIN_CAPABILITY),
+  `dropout_rng` 'auto' the platform's `DROPOUT_RNG_AUTO`, and `platform` records it for
+  `attention_impl` 'auto' (which also depends on the sequence length: `attention_choice`).
+  Explicit values stay."""
   family = platform_family(platform)
-  return dataclasses.replace(
-    cfg,
-    kernels=cfg.kernels if cfg.kernels != "auto" else "cpu" if family == "cpu" else "xla",
-    dropout_rng=(
-      cfg.dropout_rng if cfg.dropout_rng != "auto" else DROPOUT_RNG_AUTO.get(family, "threefry")
-    ),
-    platform=family,
-  )
+  rng = cfg.dropout_rng if cfg.dropout_rng != "auto" else DROPOUT_RNG_AUTO.get(family, "threefry")
+  kernels = cfg.kernels
+  if kernels == "auto":
+    kernels = KERNELS_AUTO.get(family, "xla")
+    # The fused kernels draw the hash mask: another generator asked for keeps XLA's ops.
+    cannot = platform == "rocm" or rng != "hash" or _cuda_short_of(FUSED_MIN_CAPABILITY)
+    kernels = "xla" if kernels == "fused" and cannot else kernels
+  return dataclasses.replace(cfg, kernels=kernels, dropout_rng=rng, platform=family)
 
 
 def resolved(cfg: BertConfig) -> BertConfig:

@@ -142,6 +142,7 @@ def _compile(plan: dict[str, Any], prepared: step_lib.Prepared) -> tuple[step_li
     "compile_s": st.lower_s + st.compile_s,
     "lower_s": st.lower_s,
     "init_compile_s": st.init_compile_s,
+    "init_shared": st.init_shared,
     "build_s": st.lower_s + st.compile_s + st.init_compile_s,
     "compile_cache_hit": st.cache_hit,
     "mem_gib": memory.step_gib(st.compiled),

@@ -7,13 +7,19 @@ exactly as `train.train_and_evaluate` builds it, on one device: state donated, o
 masking included, on a full-length batch reused every step. `prepare` lowers it against the
 abstract state, `compile_step` compiles it and the init (the GPU suite compiles several in
 threads, then makes each state only to time it); `build_step` does both and makes the state.
-What is measured of it is `measure.py`'s.
+The init depends only on the shapes of the parameters and the optimizer's state, so a process
+that builds several steps of one model (variants of a shape; Large at 128 and 512 tokens)
+compiles it once: the first build's compile serves the others (`Step.init_shared`). What is
+measured of it is `measure.py`'s.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
+import hashlib
+import threading
 import time
 from typing import Any
 
@@ -26,6 +32,11 @@ from bert_jax import sharding as sh
 from bert_jax.benchmark import batches, sizes
 from bert_jax.runtime import compile_cache
 from bert_jax.tokenizers import tokenizer as tokenizer_lib
+
+# Compiled state initialisers of this process by their program's text (a future while the
+# first build compiles it: a build in another thread waits for it instead of compiling it too).
+_INITS: dict[str, concurrent.futures.Future] = {}
+_INITS_LOCK = threading.Lock()
 
 # The two kernel settings of the model (`--variants=kernels=xla` times the stock XLA path).
 # Without a variant the benchmark times the trainer's default ('auto': the CPU kernels on the
@@ -97,6 +108,8 @@ class Step:
   init: Any = None  # the compiled state initialiser: init(init_rng) -> a fresh train state
   init_rng: Any = None
   init_compile_s: float = 0.0
+  # Whether another build of this process compiled the init (init_compile_s: the wait for it).
+  init_shared: bool = False
 
   def fresh_state(self) -> Any:
     """A freshly initialised train state on the device (the compiled init, run now)."""
@@ -153,12 +166,32 @@ def compile_step(
   compile_s = time.perf_counter() - t0
   hit = compile_cache.thread_hits() > hits if compile_cache.active_dir() else None
   t0 = time.perf_counter()
-  init = p.init_lowered.compile()
+  init, shared = compiled_init(p.init_lowered)
   st = Step(compiled, None, p.batch, p.rng, p.cfg, p.lower_s, compile_s, hit, init, p.init_rng)
-  st.init_compile_s = time.perf_counter() - t0
+  st.init_compile_s, st.init_shared = time.perf_counter() - t0, shared
   if materialize:
     st.state = st.fresh_state()
   return st
+
+
+def compiled_init(lowered: Any) -> tuple[Any, bool]:
+  """A lowered state initialiser compiled, once per program in this process: (the
+  executable, whether an earlier build compiled it). Equal programs give equal states."""
+  key = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+  with _INITS_LOCK:
+    future = _INITS.get(key)
+    shared = future is not None
+    if not shared:
+      future = _INITS[key] = concurrent.futures.Future()
+  if not shared:
+    try:
+      future.set_result(lowered.compile())
+    except BaseException as e:
+      with _INITS_LOCK:
+        del _INITS[key]  # a later build tries again
+      future.set_exception(e)
+      raise
+  return future.result(), shared
 
 
 def build_step(config: ml_collections.ConfigDict, tables: Any = None) -> Step:

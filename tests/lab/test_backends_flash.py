@@ -300,10 +300,11 @@ def test_scanned_rematerialised_layers_flash_equals_explicit():
 
 
 def test_train_step_lowers_for_cuda_with_triton():
-  """BERT-tiny's train step with the default backend fields ('auto'; bf16, dropout 0.1),
-  resolved for a GPU, lowers for CUDA with the flash kernels: three Triton kernels a layer
-  (forward, dK/dV, dQ), not interpreted."""
-  c = _micro_config("auto", dropout=0.1)
+  """BERT-tiny's train step with 'auto' attention and dropout and XLA's LayerNorm (bf16,
+  dropout 0.1), resolved for a GPU, lowers for CUDA with the flash kernels: three Triton
+  kernels a layer (forward, dK/dV, dQ), not interpreted (with the GPU's 'auto' kernels, the
+  fused LayerNorm's four more: test_backends_fused_norm)."""
+  c = _micro_config("xla", dropout=0.1)
   c.model.update(dtype="bfloat16")
   assert (c.model.dropout_rng, c.model.attention_impl) == ("auto", "auto")
   cfg = backends.resolve_kernels(train.bert_config(c), "cuda")

@@ -258,12 +258,13 @@ def test_model_fused_trains_as_xla():
 
 
 def test_train_step_lowers_for_cuda_with_the_fused_kernels():
-  """BERT-tiny's train step with kernels='fused' (bf16, dropout 0.1, the rest 'auto'), resolved
-  for a GPU, lowers for CUDA with Triton kernels only: per layer flash attention's three and
-  the fused residual LayerNorm's four (two sublayers, forward and backward), none interpreted."""
-  c = _micro_config("fused", dropout=0.1)
+  """BERT-tiny's train step with every backend field 'auto' (bf16, dropout 0.1), resolved for
+  a GPU, lowers for CUDA with Triton kernels only: per layer flash attention's three and the
+  fused residual LayerNorm's four (two sublayers, forward and backward), none interpreted."""
+  c = _micro_config("auto", dropout=0.1)
   c.model.update(dtype="bfloat16")
   cfg = backends.resolve_kernels(train.bert_config(c), "cuda")
+  assert cfg.kernels == "fused"
   model = BertForPreTraining(cfg)
   tx = optim.make_optimizer(c.opt)
   step = train.make_train_step(
@@ -278,15 +279,17 @@ def test_train_step_lowers_for_cuda_with_the_fused_kernels():
 
 def test_fused_config_and_platforms():
   """'fused' is a kernels value config_schema takes (an unknown one is refused naming the
-  values), 'auto' never resolves to it, and the model refuses it on a TPU in one line."""
+  values), 'auto' resolves to it on a CUDA GPU alone, and the model refuses it on a TPU in one
+  line."""
   c = config_lib.base_config("tiny")
   c.model.kernels = "fused"
   config_schema.check_pretraining(c)
   c.model.kernels = "fusd"
   with pytest.raises(config_schema.ConfigError, match="must be one of auto, xla, cpu, fused"):
     config_schema.check_pretraining(c)
-  for platform in ("cpu", "cuda", "tpu"):
+  for platform in ("cpu", "rocm", "tpu"):
     assert backends.resolve_kernels(TINY, platform).kernels != "fused"
+  assert backends.resolve_kernels(TINY, "cuda").kernels == "fused"
   tpu = backends.resolve_kernels(dataclasses.replace(TINY, kernels="fused"), "tpu")
   with pytest.raises(ValueError, match="^kernels='fused' runs on GPUs .* not on tpu"):
     jax.eval_shape(lambda: model_lib.init_params(BertForPreTraining(tpu), jax.random.key(0)))

@@ -45,13 +45,26 @@ def test_gpu_plans_shapes_profiles_alone_and_variants():
   variants = [p for p in plans if p["role"] == "variant"]
   assert [p["priority"] for p in plans] == list(range(len(plans)))
   assert len({p["id"] for p in plans}) == len(plans)
-  # The old GPU default first (every run A/Bs it), then XLA's GEMM options; no variant of a
+  # The old GPU defaults first (every run A/Bs them): the threefry dropout with the explicit
+  # attention, XLA's LayerNorm at Base and at Large; then XLA's GEMM options; no variant of a
   # model choice that left the model; the default model is whatever `auto` resolves to.
-  assert [p["variant"] for p in variants[:3]] == [
-    {"dropout_rng": "threefry", "attention_impl": "explicit"},
-    {"xla_gpu_enable_triton_gemm": False},
-    {"xla_gpu_enable_cublaslt": True},
+  assert [(p["size"], p["variant"]) for p in variants[:5]] == [
+    ("base", {"dropout_rng": "threefry", "attention_impl": "explicit"}),
+    ("base", {"kernels": "xla"}),
+    ("large", {"kernels": "xla"}),
+    ("base", {"xla_gpu_enable_triton_gemm": False}),
+    ("base", {"xla_gpu_enable_cublaslt": True}),
   ]
+  # A build after the first of its model waits for that one's init instead of compiling its
+  # own: Large 512 after the alone Large 128, Base's variants after Base; scanned layers are
+  # another model (the first of theirs compiles its init).
+  est, init = gpu_plan.EST_BUILD_S["ours"], gpu_plan.EST_INIT_S
+  assert ours[0]["est_compile_s"] == est[("pretrain", "base", 128)]
+  assert ours[2]["est_compile_s"] == est[("pretrain", "large", 512)] - init[("pretrain", "large")]
+  assert variants[0]["est_compile_s"] == est[("pretrain", "base", 128)] - init[("pretrain", "base")]
+  assert (
+    variants[2]["est_compile_s"] == est[("pretrain", "large", 128)] - init[("pretrain", "large")]
+  )
   assert all(p["variant"] == {} for p in ours)
   removed = {("dropout_rng", "rbg"), ("dropout_rng", "hash_redraw"), ("kernels", "lowp")}
   assert not removed & {(k, v) for p in variants for k, v in p["variant"].items()}
@@ -105,18 +118,19 @@ def test_the_h200_plan_fits_nine_minutes_and_takes_every_must_show():
   assert {p["id"] for p in plans if p["role"] != "variant"} <= {p["id"] for p in taken}
   admitted = [p["variant"] for p in taken if p["role"] == "variant" and p["side"] == "ours"]
   assert admitted[:2] == [{"dropout_rng": "threefry", "attention_impl": "explicit"},
-                          {"xla_gpu_enable_triton_gemm": False}]  # fmt: skip
+                          {"kernels": "xla"}]  # fmt: skip
   # The alone builds, ours then torch.compile's, each before any other build starts.
   ours_alone, torch_alone = [sim["at"][p["id"]] for p in plans if p.get("alone")]
   assert ours_alone[1] <= torch_alone[0] and torch_alone[1] == sim["alone_end_s"]
   others = [sim["at"][p["id"]] for p in taken if p["role"] != "profile" and not p.get("alone")]
   assert min(start for start, _ in others) >= sim["alone_end_s"]
-  # Then ours start with the longest compile (Large 512), the variants after the shapes.
+  # Then ours start with the longest build (Base, which compiles its init; Large 512 waits for
+  # the alone Large 128's), the variants after the shapes.
   order = gpu_plan.build_order(taken)
-  assert [(p["size"], p["seq"]) for p in order[:2]] == [("large", 512), ("base", 128)]
+  assert [(p["size"], p["seq"]) for p in order[:2]] == [("base", 128), ("large", 512)]
   assert all(p["role"] == "variant" for p in order[2:])
   # A tight deadline leaves out variants, never a shape, and a profile only with its step.
-  taken, left, _ = gpu_plan.admit(plans, 430, steps=10, reps=3, warmup=3, compile_threads=3)
+  taken, left, _ = gpu_plan.admit(plans, 460, steps=10, reps=3, warmup=3, compile_threads=3)
   assert {p["role"] for p in left} <= {"variant", "profile"}
   assert [p["role"] for p in taken if p["side"] == "ours"][:3] == ["shape"] * 3
   taken, left, _ = gpu_plan.admit(plans, 0, steps=10, reps=3, warmup=3, compile_threads=3)
@@ -217,21 +231,38 @@ def test_build_gate_counts_the_profile_of_a_built_shape_as_owed():
   assert g.planned_end(plans[2], 10.0) == pytest.approx(50.0 + sum(g.owed.values()) + owe)
 
 
-def test_the_fused_layer_norm_variant_is_planned_after_the_old_default_and_gemm_options():
-  """Issue 44 item 4: `kernels=fused` (on the default hash + flash) is one of the default
-  variants, admitted in the H200 plan of tools/gpu/device_run.sh (not on standby), after the
-  old default and the XLA GEMM options, and built before the deadline."""
+def test_the_previous_gpu_defaults_are_admitted_beside_the_default():
+  """Issue 44 item 1: the default is the fused LayerNorm with hash + flash ('auto'); the H200
+  plan of tools/gpu/device_run.sh admits (not on standby) the previous defaults beside it, at
+  Base: the threefry dropout with the explicit attention (the losses compared with the CPU's)
+  and XLA's LayerNorm, each built before the deadline."""
   deadline, _ = _device_run_limits()
   plans = gpu_plan.make_plans()
-  taken, left, sim = gpu_plan.admit(plans, deadline, steps=10, reps=3, warmup=3, compile_threads=3)
-  admitted = [p["variant"] for p in taken if p["role"] == "variant" and p["side"] == "ours"]
-  assert admitted[:4] == [
-    {"dropout_rng": "threefry", "attention_impl": "explicit"},
-    {"xla_gpu_enable_triton_gemm": False},
-    {"xla_gpu_enable_cublaslt": True},
-    {"kernels": "fused"},
-  ]
-  (fused,) = [p for p in taken if p["variant"] == {"kernels": "fused"}]
-  assert (fused["size"], fused["seq"], fused["batch"]) == ("base", 128, 256)
-  assert sim["at"][fused["id"]][1] < deadline
-  assert not [p for p in left if p["variant"] == {"kernels": "fused"}]
+  taken, _, sim = gpu_plan.admit(plans, deadline, steps=10, reps=3, warmup=3, compile_threads=3)
+  olds = [{"dropout_rng": "threefry", "attention_impl": "explicit"}, {"kernels": "xla"}]
+  for old in olds:
+    (plan,) = [p for p in taken if p["variant"] == old]
+    assert (plan["size"], plan["seq"], plan["batch"]) == ("base", 128, 256)
+    assert sim["at"][plan["id"]][1] < deadline
+
+
+def test_builds_of_one_model_share_its_compiled_init():
+  """`step.compile_step`: a second build of the same model (another dropout generator and
+  attention: the same parameters) takes the first's compiled init, and its state equals the
+  first's; a build of another model (another position table) compiles its own."""
+  import jax
+  import numpy as np
+
+  from bert_jax.benchmark import step as step_lib
+
+  def build(size, **fields):
+    config = step_lib.bench_config(size, 32, 2, "float32", fields)
+    return step_lib.compile_step(step_lib.prepare(config))
+
+  first = build("tiny", dropout_rng="hash", attention_impl="explicit")
+  second = build("tiny", dropout_rng="threefry")
+  other = build("tiny", max_position_embeddings=64)
+  assert (second.init_shared, other.init_shared) == (True, False)
+  assert second.init is first.init
+  for a, b in zip(jax.tree.leaves(first.state), jax.tree.leaves(second.state), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -33,12 +33,13 @@ def test_model_reexports_nothing():
 
 
 def test_resolve_kernels_by_platform():
-  """'auto' kernels: the CPU kernels on the CPU alone; explicit values stay; 'cuda' and
-  'rocm' are the gpu family."""
+  """'auto' kernels: the CPU kernels on the CPU, the fused LayerNorm kernels on a CUDA GPU
+  (Triton), XLA's elsewhere (ROCm too); explicit values stay; 'cuda' and 'rocm' are the gpu
+  family."""
   for platform, kernels, family in (
     ("cpu", "cpu", "cpu"),
     ("tpu", "xla", "tpu"),
-    ("cuda", "xla", "gpu"),
+    ("cuda", "fused", "gpu"),
     ("rocm", "xla", "gpu"),
   ):
     got = backends.resolve_kernels(TINY, platform)
@@ -91,13 +92,14 @@ BASE_BF16 = model_config.config_for_size("base", dtype="bfloat16")
 
 
 def test_auto_on_a_gpu_is_hash_dropout_and_flash(monkeypatch):
-  """On a GPU platform 'auto' is the hash dropout and the flash kernels with attention dropout
-  (every length), cuDNN's fused attention without it (xla where cuDNN cannot run: float32, or
-  no CUDA GPU in the process); the old GPU default stays reachable as explicit values."""
+  """On a GPU platform 'auto' is the hash dropout, the fused residual LayerNorm kernels and the
+  flash kernels with attention dropout (every length), cuDNN's fused attention without it
+  (xla where cuDNN cannot run: float32, or no CUDA GPU in the process); the old GPU default
+  stays reachable as explicit values."""
   monkeypatch.setattr(backends, "_local_gpu", lambda: H200)
   for platform in ("gpu", "cuda"):
     cfg = backends.resolve_kernels(BASE_BF16, platform)
-    assert (cfg.kernels, cfg.dropout_rng, cfg.platform) == ("xla", "hash", "gpu")
+    assert (cfg.kernels, cfg.dropout_rng, cfg.platform) == ("fused", "hash", "gpu")
     for length in (128, 512):
       assert backends.attention_plan(cfg, length, True, False) == ("flash", "")
       assert backends.attention_plan(cfg, length, False, False) == ("cudnn", "")
@@ -109,8 +111,9 @@ def test_auto_on_a_gpu_is_hash_dropout_and_flash(monkeypatch):
   )
   old = dataclasses.replace(BASE_BF16, dropout_rng="threefry", attention_impl="explicit")
   old = backends.resolve_kernels(old, "gpu")
-  assert (old.dropout_rng, backends.attention_choice(old, 128, True, False)) == (
+  assert (old.dropout_rng, old.kernels, backends.attention_choice(old, 128, True, False)) == (
     "threefry",
+    "xla",  # the fused kernels draw the hash mask: threefry keeps XLA's LayerNorm
     "explicit",
   )
   monkeypatch.setattr(backends, "_local_gpu", lambda: None)  # lowering for a GPU elsewhere
@@ -129,7 +132,8 @@ def test_auto_on_a_gpu_is_hash_dropout_and_flash(monkeypatch):
 def test_auto_falls_back_to_explicit_with_hash_where_flash_does_not_apply(monkeypatch):
   """Where the flash kernels do not apply (a head dim beyond FLASH_MAX_HEAD_DIM, a GPU without
   their Triton lowering, another dropout generator asked for) 'auto' runs the explicit
-  attention, with the hash dropout of the GPU's 'auto'; the log line says why."""
+  attention, with the hash dropout of the GPU's 'auto'; the log line says why. A GPU without
+  the Triton lowering runs XLA's LayerNorm too."""
   wide = backends.resolve_kernels(model_config.config_for_size("L6_H768_A3"), "gpu")
   assert wide.head_dim == 256 and wide.dropout_rng == "hash"
   impl, why = backends.attention_plan(wide, 128, True, False)
@@ -150,6 +154,7 @@ def test_auto_falls_back_to_explicit_with_hash_where_flash_does_not_apply(monkey
     impl, why = backends.attention_plan(cfg, 128, True, False)
     assert impl == ("flash" if fits else "explicit"), device.device_kind
     assert (why == "") == fits and (fits or device.device_kind in why)
+    assert backends.resolve_kernels(BASE_BF16, "gpu").kernels == ("fused" if fits else "xla")
   monkeypatch.setattr(backends, "_local_gpu", lambda: None)
   threefry = backends.resolve_kernels(dataclasses.replace(BASE_BF16, dropout_rng="threefry"), "gpu")
   assert backends.attention_plan(threefry, 128, True, False) == (
@@ -170,7 +175,8 @@ def test_the_model_logs_its_attention_once_and_falls_back_to_explicit_hash(caplo
   import jax.numpy as jnp
 
   cfg = dataclasses.replace(TINY, num_heads=1, hidden_size=256, intermediate_size=64)
-  cfg = backends.resolve_kernels(cfg, "gpu")
+  # XLA's LayerNorm: the GPU's fused kernels would not trace here (Triton, not interpreted).
+  cfg = backends.resolve_kernels(dataclasses.replace(cfg, kernels="xla"), "gpu")
   model = model_lib.BertForPreTraining(cfg)
   ids = jnp.ones((2, 16), jnp.int32)
   params = model_lib.init_params(model, jax.random.key(0), 16)
