@@ -163,10 +163,6 @@ TESTED_ELSEWHERE = {
   "main": "test_train",
   "model_config": "test_model",
   "params_tree": "test_export, test_interop_loader",
-  **{
-    f"report_{m}": "test_report"
-    for m in ("baselines", "claims", "plots", "published", "runs", "stats", "tables", "verdicts")
-  },
   "runtime_multihost": "test_runtime_preemption",
   "runtime_workdir_lock": "test_runtime_preemption, test_runtime_files",
   "tasks": "test_finetune",
