@@ -132,25 +132,6 @@ def test_train_and_finetune_have_no_loop_of_their_own(name):
 # (<name>: the module's dotted path under bert_jax, "." -> "_"; a package: its __init__ or its
 # __main__).
 TESTED_ELSEWHERE = {
-  **{
-    f"benchmark_{m}": "test_benchmark, test_benchmark_gpu"
-    for m in (
-      "batches",
-      "data",
-      "finetune_step",
-      "gpu_ours",
-      "kernel_families",
-      "measure",
-      "memory",
-      "peer_worker",
-      "peers",
-      "protocol",
-      "sizes",
-      "step",
-      "suite",
-      "tables",
-    )
-  },  # fmt: skip
   "config_lib": "test_configs, test_config_schema",
   "data_corpus": "test_create_data",
   "data_records": "test_data_input_pipeline",
