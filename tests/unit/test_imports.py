@@ -133,11 +133,6 @@ def test_train_and_finetune_have_no_loop_of_their_own(name):
 # __main__).
 TESTED_ELSEWHERE = {
   "config_lib": "test_configs, test_config_schema",
-  "data_corpus": "test_create_data",
-  "data_records": "test_data_input_pipeline",
-  "data_run_data": "test_create_data, test_runtime_resume",
-  "data_sequences": "test_create_data",
-  "data_writer": "test_create_data",
   **{f"finetune_{m}": "test_finetune" for m in ("data", "grid", "inputs", "seed", "workdir")},
   "finetune_schema": "test_config_schema",
   "layer_scan": "test_model",
