@@ -133,17 +133,10 @@ def test_train_and_finetune_have_no_loop_of_their_own(name):
 # __main__).
 TESTED_ELSEWHERE = {
   "config_lib": "test_configs, test_config_schema",
-  **{f"finetune_{m}": "test_finetune" for m in ("data", "grid", "inputs", "seed", "workdir")},
-  "finetune_schema": "test_config_schema",
-  "layer_scan": "test_model",
   "main": "test_train",
-  "model_config": "test_model",
   "params_tree": "test_export, test_interop_loader",
   "runtime_multihost": "test_runtime_preemption",
   "runtime_workdir_lock": "test_runtime_preemption, test_runtime_files",
-  "tasks": "test_finetune",
-  "tasks_batches": "test_finetune",
-  "tasks_heads": "test_finetune",
   "tokenizers_files": "test_interop_loader",
   "tokenizers_training": "test_tokenizers_tokenizer",
   "train_tokenizer": "test_tokenizers_tokenizer",
