@@ -127,23 +127,6 @@ def test_train_and_finetune_have_no_loop_of_their_own(name):
   assert "loop.run" in calls
 
 
-# Modules still tested only through another module's file (the module they serve, or the CLI
-# that drives them): this list may only shrink. Everything else has tests/<tier>/test_<name>.py
-# (<name>: the module's dotted path under bert_jax, "." -> "_"; a package: its __init__ or its
-# __main__).
-TESTED_ELSEWHERE = {
-  "config_lib": "test_configs, test_config_schema",
-  "main": "test_train",
-  "params_tree": "test_export, test_interop_loader",
-  "runtime_multihost": "test_runtime_preemption",
-  "runtime_workdir_lock": "test_runtime_preemption, test_runtime_files",
-  "tokenizers_files": "test_interop_loader",
-  "tokenizers_training": "test_tokenizers_tokenizer",
-  "train_tokenizer": "test_tokenizers_tokenizer",
-  "trees": "test_optim",
-}
-
-
 def _public_modules() -> list[str]:
   """Every public module's test name; a package whose __init__ defines nothing is left out."""
   names = []
@@ -162,14 +145,13 @@ def _public_modules() -> list[str]:
 
 
 def test_every_public_module_has_a_test_file_of_its_name():
+  """Every public module has tests/<tier>/test_<name>.py (<name>: the module's dotted path under
+  bert_jax, "." -> "_"; a package: its __init__ or its __main__), none excused."""
   files = {
     p.stem.removeprefix("test_").removesuffix("_e2e") for p in ROOT.glob("tests/*/test_*.py")
   }
-  modules = _public_modules()
-  missing = [m for m in modules if m not in files and m not in TESTED_ELSEWHERE]
+  missing = [m for m in _public_modules() if m not in files]
   assert not missing, f"no tests/<tier>/test_<name>.py for: {missing}"
-  stale = [m for m in TESTED_ELSEWHERE if m in files or m not in modules]
-  assert not stale, f"TESTED_ELSEWHERE lists modules with a file of their own (or gone): {stale}"
 
 
 def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
