@@ -1,6 +1,6 @@
-"""bert_jax.benchmark: our step is the trainer's, a tiny run emits well-formed JSON, the
-summaries pick the right ratios, the lockstep choreography, the peer side's isolation from
-bert_jax, and the huge-page malloc tunable."""
+"""bert_jax.benchmark, the command and the package: --lockstep without peers is one line, the
+fine-tuning mode with its peer skipped, the package's imports (no circle, no config loaded by
+path). Each module's own tests are in test_benchmark_<module>.py."""
 
 import ast
 import json

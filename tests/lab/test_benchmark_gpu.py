@@ -1,6 +1,7 @@
-"""bert_jax.benchmark's GPU comparison (`--gpu`), run here on the CPU: the plan and its
-admission against the deadline, our worker's build and timing phases, the matmul peaks, the
-profile parser on a traced CPU step and on GPU-shaped events, the smoke run of both workers."""
+"""bert_jax.benchmark.gpu, the GPU comparison (`--gpu`), run here on the CPU: FLOPs and MFU against
+a hand count, the datasheet peaks, the dry run's plan, the smoke run of both workers, the device
+script, the deadline. Our worker's build and timing phases are test_benchmark_gpu_ours.py, the
+plan's test_benchmark_gpu_plan.py."""
 
 import json
 import math

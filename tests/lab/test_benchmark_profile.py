@@ -1,6 +1,6 @@
-"""bert_jax.benchmark.profile and kernel_families: the profile of a traced CPU step by kernel
-family, GPU kernels classified by HLO op or by name, the H200 traces of both sides, the must-show
-summaries of the H200 run."""
+"""bert_jax.benchmark.profile: the profile of a traced CPU step by kernel family, GPU kernels
+classified by HLO op or by name, the must-show summaries of the H200 run, the CPU reference.
+(The kernel families themselves: test_benchmark_kernel_families.py.)"""
 
 import json
 import subprocess

@@ -1,4 +1,7 @@
-"""create_data: BERT's sequence algorithm, bad inputs, determinism, written masks."""
+"""create_data (bert_jax.data.pretraining's build): the same output from 1 and 2 workers,
+consistent records, tokens round-trip, written masks equal on-the-fly ones, one-line errors,
+output-directory safety, one dupe_factor default. The pieces it runs have files of their own
+(test_data_sequences, test_data_corpus, test_data_writer, test_data_run_data)."""
 
 import json
 import os

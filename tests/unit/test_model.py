@@ -1,7 +1,9 @@
-"""bert_jax.model: parameter counts, padding invariance, layouts, remat, dropout, LTR, bf16.
+"""bert_jax.model: parameter counts, padding invariance, the pruned last layer, dropout, LTR,
+bf16, embedding lookups, the padded vocabulary.
 
-The kernels switch (CPU kernels vs stock XLA ops) is tested in test_backends_cpu.py; the dropout
-masks in test_backends_dropout.py, the attention implementations in test_backends_attention.py."""
+The scanned layers and remat (bert_jax.layer_scan) are tested in test_layer_scan.py; the kernels
+switch (CPU kernels vs stock XLA ops) in test_backends_cpu.py; the dropout masks in
+test_backends_dropout.py, the attention implementations in test_backends_attention.py."""
 
 import dataclasses
 

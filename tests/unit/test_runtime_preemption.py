@@ -3,7 +3,8 @@ SIGHUP save the current step and exit with the preemption status; a signal to on
 processes makes both save the same step, and the rerun is bit-identical to an uninterrupted
 run; a signal however often and whenever it comes (twice to each of two processes, in an eval,
 in a checkpoint write, after the agreement, while process 0 builds the data) stops both
-together; a second trainer on a workdir is refused; a dead trainer's lock does not block."""
+together; a signal while taking the workdir lock leaves none. (The lock itself:
+test_runtime_workdir_lock.py.)"""
 
 import json
 import os
