@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from unit.test_finetune import (
+from unit._finetune_tasks import (
   CLI_FIELDS,
   REPO,
   WORDS,

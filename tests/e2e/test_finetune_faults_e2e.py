@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from unit.test_finetune import CLI_FIELDS, REPO, _splits, _write, finetune_config, sentiment
+from unit._finetune_tasks import CLI_FIELDS, REPO, _splits, _write, finetune_config, sentiment
 from unit.test_finetune_faults import _cmd, _one_line, _run
 from unit.test_train import _env
 

@@ -5,7 +5,8 @@ import jax
 import numpy as np
 import pytest
 from unit import test_interop_loader as unit_interop_loader
-from unit.test_interop_loader import _bert_model_dir, _one_line, mk
+from unit._hf_fixture import _one_line, mk
+from unit.test_interop_loader import _bert_model_dir
 
 import bert_jax
 from bert_jax import train

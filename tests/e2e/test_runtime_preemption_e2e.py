@@ -14,13 +14,8 @@ import time
 import jax
 import numpy as np
 import pytest
-from unit.test_runtime_preemption import (
-  _new_pid_namespace,
-  _status,
-  _wait_for_step,
-  _wait_until_gone,
-  default_cmd,
-)
+from unit.test_runtime_preemption import _status, _wait_for_step, default_cmd
+from unit.test_runtime_workdir_lock import _new_pid_namespace, _wait_until_gone
 from unit.test_train import _env, _free_port, _main_cmd, _params, _rows
 
 from bert_jax.data import pretraining as pretraining_data

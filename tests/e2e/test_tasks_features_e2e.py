@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from unit.test_finetune import _splits, tiny_config
+from unit._finetune_tasks import _splits, tiny_config
 from unit.test_tasks_features import cities
 
 from bert_jax import finetune

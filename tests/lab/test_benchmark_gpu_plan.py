@@ -8,7 +8,7 @@ from bert_jax.benchmark import (
   gpu_plan,
   suite,
 )
-from lab.test_benchmark_gpu import _device_run_limits, _plan
+from lab._benchmark import _device_run_limits, _plan
 
 
 def test_gpu_plans_shapes_profiles_alone_and_variants():

@@ -1,6 +1,7 @@
 """bert_jax.benchmark.lockstep: the rounds alternate who goes first and settle each turn; a
 worker that hangs is killed with a one-line error; live workers run turn by turn."""
 
+import json
 import math
 import sys
 
@@ -87,3 +88,36 @@ def test_lockstep_runs_live_workers_turn_by_turn():
   assert 0 < ours["mfu"] < 1.5 and ours["page_faults_per_step"] >= 0
   table = tables.format_lockstep([{**lock, "pass": 0}])
   assert "| tiny | 32 | 0 | hf_flax:float32 | 3 |" in table
+
+
+def test_finetune_lockstep_passes_the_task_to_both_sides(monkeypatch):
+  started = {}
+
+  class Fake:
+    def __init__(self, name, argv, timeout, env=None):
+      started[name] = argv
+      self.secs = {"bert_jax": 0.5}.get(name, 1.5)
+
+    def step(self, settle=False):
+      return self.secs
+
+    def finish(self):
+      return {"step_s": [self.secs], "losses": [0.7]}
+
+    def close(self):
+      pass
+
+  monkeypatch.setattr(lockstep, "LockstepWorker", Fake)
+  recs = lockstep.measure_lockstep(
+    "minilm", 128, 32, "float32", rounds=2, warmup=1, peer_list=[("torch", "float32")],
+    peer_python="PY", min_turn_s=1.0, task="finetune",
+  )  # fmt: skip
+  ours_spec = json.loads(started["bert_jax"][-1].removeprefix("--worker="))
+  peer_spec = json.loads(started["torch:float32"][-1])
+  assert ours_spec["task"] == peer_spec["task"] == "finetune" and ours_spec["serve"]
+  assert peer_spec["hidden"] == 384 and peer_spec["num_labels"] == 2
+  lock, peer, _ = recs
+  assert lock["task"] == "finetune" and lock["ratio_median"] == 3.0
+  # Turns of whole steps until 1 s: ours 2 steps of 0.5 s, the peer's one of 1.5 s.
+  assert lock["ours_examples_per_s"] == 2 * 32 / 1.0 and lock["peer_examples_per_s"] == 32 / 1.5
+  assert peer["task"] == "finetune" and peer["examples_per_s"] == 32 / 1.5

@@ -15,7 +15,7 @@ from bert_jax import backends
 from bert_jax.backends import attention as attention_lib
 from bert_jax.model import BertForPreTraining
 from bert_jax.model_config import BertConfig
-from unit.test_model import TINY, _batch, _params
+from unit._tiny_bert import TINY, _batch, _params
 
 
 def test_attention_impl_config():

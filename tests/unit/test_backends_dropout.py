@@ -13,7 +13,7 @@ from bert_jax import backends
 from bert_jax.backends import dropout as dropout_lib
 from bert_jax.model import BertForPreTraining
 from bert_jax.model_config import BertConfig
-from unit.test_model import TINY, _apply, _batch, _params
+from unit._tiny_bert import TINY, _apply, _batch, _params
 
 
 def test_threefry_dropout_is_flax_dropout():

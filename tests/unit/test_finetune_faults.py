@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bert_jax import finetune
-from unit.test_finetune import CLI_FIELDS, REPO, _splits, _write, finetune_config, sentiment
+from unit._finetune_tasks import CLI_FIELDS, REPO, _splits, _write, finetune_config, sentiment
 from unit.test_train import _env
 
 

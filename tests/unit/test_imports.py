@@ -127,58 +127,6 @@ def test_train_and_finetune_have_no_loop_of_their_own(name):
   assert "loop.run" in calls
 
 
-# Modules still tested only through another module's file (the module they serve, or the CLI
-# that drives them): this list may only shrink. Everything else has tests/<tier>/test_<name>.py
-# (<name>: the module's dotted path under bert_jax, "." -> "_"; a package: its __init__ or its
-# __main__).
-TESTED_ELSEWHERE = {
-  **{
-    f"benchmark_{m}": "test_benchmark, test_benchmark_gpu"
-    for m in (
-      "batches",
-      "data",
-      "finetune_step",
-      "gpu_ours",
-      "kernel_families",
-      "measure",
-      "memory",
-      "peer_worker",
-      "peers",
-      "protocol",
-      "sizes",
-      "step",
-      "suite",
-      "tables",
-    )
-  },  # fmt: skip
-  "config_lib": "test_configs, test_config_schema",
-  "data_corpus": "test_create_data",
-  "data_records": "test_data_input_pipeline",
-  "data_run_data": "test_create_data, test_runtime_resume",
-  "data_sequences": "test_create_data",
-  "data_writer": "test_create_data",
-  **{f"finetune_{m}": "test_finetune" for m in ("data", "grid", "inputs", "seed", "workdir")},
-  "finetune_schema": "test_config_schema",
-  "layer_scan": "test_model",
-  "main": "test_train",
-  "model_config": "test_model",
-  "params_tree": "test_export, test_interop_loader",
-  **{
-    f"report_{m}": "test_report"
-    for m in ("baselines", "claims", "plots", "published", "runs", "stats", "tables", "verdicts")
-  },
-  "runtime_multihost": "test_runtime_preemption",
-  "runtime_workdir_lock": "test_runtime_preemption, test_runtime_files",
-  "tasks": "test_finetune",
-  "tasks_batches": "test_finetune",
-  "tasks_heads": "test_finetune",
-  "tokenizers_files": "test_interop_loader",
-  "tokenizers_training": "test_tokenizers_tokenizer",
-  "train_tokenizer": "test_tokenizers_tokenizer",
-  "trees": "test_optim",
-}
-
-
 def _public_modules() -> list[str]:
   """Every public module's test name; a package whose __init__ defines nothing is left out."""
   names = []
@@ -197,14 +145,13 @@ def _public_modules() -> list[str]:
 
 
 def test_every_public_module_has_a_test_file_of_its_name():
+  """Every public module has tests/<tier>/test_<name>.py (<name>: the module's dotted path under
+  bert_jax, "." -> "_"; a package: its __init__ or its __main__), none excused."""
   files = {
     p.stem.removeprefix("test_").removesuffix("_e2e") for p in ROOT.glob("tests/*/test_*.py")
   }
-  modules = _public_modules()
-  missing = [m for m in modules if m not in files and m not in TESTED_ELSEWHERE]
+  missing = [m for m in _public_modules() if m not in files]
   assert not missing, f"no tests/<tier>/test_<name>.py for: {missing}"
-  stale = [m for m in TESTED_ELSEWHERE if m in files or m not in modules]
-  assert not stale, f"TESTED_ELSEWHERE lists modules with a file of their own (or gone): {stale}"
 
 
 def _reach(graph: dict[str, set[str]], start: str) -> set[str]:

@@ -8,7 +8,6 @@ compare against it; with torch + transformers importable they also run transform
 """
 
 import dataclasses
-import importlib.util
 import json
 import os
 import pathlib
@@ -26,63 +25,20 @@ from bert_jax import model as model_lib
 from bert_jax import model_config, params_tree, train
 from bert_jax.interop import hf_io, loader
 from bert_jax.tokenizers import files as tokenizer_files
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
-FIXTURE = REPO / "tests" / "fixtures" / "hf" / "roundtrip"
-_spec = importlib.util.spec_from_file_location(
-  "hf_fixtures", REPO / "tests/fixtures/make_hf_fixtures.py"
+from unit._hf_fixture import (
+  FIXTURE,
+  HF_TOKENIZER_FILES,
+  LIVE,
+  REPO,
+  _check_fill_mask,
+  _check_hidden,
+  _digest,
+  _fill_mask_ids,
+  _one_line,
+  _reference,
+  _same_files,
+  mk,
 )
-mk = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mk)
-LIVE = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
-HF_TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json")
-
-
-def _one_line(excinfo, *needles):
-  msg = str(excinfo.value)
-  assert "\n" not in msg, msg
-  for needle in needles:
-    assert needle in msg, (needle, msg)
-
-
-def _reference():
-  ref = json.loads((FIXTURE / "hf_reference.json").read_text())
-  return ref, load_file(str(FIXTURE / "hf_hidden.safetensors"))
-
-
-def _check_fill_mask(ours, theirs, atol):
-  """Per text, per [MASK]: the same top-5 token ids, probabilities within atol."""
-  assert len(ours) == len(theirs)
-  for text_ours, text_theirs in zip(ours, theirs, strict=True):
-    assert len(text_ours) == len(text_theirs)
-    for top_ours, top_theirs in zip(text_ours, text_theirs, strict=True):
-      assert [i for i, _ in top_ours] == [i for i, _ in top_theirs]
-      np.testing.assert_allclose([p for _, p in top_ours], [p for _, p in top_theirs], atol=atol)
-
-
-def _fill_mask_ids(m):
-  """bert_jax's fill_mask with token ids (as transformers' pipeline reports them)."""
-  out = m.fill_mask(list(mk.FILL_MASK_TEXTS))
-  return [[[(m.tokenizer.token_to_id(t), p) for t, p in per] for per in text] for text in out]
-
-
-def _check_hidden(m, hidden, atol):
-  emb = m.embed(list(mk.EMBED_TEXTS), layers=tuple(range(m.config.num_layers + 1)))
-  for i, h in enumerate(emb.hidden):
-    np.testing.assert_allclose(h, hidden[f"text_{i}"], atol=atol, rtol=0)
-
-
-def _same_files(directory, files):
-  """The tokenizer files in `directory` hold what `files` holds (JSON compared parsed)."""
-  for name in HF_TOKENIZER_FILES:
-    got, want = (directory / name).read_bytes(), files[name]
-    if name.endswith(".json"):
-      got, want = json.loads(got), json.loads(want)
-    assert got == want, name
-
-
-def _digest(tok):
-  return mk.ids_digest(tok.encode)
 
 
 @pytest.fixture(scope="module")
@@ -147,29 +103,6 @@ def test_round_trip_workdir_to_hf(workdir, tmp_path):
     assert ref["ids_digest"] == digest
     _check_fill_mask(_fill_mask_ids(ours), ref["fill_mask"], atol=1e-4)
     _check_hidden(ours, hidden, atol=1e-5)
-
-
-def test_exported_tokenizer_matches_transformers_fixture(tmp_path):
-  """The fixture's tokenizer files are what tokenizer_files writes today, and transformers' ids on
-  every corpus line (recorded) equal ours."""
-  ref, _ = _reference()
-  tok = tokenizer_files.load_hf_tokenizer(FIXTURE)
-  _same_files(FIXTURE, tokenizer_files.hf_tokenizer_files(tok, loader.read_config(FIXTURE)[1]))
-  assert ref["tokenizer_class"] == "BertTokenizerFast"
-  assert not any(ref["loading_info"].values())
-  assert _digest(tok) == ref["ids_digest"]
-  # A dir with tokenizer.json but no vocab.txt gives the same tokenizer.
-  shutil.copytree(FIXTURE, tmp_path / "no_vocab")
-  (tmp_path / "no_vocab" / "vocab.txt").unlink()
-  assert tokenizer_files.load_hf_tokenizer(tmp_path / "no_vocab").fingerprint == tok.fingerprint
-  # Without tokenizer_config.json (Google's releases), casing follows the vocab's letters.
-  google = tmp_path / "google"
-  google.mkdir()
-  shutil.copy(FIXTURE / "vocab.txt", google / "vocab.txt")
-  assert tokenizer_files.load_hf_tokenizer(google).lowercase
-  vocab = (google / "vocab.txt").read_text()
-  (google / "vocab.txt").write_text(vocab.replace("\nalice\n", "\nAlice\n"))
-  assert not tokenizer_files.load_hf_tokenizer(google).lowercase
 
 
 # --- A HuggingFace dir in the notebook API ----------------------------------------------------

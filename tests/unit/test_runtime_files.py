@@ -8,14 +8,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import fake_gcs
 import pytest
 
 from bert_jax import loop
 from bert_jax.data import run_data
-from bert_jax.runtime import files, workdir_lock
+from bert_jax.runtime import files
 from unit.test_train import _env
 
 
@@ -50,42 +49,6 @@ def test_metrics_and_tensorboard_on_gs(gcs):
   events = os.listdir(gcs / "bucket" / "run" / "tb")
   assert events and all(n.startswith("events.out.tfevents.") for n in events)
   assert not os.path.exists(log.tb.logdir)  # the local temporary copy is gone
-
-
-def test_lock_on_gs(gcs):
-  path = gcs / "bucket" / "wd" / workdir_lock.LOCK_FILE
-  a, b = workdir_lock.WorkdirLock("gs://bucket/wd"), workdir_lock.WorkdirLock("gs://bucket/wd")
-  a.SETTLE_S = b.SETTLE_S = 0.0
-  with a:
-    assert json.loads(path.read_text())["pid"] == os.getpid()
-    with pytest.raises(OSError, match=r"^gs://bucket/wd is in use by another trainer \(pid"):
-      b.acquire()
-  assert not path.exists()
-  # Another host's lock not refreshed for STALE_S (the time is in the object): taken over.
-  path.write_text(json.dumps({"host": "tpu-7", "pid": 12, "token": "x", "time": 0.0}))
-  with b:
-    assert json.loads(path.read_text())["pid"] == os.getpid()
-  path.write_text("")  # not a lock being written (objects appear whole): a broken one
-  with b:
-    assert json.loads(path.read_text())["pid"] == os.getpid()
-  path.write_text(json.dumps({"host": "tpu-7", "pid": 12, "token": "x", "time": 1e12}))
-  with pytest.raises(OSError, match=r"in use by a trainer on host tpu-7 \(pid 12"):
-    a.acquire()
-
-
-def test_lock_on_gs_race_has_one_winner(gcs, monkeypatch):
-  """Both trainers find no lock and write theirs; the later write wins, the earlier writer
-  reads the other's token back and stops."""
-  path = gcs / "bucket" / "wd" / workdir_lock.LOCK_FILE
-  a = workdir_lock.WorkdirLock("gs://bucket/wd")
-
-  def b_writes_meanwhile(seconds):  # a's settle wait, when b (which found no lock either) writes
-    path.write_text(json.dumps({"host": "tpu-7", "pid": 12, "token": "b", "time": time.time()}))
-
-  monkeypatch.setattr(workdir_lock.time, "sleep", b_writes_meanwhile)
-  with pytest.raises(OSError, match=r"in use by a trainer on host tpu-7 \(pid 12"):
-    a.acquire()
-  assert json.loads(path.read_text())["token"] == "b"
 
 
 def test_schemes_that_cannot_be_served():

@@ -3,13 +3,12 @@ SIGHUP save the current step and exit with the preemption status; a signal to on
 processes makes both save the same step, and the rerun is bit-identical to an uninterrupted
 run; a signal however often and whenever it comes (twice to each of two processes, in an eval,
 in a checkpoint write, after the agreement, while process 0 builds the data) stops both
-together; a second trainer on a workdir is refused; a dead trainer's lock does not block."""
+together; a signal while taking the workdir lock leaves none. (The lock itself:
+test_runtime_workdir_lock.py.)"""
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,28 +32,6 @@ def _wait_for_step(proc, workdir, step, timeout=240):
 def _status(workdir):
   with open(workdir / preemption.STATUS_FILE) as f:
     return json.load(f)
-
-
-def test_lock_refuses_a_live_holder_and_takes_over_a_dead_ones(tmp_path):
-  lock = workdir_lock.WorkdirLock(str(tmp_path))
-  path = tmp_path / workdir_lock.LOCK_FILE
-  # An older version's lock (pid only) of a running pid, refreshed just now: it may be live.
-  path.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid()}))
-  with pytest.raises(OSError, match=f"in use by a trainer on this host \\(pid {os.getppid()}, l"):
-    lock.acquire()
-  path.write_text(json.dumps({"host": "tpu-7", "pid": 12}))
-  with pytest.raises(OSError, match=r"in use by a trainer on host tpu-7 \(pid 12, lock refreshed"):
-    lock.acquire()
-  # Another host's lock that nobody refreshed for STALE_S is a dead run's: taken over.
-  old = time.time() - lock.STALE_S - 5
-  os.utime(path, (old, old))
-  lock.HEARTBEAT_S = 0.05
-  with lock:
-    assert json.loads(path.read_text())["pid"] == os.getpid()
-    os.utime(path, (old, old))
-    time.sleep(0.5)
-    assert time.time() - path.stat().st_mtime < 5  # the holder keeps its lock fresh
-  assert not path.exists()
 
 
 def default_cmd(workdir, *extra):
@@ -146,87 +123,6 @@ def test_jax_notifier_is_kept_and_told_of_every_signal():
   assert r.returncode == 0, r.stderr[-3000:]
   assert r.stdout.strip() == "received [15, 15, 15]"
   assert "SIGTERM caught at" in r.stderr  # JAX's notifier (preemption_notifier.cc)
-
-
-def _new_pid_namespace():
-  """The command prefix that runs a command as pid 1 of a new pid namespace, killed with it (a
-  container's trainer, as `docker run` starts it), or None where that needs root we lack."""
-  cmd = ["unshare", "--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc"]
-  if os.geteuid() != 0 or not shutil.which("unshare"):
-    return None
-  return cmd if subprocess.run([*cmd, "true"], capture_output=True).returncode == 0 else None
-
-
-def _wait_until_gone(lock_path, timeout=60):
-  """Until the kernel has dropped the flock of a SIGKILLed holder (its exit takes a moment
-  after its parent's)."""
-  deadline = time.time() + timeout
-  while workdir_lock._flock_held(str(lock_path)) and time.time() < deadline:
-    time.sleep(0.05)
-
-
-HOLD = (
-  "import sys; from bert_jax.runtime import workdir_lock; "
-  "lock = workdir_lock.WorkdirLock(sys.argv[1]); "
-  "lock.acquire(); print('held', flush=True); sys.stdin.read()"
-)
-
-
-def test_lock_tells_live_holders_from_dead_ones(tmp_path):
-  """37.2: by more than a pid. A live trainer (another process; in another pid namespace too,
-  where root may make one) is refused with a line saying how to clear it, and taken over once
-  SIGKILLed; a lock naming pid 1 of a namespace that is gone, a pid now another process's
-  (another start time) and an older version's 2-hour-old lock of a running pid are dead."""
-  path = tmp_path / workdir_lock.LOCK_FILE
-  lock = workdir_lock.WorkdirLock(str(tmp_path))
-  for prefix in filter(None, ([], _new_pid_namespace())):
-    holder = subprocess.Popen(
-      [*prefix, sys.executable, "-c", HOLD, str(tmp_path)],
-      env=_env(),
-      stdin=subprocess.PIPE,
-      stdout=subprocess.PIPE,
-      text=True,
-    )
-    assert holder.stdout.readline() == "held\n"
-    pid = json.loads(path.read_text())["pid"]
-    where = f"pid {pid} on this host" + (
-      ", in another container or pid namespace;" if prefix else ","
-    )
-    with pytest.raises(OSError) as e:
-      lock.acquire()
-    assert str(e.value) == (
-      f"{tmp_path} is in use by another trainer ({where} {path}): stop it first (SIGTERM saves "
-      "and exits; its lock goes with it; a dead trainer's lock is taken over by itself), or "
-      f"delete {path} if you are sure no trainer of it runs"
-    )
-    holder.kill()  # (unshare's --kill-child passes it on to the holder)
-    holder.wait()
-    _wait_until_gone(path)
-    with lock:  # SIGKILLed: its lock is a dead trainer's
-      assert json.loads(path.read_text())["token"] == lock._owner["token"]
-    assert not path.exists()
-
-  me = workdir_lock.WorkdirLock._identity()
-  dead = {
-    # pid 1 (of a container that is gone): its namespace's, not ours; nobody holds the flock
-    "container": {**me, "pid": 1, "pidns": "pid:[1]", "start": 1, "flock": True},
-    # our parent's pid, reused: its process started at another time
-    "reused pid": {
-      **me,
-      "pid": os.getppid(),
-      "start": workdir_lock.process_start(os.getppid()) + 1,
-    },
-    # an older version's record (pid only) of a running pid, not refreshed for 2 hours
-    "stale": {"host": me["host"], "pid": os.getppid()},
-  }
-  for name, record in dead.items():
-    path.write_text(json.dumps(record))
-    if name == "stale":
-      old = time.time() - 7200
-      os.utime(path, (old, old))
-    with lock:
-      assert json.loads(path.read_text())["pid"] == os.getpid(), name
-    assert not path.exists()
 
 
 # ----------------------------------------------------------------------------- 48: at any moment

@@ -121,7 +121,7 @@ def test_convert_and_finetune_init_fall_back_past_an_empty_newest_step(trained4,
   (checkpoints.load_newest, inside loader.load_checkpoint)."""
   from bert_jax.finetune import inputs as ft_inputs
   from bert_jax.interop import loader
-  from unit.test_finetune import _splits, finetune_config, sentiment
+  from unit._finetune_tasks import _splits, finetune_config, sentiment
 
   wd = _copy(trained4, tmp_path)
   (wd / "checkpoints" / "12").mkdir()

@@ -15,7 +15,7 @@ from bert_jax.finetune import data as ft_data
 from bert_jax.finetune import inputs as ft_inputs
 from bert_jax.finetune import seed as ft_seed
 from bert_jax.tasks import batches, encode, features
-from unit.test_finetune import _sentences, _splits, finetune_config, tiny_config
+from unit._finetune_tasks import _sentences, _splits, finetune_config, tiny_config
 
 
 def cities(rng, n):
