@@ -129,7 +129,10 @@ class PeerWatch:
         if peer in done:
           continue
         value = counters.get(f"{_KEY}/beat/{peer}", "")
-        last_value, moved = seen.get(peer, ("", now))
+        if peer not in seen:  # the first look starts its clock, whether it has beaten or not
+          seen[peer] = (value, now)
+          continue
+        last_value, moved = seen[peer]
         if value != last_value:
           seen[peer] = (value, now)
         elif now - moved > self.timeout_s:

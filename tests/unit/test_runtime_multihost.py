@@ -49,6 +49,17 @@ def test_a_silent_peer_is_lost_after_the_timeout_and_the_cleanups_run(exits, cap
   assert int(store.kv["bert_jax/peer/beat/0"]) > 1  # this process kept beating meanwhile
 
 
+def test_a_peer_that_never_beats_is_lost_after_the_timeout(exits, capsys):
+  """A peer that dies before its first heartbeat (no counter ever written) is lost too: the
+  clock starts at this process's first look, not at the peer's first beat."""
+  watch = multihost.PeerWatch(_Store(), 0, 2, "train", timeout_s=0.05)
+  watch.start()
+  watch.thread.join(timeout=30)
+  assert not watch.thread.is_alive() and exits == [preemption.EXIT_PREEMPTED]
+  (line,) = capsys.readouterr().err.splitlines()
+  assert line.startswith("train: error: lost process 1 of 2 (no heartbeat for ")
+
+
 def test_a_coordinator_that_does_not_answer_is_process_0_lost(exits, capsys):
   watch = multihost.PeerWatch(_Store(fail="DEADLINE_EXCEEDED\nmore"), 1, 2, "finetune")
   watch.start()
