@@ -26,7 +26,7 @@ def _run(args, env, timeout=2400):
   return subprocess.run(
     ["bash", "tools/replication/replicate_gpu.sh", *args],
     cwd=REPO,
-    env={**os.environ, "PYTHON": sys.executable, **env},
+    env={**os.environ, "PYTHON": sys.executable, "WHEELS": "", **env},  # not the GPU's cp312
     capture_output=True,
     text=True,
     timeout=timeout,

@@ -44,10 +44,12 @@ if [[ "${1:-}" == "--prepare" ]]; then
 fi
 [[ "${1:-}" == "--" ]] && shift
 
-# The wheels a bare GPU image lacks, as tools/gpu/device_run.sh installs them.
-if compgen -G ".whl/*.whl" > /dev/null; then
+# The wheels a bare GPU image lacks, as tools/gpu/device_run.sh installs them ($WHEELS, default
+# .whl; '' for none: the CPU test's Python 3.11, beside a checkout that fetched them).
+WHEELS="${WHEELS-.whl}"
+if [ -n "$WHEELS" ] && compgen -G "$WHEELS/*.whl" > /dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
+    --target /tmp/site "$WHEELS"/*.whl || exit 1
   export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 "$PY" -c "import bert_jax.configs" 2> /dev/null || ln -sfn ../configs bert_jax/configs
