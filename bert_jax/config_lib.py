@@ -67,7 +67,7 @@ def cpu_has_bf16() -> bool:
 
 
 SCALES = ("full", "cpu", "gpu")
-# The reduced scales' recipe (docs/replication/budget.md): BERT-tiny with a 4,096-entry
+# The reduced scales' recipe (docs/notes/budget.md): BERT-tiny with a 4,096-entry
 # WordPiece vocab trained on the pretraining text (tools/replication/build_data.sh: the first
 # 2 MB of the 62 MB corpus, one narrow domain), no dropout, a larger initializer range, batch
 # 16 x 64 (a tiny BERT leaves the unigram plateau sooner on short sequences than on 128-token
@@ -77,7 +77,7 @@ SCALED_BATCH = 16
 SCALED_LENGTH = 64
 SCALED_PREDICTIONS = 10  # 15% of 64
 # Pretraining steps per point: cpu, 12.3M tokens, where the MLM + NSP point passes the
-# count-based reference (docs/replication/budget.md); gpu, at least 20M tokens
+# count-based reference (docs/notes/budget.md); gpu, at least 20M tokens
 # (tools/replication/replicate_gpu.sh).
 SCALED_STEPS = {"cpu": 12_000, "gpu": 20_480}
 # Pretraining runs per compared point (an ablation's unit of variance: a verdict needs several;

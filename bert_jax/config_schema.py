@@ -303,14 +303,36 @@ def unchecked_fields(config: Any, schema: Mapping[str, Rule]) -> list[str]:
   return sorted(k for k in _leaves(config) if k not in schema)
 
 
+def check_config(
+  config: Any, schema: Mapping[str, Rule], cross: Callable[[Mapping[str, Any]], None], command: str
+) -> None:
+  """Every field of `config` against `schema`, then the fields that constrain each other (the
+  common ones, then `cross`'s), then resume_allow_changes' names (`RESUME_NAMES[command]`); a
+  ConfigError names the first that cannot run."""
+  from bert_jax.runtime import resume
+
+  values = _leaves(config)
+  _check_fields(values, schema, "config.")
+  _cross_common(values)
+  cross(values)
+  # Each name of resume_allow_changes is a field or section of the config (or one of the
+  # command's RESUME_NAMES): a misspelt one would let nothing through, and say nothing.
+  names = RESUME_NAMES[command]
+  for name in resume.parse_allowed(values.get("resume_allow_changes", "")):
+    if name in names or name.split(".")[0] in names or name in resume.KEEPS_EXACT:
+      continue
+    if any(f == name or f.startswith(name + ".") for f in values):
+      continue
+    raise ConfigError(
+      f"config.resume_allow_changes: {name!r} is no field or section of this config (nor "
+      f"one of {', '.join(names)})"
+    )
+
+
 def check_pretraining(config: Any) -> None:
   """Every field of a pretraining config (`configs/bert_base.py` and the others) and the
   fields that constrain each other; a ConfigError names the first that cannot run."""
-  values = _leaves(config)
-  _check_fields(values, PRETRAINING, "config.")
-  _cross_common(values)
-  _cross_pretraining(values)
-  _check_allow_changes(values, RESUME_NAMES["pretraining"])
+  check_config(config, PRETRAINING, _cross_pretraining, "pretraining")
 
 
 def check_data_build(options: Mapping[str, Any]) -> None:
@@ -413,20 +435,3 @@ def _cross_pretraining(v: Mapping[str, Any]) -> None:
   for text in v["log.fill_mask"]:
     if MASK_TEXT not in text:
       raise ConfigError(f"config.log.fill_mask: {text!r} has no {MASK_TEXT} to fill")
-
-
-def _check_allow_changes(v: Mapping[str, Any], names: tuple[str, ...]) -> None:
-  """Each name of resume_allow_changes is a field or section of the config (or one of
-  `names`): a misspelt one would let nothing through, and say nothing."""
-  from bert_jax.runtime import resume
-
-  fields = list(v)
-  for name in resume.parse_allowed(v.get("resume_allow_changes", "")):
-    if name in names or name.split(".")[0] in names or name in resume.KEEPS_EXACT:
-      continue
-    if any(f == name or f.startswith(name + ".") for f in fields):
-      continue
-    raise ConfigError(
-      f"config.resume_allow_changes: {name!r} is no field or section of this config (nor "
-      f"one of {', '.join(names)})"
-    )

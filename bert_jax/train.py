@@ -301,7 +301,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     # A fresh run starts from init_from: a missing path or another architecture is one line
     # before the data is built (the weights themselves are read later, onto the mesh).
     _, stored = loader.read_config(config.init_from)
-    loader.check_architecture(stored, bert_config(config), config.init_from)
+    ckpt_lib.check_architecture(stored, bert_config(config), config.init_from)
   created = not epath.Path(workdir).exists()
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   try:
@@ -394,7 +394,7 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
     for line in resume.check(stored, config_json, metadata, source, config.resume_allow_changes):
       loop.console(line)
     changes = resume.compare(stored, config_json, metadata)
-    ckpt_lib.check_same_architecture(stored, cfg, ckpt.directory)
+    ckpt_lib.check_architecture(ckpt_lib.bert_config_from_meta(stored), cfg, ckpt.directory)
 
   restored = ckpt.restore_latest(abstract_state, train_iter, check=check)
   window: dict[str, float] = {}

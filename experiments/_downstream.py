@@ -19,7 +19,7 @@ test), and brown_pos as a token-level task with a lexical baseline (a per-word t
 Selection is on dev only: each run tries every lr of the grid (`grid.lr`: bert_jax.finetune
 keeps the lr with the best mean dev score and reports test there), the no-pretraining control
 the same grid. The reduced scales' models are tiny and pretrained for minutes, so their grid is
-far above the paper's 2e-5..5e-5 (docs/replication/budget.md section 4).
+far above the paper's 2e-5..5e-5 (docs/notes/budget.md section 4).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def recipe(scale: str, task: str) -> dict[str, Any]:
 
 # Left out at cpu scale: span QA (a tiny model's 64-token windows answer nothing, and a run
 # costs about a pretraining point) and vitaminc (at 1,500 examples the pretrained point and the
-# control both stay at the majority class on dev: docs/replication/budget.md section 6).
+# control both stay at the majority class on dev: docs/notes/budget.md section 6).
 CPU_LEFT_OUT = (*SPAN_QA, "vitaminc")
 
 

@@ -34,7 +34,7 @@ Result: not run at full scale here (no TPU). The paper's held-out LM perplexity:
 5.84, 5.24, 4.68, 3.99, 3.54, 3.23 for the six rows in order (MNLI-m 77.9 ... 86.6).
 Expected at cpu scale: every row above its count-based reference on held-out masked tokens
 (at tiny's lr, 1.4e-3, the 256-wide row stays on the unigram plateau:
-docs/replication/budget.md section 5). Numbers and verdicts: docs/replication.md.
+docs/notes/budget.md section 5). Numbers and verdicts: docs/replication.md.
 """
 
 from bert_jax import config_lib, model_config
@@ -89,7 +89,7 @@ def get_config(arg=None):
     # doubling of width or depth. At 1.4e-3 the 256-wide row stayed on the unigram plateau
     # for the whole cpu budget and the 4-deep row left it after 6,000 steps; at 7e-4 both
     # left it sooner; so did mini at scale=gpu, at 3.5e-4 against 7e-4
-    # (docs/replication/budget.md section 5). A smaller row keeps tiny's lr: nothing measured
+    # (docs/notes/budget.md section 5). A smaller row keeps tiny's lr: nothing measured
     # says a bigger one suits it, and tiny's learns.
     scale_lr = (TINY_WIDTH / c.model.hidden_size) * (TINY_DEPTH / c.model.num_layers)
     c.opt.lr *= min(1.0, scale_lr)

@@ -76,13 +76,11 @@ def run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
     run = seed.seed_run(config, workdir, prep)
     os.makedirs(workdir, exist_ok=True)
     with workdir_lock.WorkdirLock(workdir) as lock:
+      workdir_lib.check_workdir(workdir, run.config_json, prep.inputs, config.resume_allow_changes)
+      # The config is this workdir's: from here the previous record no longer describes it.
+      preemption_lib.clear_status(workdir)
       unregister = multihost.on_cleanup(lambda: workdir_lib.peer_lost(run, lock))
       try:
-        workdir_lib.check_workdir(
-          workdir, run.config_json, prep.inputs, config.resume_allow_changes
-        )
-        # The config is this workdir's: from here the previous record no longer describes it.
-        preemption_lib.clear_status(workdir)
         if run.plan.epochs > config.opt.epochs:
           loop.console(seed.more_epochs(run, config.opt.epochs, config.opt.min_steps))
         seeds = []

@@ -99,9 +99,12 @@ def check_size_overrides(config: ml_collections.ConfigDict, overridden: Iterable
     )
 
 
-def validate(config: ml_collections.ConfigDict, mesh) -> None:
-  """The config against the devices (a ConfigError: exit 2, before the workdir is made); its
-  fields alone are finetune.schema.check_finetuning's."""
+def make_mesh(config: ml_collections.ConfigDict) -> tuple[Any, Any]:
+  """(mesh, logical rules) of config.mesh, with the batch sizes checked against the devices (a
+  ConfigError: exit 2, before the workdir is made); the fields alone are
+  finetune.schema.check_finetuning's."""
+  mesh = sh.make_mesh(config.mesh.shape)
+  rules = sh.rules_from_config(config.mesh.rules)
   dp = sh.data_parallel_size(mesh)
   for name, b in (
     ("data.batch_size", config.data.batch_size),
@@ -120,6 +123,7 @@ def validate(config: ml_collections.ConfigDict, mesh) -> None:
     raise config_schema.ConfigError(
       "the micro-batch (batch_size / grad_accum_steps) is not divisible by the data-parallel size"
     )
+  return mesh, rules
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,9 +147,7 @@ class TaskHead:
 def prepare(config: ml_collections.ConfigDict) -> Prepared:
   """The mesh, the model config, the checkpoint's weights and tokenizer, the encoded splits."""
   run = run_fields(config)
-  mesh = sh.make_mesh(config.mesh.shape)
-  rules = sh.rules_from_config(config.mesh.rules)
-  validate(config, mesh)
+  mesh, rules = make_mesh(config)
   data_lib.check_task_files(config.task)
   init_params = init = None
   if config.init:

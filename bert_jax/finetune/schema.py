@@ -17,7 +17,6 @@ from bert_jax.config_schema import (
   MODEL,
   OPT,
   PRETRAINING,
-  RESUME_NAMES,
   SEED,
   Bool,
   ConfigError,
@@ -27,11 +26,8 @@ from bert_jax.config_schema import (
   Rule,
   Str,
   Tuple,
-  _check_allow_changes,
-  _check_fields,
-  _cross_common,
-  _leaves,
   _within,
+  check_config,
 )
 from bert_jax.tasks import features, kinds, metrics, readers
 
@@ -114,11 +110,7 @@ FINETUNING: dict[str, Rule] = {
 
 def check_finetuning(config: Any) -> None:
   """Every field of a fine-tuning config (`configs/finetune.py`), as `check_pretraining`."""
-  values = _leaves(config)
-  _check_fields(values, FINETUNING, "config.")
-  _cross_common(values)
-  _cross_finetuning(values)
-  _check_allow_changes(values, RESUME_NAMES["finetuning"])
+  check_config(config, FINETUNING, _cross_finetuning, "finetuning")
 
 
 def _cross_finetuning(v: Mapping[str, Any]) -> None:

@@ -204,19 +204,33 @@ def ran_config(config: ml_collections.ConfigDict, cfg: BertConfig) -> dict[str, 
 def seed_run(config: ml_collections.ConfigDict, workdir: str, prep: Prepared) -> SeedRun:
   """The config's values a seed needs and its jitted steps, once for every seed of the point."""
   task, mesh, rules = prep.task, prep.mesh, prep.rules
+  # The recipe's values first (what a seed reads), then the model and its jitted steps.
   plan = schedule(config, len(prep.data["train"].rows))
   opt = optimizer_config(config, plan.per_epoch, plan.epochs)
+  config_json = ran_config(config, prep.cfg)
+  bucket_lengths = batches_lib.buckets(config)
   tx = optim.make_optimizer(opt)
   learning_rate = optim.learning_rate_schedule(opt)
   run_cfg = backends.resolve_kernels(prep.cfg, mesh.devices.flat[0].platform)
   model = prep.head.make_model(run_cfg, task)
-  train_step = make_train_step(model, tx, task, config.opt.grad_accum_steps)
   eval_step = make_eval_step(model, task)
   init_fn = state_init_fn(model, tx, min(8, prep.cfg.max_position_embeddings))
+  train_step = make_train_step(model, tx, task, config.opt.grad_accum_steps)
   shardings, abstract = sh.abstract_sharded(init_fn, mesh, rules, jax.random.key(0))
   with sh.mesh_context(mesh, rules):
     p_train = sh.jit_step(train_step, mesh, shardings)
     p_eval = sh.jit_eval(eval_step, mesh, shardings["params"])
+  sharded_init = sh.sharded_init(init_fn, shardings)
+
+  def init(rng):
+    """The fresh train state, sharded, with the checkpoint's encoder placed in it."""
+    with sh.mesh_context(mesh, rules):
+      state = sharded_init(rng)
+    if prep.init_params is not None and "bert" in abstract["params"]:
+      placed = params_tree.place(prep.init_params, abstract["params"]["bert"])
+      state = {**state, "params": {**state["params"], "bert": placed}}
+    return state
+
   return SeedRun(
     prep=prep,
     workdir=workdir,
@@ -225,13 +239,13 @@ def seed_run(config: ml_collections.ConfigDict, workdir: str, prep: Prepared) ->
     base_seed=config.seed,
     batch_size=config.data.batch_size,
     eval_batch_size=config.data.eval_batch_size,
-    bucket_lengths=batches_lib.buckets(config),
+    bucket_lengths=bucket_lengths,
     nonfinite=config.opt.nonfinite,
     max_consecutive_skips=config.opt.max_consecutive_skips,
     log_every=config.log.every_steps,
     ckpt_keep=config.ckpt.keep,
     async_save=config.ckpt.async_save,
-    config_json=ran_config(config, prep.cfg),
+    config_json=config_json,
     best_info={
       "kind": task.kind,
       "labels": list(task.labels),
@@ -240,7 +254,7 @@ def seed_run(config: ml_collections.ConfigDict, workdir: str, prep: Prepared) ->
       "bilstm": bool(config.head.bilstm),
     },
     learning_rate=learning_rate,
-    init=sh.sharded_init(init_fn, shardings),
+    init=init,
     abstract=abstract,
     p_train=p_train,
     p_eval=p_eval,
@@ -278,8 +292,6 @@ def run_seed(run: SeedRun, k: int, preempt) -> dict[str, Any]:
   os.makedirs(seed_dir, exist_ok=True)
   seed, label = run.base_seed + k, seed_label(k, run.seeds)
   init_rng, step_rng = jax.random.split(jax.random.key(seed))
-  with sh.mesh_context(mesh, prep.rules):
-    state = run.init(init_rng)
   ckpt = ckpt_lib.Checkpointer(
     os.path.join(seed_dir, "checkpoints"),
     keep=run.ckpt_keep,
@@ -299,10 +311,7 @@ def run_seed(run: SeedRun, k: int, preempt) -> dict[str, Any]:
     best, window = meta["best"], meta.get("pending_metrics", {})
     loop.console(f"seed {k}: resumed at step {start_step}")
   else:
-    start_step = 0
-    if prep.init_params is not None and "bert" in run.abstract["params"]:
-      placed = params_tree.place(prep.init_params, run.abstract["params"]["bert"])
-      state = {**state, "params": {**state["params"], "bert": placed}}
+    start_step, state = 0, run.init(init_rng)
   logger = loop.MetricLogger(seed_dir, start_step)
   main = task.main_metric
   run_start = time.perf_counter()

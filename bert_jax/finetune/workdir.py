@@ -56,13 +56,9 @@ def check_workdir(
     stored = files.read_json(path)  # an empty or torn file: one line naming it
     if recorded:
       check_inputs(workdir, files.read_json(inputs_path, keys=("task", "init")), inputs)
-    diffs = {
-      k: v
-      for k, v in resume.compare({"config": stored}, config_json, {}).items()
-      if not k.startswith("log.")
-      and not resume.allows(k, allow_changes)
-      and not (recorded and resume.allows(k, ",".join(INPUT_PATHS)))
-    }
+    # Logging may change; an input's path may when its content is compared (inputs.json).
+    allowed = ",".join(("log", allow_changes, *(INPUT_PATHS if recorded else ())))
+    diffs = resume.config_changes(stored, config_json, allowed)
     if diffs:
       raise ValueError(
         f"{workdir} holds a run of another config "

@@ -152,17 +152,6 @@ def read_config(path: PathLike, step: int | None = None) -> tuple[str, BertConfi
   return fmt, hf_names.config_from_hf(read_json(cfg_path), str(cfg_path))
 
 
-def check_architecture(cfg: BertConfig, want: BertConfig, source: str) -> None:
-  """One line naming every shape field in which a checkpoint differs from `want`."""
-  diffs = [
-    f"{k}={getattr(cfg, k)} (checkpoint) vs {getattr(want, k)} (config)"
-    for k in ckpt_lib.SHAPE_FIELDS
-    if getattr(cfg, k) != getattr(want, k)
-  ]
-  if diffs:
-    raise ValueError(f"checkpoint {source} is another architecture: {'; '.join(diffs)}")
-
-
 def load_checkpoint(
   path: PathLike,
   step: int | None = None,
@@ -198,7 +187,7 @@ def load_checkpoint(
   fmt, cfg = read_config(p, step)
   if like is not None:
     try:
-      check_architecture(cfg, like, str(path))
+      ckpt_lib.check_architecture(cfg, like, str(path))
     except ValueError as e:  # every step of a workdir is the same architecture: no fallback
       raise (ckpt_lib.WorkdirError if fmt in ("workdir", "orbax") else ValueError)(e) from None
   if target is not None:

@@ -413,12 +413,14 @@ def bert_config_from_meta(meta: dict, **overrides: Any) -> model_config.BertConf
   return model_config.BertConfig(**model_config.retired_to_current({**stored, **overrides}))
 
 
-def check_same_architecture(meta: dict, cfg: model_config.BertConfig, source: str) -> None:
-  """One-line error when a checkpoint's parameter shapes differ from `cfg`'s."""
+def check_architecture(
+  stored: model_config.BertConfig, want: model_config.BertConfig, source: str
+) -> None:
+  """One line naming every shape field in which a checkpoint (`stored`) differs from `want`."""
   diffs = [
-    f"{k}={meta['model'].get(k)} (checkpoint) vs {getattr(cfg, k)} (config)"
+    f"{k}={getattr(stored, k)} (checkpoint) vs {getattr(want, k)} (config)"
     for k in SHAPE_FIELDS
-    if meta["model"].get(k) != getattr(cfg, k)
+    if getattr(stored, k) != getattr(want, k)
   ]
   if diffs:
     raise ValueError(f"checkpoint {source} is another architecture: {'; '.join(diffs)}")

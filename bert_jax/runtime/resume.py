@@ -108,12 +108,19 @@ def _changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> dict
   return {prefix + k: (old[k], new.get(k)) for k in old if old[k] != new.get(k)}
 
 
+def config_changes(old: dict[str, Any], new: dict[str, Any], allowed: str = "") -> dict[str, tuple]:
+  """{field (dotted): (old value, new value)} for every difference of two configs that
+  `allowed` (resume_allow_changes' syntax) does not cover."""
+  diffs = _changes(trees.flatten(old, "."), trees.flatten(new, "."))
+  return {k: v for k, v in diffs.items() if not allows(k, allowed)}
+
+
 def compare(
   stored_meta: dict[str, Any], config: dict[str, Any], metadata: dict[str, Any]
 ) -> dict[str, tuple]:
   """{field: (checkpoint value, this run's value)} for every difference: config keys (dotted),
   'tokenizer' (fingerprints) and 'dataset.<option>' of the data's metadata.json."""
-  diffs = _changes(trees.flatten(stored_meta.get("config", {}), "."), trees.flatten(config, "."))
+  diffs = config_changes(stored_meta.get("config", {}), config)
   stored_fp = stored_meta.get("tokenizer", {}).get("fingerprint")
   if stored_fp and stored_fp != metadata["tokenizer"]["fingerprint"]:
     diffs["tokenizer"] = (stored_fp[:12], metadata["tokenizer"]["fingerprint"][:12])

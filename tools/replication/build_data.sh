@@ -4,7 +4,7 @@
 #                    2 MB, Jane Austen's Emma and what follows it, about 0.5M tokens): one
 #                    narrow domain, which a tiny BERT learns within the cpu budget; on documents
 #                    drawn from the whole corpus it stays on the unigram plateau for that budget
-#                    (docs/replication/budget.md)
+#                    (docs/notes/budget.md)
 #   DATA/vocab.txt   a WordPiece vocab of config_lib.SCALED_VOCAB entries trained on it
 #   DATA/nsp         DATA/corpus.txt as sentence pairs (create_data, 5% of documents held out,
 #                    5 passes with their own masks and pairs: 2.3M tokens, so each static mask
