@@ -21,17 +21,18 @@ def test_every_preset_builds(task):
 def test_batch_sizes_are_checked_against_the_mesh():
   from bert_jax import sharding as sh
 
-  mesh = sh.make_mesh((2, 2, 2))  # data x fsdp = 4
   c = finetune_config.get_config("custom,size=tiny")
+  c.mesh.shape = (2, 2, 2)  # data x fsdp = 4
   c.data.batch_size, c.data.eval_batch_size, c.opt.grad_accum_steps = 8, 12, 2
-  ft_inputs.validate(c, mesh)
+  mesh, _ = ft_inputs.make_mesh(c)
+  assert sh.data_parallel_size(mesh) == 4
   c.data.eval_batch_size = 6
   with pytest.raises(ConfigError, match=r"^config.data.eval_batch_size=6 is not divisible by "
                      r"the data-parallel size 4 \(mesh data x fsdp = "):  # fmt: skip
-    ft_inputs.validate(c, mesh)
+    ft_inputs.make_mesh(c)
   c.data.eval_batch_size, c.opt.grad_accum_steps = 8, 4  # micro-batches of 2
   with pytest.raises(ConfigError, match="the micro-batch .* is not divisible"):
-    ft_inputs.validate(c, mesh)
+    ft_inputs.make_mesh(c)
 
 
 def test_params_sha256_covers_names_dtypes_shapes_and_bytes():
