@@ -26,8 +26,9 @@ Array = jax.Array
 
 
 def remat(layer_cls: Any, cfg: BertConfig, prevent_cse: bool) -> Any:
-  """`layer_cls` rematerialised by cfg.remat_policy (as it is for 'none')."""
-  if cfg.remat_policy == "none":
+  """`layer_cls` rematerialised by cfg.remat_policy (as it is for 'none' and 'gelu', which
+  rematerialises the GELU alone, inside the layer)."""
+  if REMAT_POLICIES[cfg.remat_policy] is None:
     return layer_cls
   return nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=prevent_cse)
 

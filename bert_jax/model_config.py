@@ -57,7 +57,7 @@ class BertConfig:
   # docs/gpu.md ("Model paths and why each stays").
   scan_layers: bool = False  # nn.scan over the layers (compile time independent of depth)
   unroll_last_layer: bool = False  # with scan_layers: the last layer unrolled (and pruned)
-  remat_policy: str = "none"  # none | full | dots | dots_no_batch | minimal
+  remat_policy: str = "none"  # none | full | dots | dots_no_batch | minimal | gelu
   prune_last_layer: bool = True  # the last layer only where the heads read (same losses)
   kernels: str = "auto"  # auto | xla | cpu (XLA:CPU kernels) | fused (xla + Pallas add+LayerNorm)
   dropout_rng: str = "auto"  # auto | threefry | hash (MLM masking never uses it)
@@ -114,12 +114,16 @@ class BertConfig:
     return jnp.dtype(self.param_dtype)
 
 
+# remat_policy -> the layers' `nn.remat` policy (None: the layers are not rematerialised).
 REMAT_POLICIES = {
   "none": None,
   "full": jax.checkpoint_policies.nothing_saveable,
   "dots": jax.checkpoint_policies.checkpoint_dots,
   "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
   "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+  # Only the FFN's GELU recomputed from its input in the backward (`jax.checkpoint` around it),
+  # so its float32 intermediates are not kept: docs/gpu.md, "Model paths and why each stays".
+  "gelu": None,
 }
 
 

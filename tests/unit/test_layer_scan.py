@@ -1,6 +1,6 @@
 """bert_jax.layer_scan: scanned layers equal unrolled ones (outputs, hidden states, attentions, the
-stacked parameter tree), every remat policy gives the same gradients, and scanning all but an
-unrolled, pruned last layer."""
+stacked parameter tree), every remat policy gives the same gradients ('gelu' recomputing only
+the FFN's GELU), and scanning all but an unrolled, pruned last layer."""
 
 import dataclasses
 
@@ -49,13 +49,41 @@ def test_remat_policies_give_identical_grads():
     grad(dataclasses.replace(scan, remat_policy=pol), stacked) for pol in ("full", "minimal")
   ]
   # Unrolled layers with remat give the same grads too (after restacking).
-  grads.append(
-    params_tree.stack_layers(grad(dataclasses.replace(TINY, remat_policy="dots"), params))
-  )
+  for pol in ("dots", "gelu"):
+    grads.append(
+      params_tree.stack_layers(grad(dataclasses.replace(TINY, remat_policy=pol), params))
+    )
   for g in grads:
     assert jax.tree.structure(g) == jax.tree.structure(ref)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=0), ref, g)
   assert np.abs(np.asarray(ref["seq_relationship"]["kernel"])).max() > 0
+
+
+def test_the_gelu_policy_keeps_only_the_gelu_input():
+  """remat_policy='gelu': the backward recomputes each layer's GELU from its input, so of the
+  FFN's GELU only its output (the next dot's input) is kept, not its intermediates (erfc, exp,
+  a product: float32 [tokens, intermediate] each); the grads are the same (above)."""
+  import contextlib
+  import io
+
+  from jax.ad_checkpoint import print_saved_residuals
+
+  params = _params(TINY)
+
+  def ffn_gelu_residuals(cfg):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+      print_saved_residuals(_loss_fn(cfg), params)
+    width = f",{TINY.intermediate_size}]"  # the FFN's, not the MLM head's transform
+    return [ln.split(" from ")[0] for ln in out.getvalue().splitlines()
+            if "(gelu)" in ln and width in ln.split(" ")[0]]  # fmt: skip
+
+  kept = ffn_gelu_residuals(TINY)
+  assert {"output of mul", "output of erfc", "output of exp"} <= {
+    ln[ln.index(" ") + 1 :] for ln in kept
+  }
+  gelu = ffn_gelu_residuals(dataclasses.replace(TINY, remat_policy="gelu"))
+  assert len(gelu) == TINY.num_layers and all(ln.endswith("output of copy") for ln in gelu), gelu
 
 
 @pytest.mark.parametrize("remat_policy", ["none", "minimal"])
