@@ -5,15 +5,7 @@ import dataclasses
 
 from bert_jax import backends, model_config
 from bert_jax import model as model_lib
-
-TINY = model_config.BertConfig(
-  vocab_size=128,
-  hidden_size=32,
-  num_layers=2,
-  num_heads=4,
-  intermediate_size=64,
-  max_position_embeddings=32,
-)
+from unit._tiny_bert import TINY
 
 
 def test_model_reexports_nothing():
