@@ -255,3 +255,25 @@ def test_the_previous_gpu_defaults_are_admitted_beside_the_default():
     ("large", {"remat_policy": "gelu"}),
     ("base", {"kernels": "xla"}),
   ]
+
+
+def test_builds_of_one_model_share_its_compiled_init():
+  """`step.compile_step`: a second build of the same model (another dropout generator and
+  attention: the same parameters) takes the first's compiled init, and its state equals the
+  first's; a build of another model (another position table) compiles its own."""
+  import jax
+  import numpy as np
+
+  from bert_jax.benchmark import step as step_lib
+
+  def build(size, **fields):
+    config = step_lib.bench_config(size, 32, 2, "float32", fields)
+    return step_lib.compile_step(step_lib.prepare(config))
+
+  first = build("tiny", dropout_rng="hash", attention_impl="explicit")
+  second = build("tiny", dropout_rng="threefry")
+  other = build("tiny", max_position_embeddings=64)
+  assert (second.init_shared, other.init_shared) == (True, False)
+  assert second.init is first.init
+  for a, b in zip(jax.tree.leaves(first.state), jax.tree.leaves(second.state), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

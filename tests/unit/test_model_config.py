@@ -37,7 +37,7 @@ def test_named_sizes_and_the_papers_names():
     ({"attention_impl": "xla"}, "attention_impl='xla' has no attention dropout: set "
      "attention_dropout_prob=0 (it is 0.1)"),
     ({"remat_policy": "some"}, "remat_policy 'some' not in ['dots', 'dots_no_batch', 'full', "
-     "'minimal', 'none']"),
+     "'gelu', 'minimal', 'none']"),
     ({"dtype": "int8"}, "dtype must be float32, bfloat16 or float16, not 'int8'"),
     ({"param_dtype": "float64"}, "param_dtype must be float32, bfloat16 or float16, not "
      "'float64'"),
