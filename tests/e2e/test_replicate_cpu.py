@@ -42,7 +42,10 @@ def test_the_queue_runs_in_two_lanes_then_links_and_reports(tmp_path, built_repl
   assert not any("row=tiny" in q or "mode=static" in q for q in queue)
   timeline = (root / "logs" / "timeline.tsv").read_text().splitlines()
   starts = [ln.split("\t") for ln in timeline if "\tstart\t" in ln]
-  assert [f"{s[3]} {s[4]}" for s in starts if s[2] == "pretrain"] == queue
+  started = [f"{s[3]} {s[4]}" for s in starts if s[2] == "pretrain"]
+  assert sorted(started) == sorted(queue)
+  # Two lanes take the queue in its order; their start lines may swap neighbours under load.
+  assert all(abs(started.index(q) - i) < 2 for i, q in enumerate(queue)), started
   assert all(ln.endswith("\t0") for ln in timeline if "\tend\t" in ln)
   log = (root / "logs" / "pretrain" / "table6_row_L1_H128_A2_seed_2.log").read_text()
   assert re.search(r"bert_jax\.main .*row=L1_H128_A2,seed=2 --workdir=\S*/table6/", log)

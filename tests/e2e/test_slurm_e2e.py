@@ -94,7 +94,11 @@ def test_sigterm_to_the_job_saves_one_step_requeues_and_resumes_exactly(jobs, wh
     assert step == _signal_step(when), out[-3000:]
     assert {what for _, what in stops} == {"stop the eval"}, out[-3000:]
   else:
-    assert {what for _, what in stops} == {f"save step {step}"}, out[-3000:]
+    # The save at or after the signal's step; under load the signal may land in an eval that
+    # the run reached meanwhile, which both processes then stop, saving its step.
+    whats = {what for _, what in stops}
+    in_eval = whats == {"stop the eval"} and step % EVAL_EVERY == 0
+    assert whats == {f"save step {step}"} or in_eval, out[-3000:]
     assert _signal_step(when) <= step <= STEPS  # at the last step: its eval pending
   assert (wd / "checkpoints" / str(step)).is_dir()  # the preemption's checkpoint, on disk
   assert "Exited with exit code 75" in out and "requeued, it resumes" in out
