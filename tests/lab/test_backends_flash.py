@@ -7,7 +7,6 @@ attention_impl='flash' trains as with 'explicit' and dropout_rng='hash'."""
 import dataclasses
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +22,7 @@ from bert_jax.backends import dropout as dropout_lib
 from bert_jax.backends.flash import flash_attention
 from bert_jax.model import BertForPreTraining
 from bert_jax.model_config import BertConfig
+from lab._cuda_program import lowered_for_cuda
 
 GRADS = ("dq", "dk", "dv")
 
@@ -304,19 +304,7 @@ def test_train_step_lowers_for_cuda_with_triton():
   dropout 0.1), resolved for a GPU, lowers for CUDA with the flash kernels: three Triton
   kernels a layer (forward, dK/dV, dQ), not interpreted (with the GPU's 'auto' kernels, the
   fused LayerNorm's four more: test_backends_fused_norm)."""
-  c = _micro_config("xla", dropout=0.1)
-  c.model.update(dtype="bfloat16")
-  assert (c.model.dropout_rng, c.model.attention_impl) == ("auto", "auto")
-  cfg = backends.resolve_kernels(train.bert_config(c), "cuda")
-  model = BertForPreTraining(cfg)
-  tx = optim.make_optimizer(c.opt)
-  step = train.make_train_step(
-    model, tx, objectives.Objective.from_config(c), aot._masking_tables(c)
-  )
-  state = jax.eval_shape(train.state_init_fn(c, model, tx), jax.random.key(0))
-  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _train_batch(0))
-  lowered = jax.jit(step).trace(nn.meta.unbox(state), batch, jax.random.key(1))
-  text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+  cfg, text = lowered_for_cuda("xla")
   assert text.count("__gpu$xla.gpu.triton") == 3 * cfg.num_layers
 
 

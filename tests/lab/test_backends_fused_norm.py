@@ -7,30 +7,25 @@ gradients of kernels='xla' with the hash dropout; config_schema takes the value.
 import dataclasses
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from e2e.test_backends_cpu_e2e import _train_losses
 from jax.sharding import NamedSharding, PartitionSpec
-from unit.test_backends_cpu import _micro_config, _train_batch
 
 from bert_jax import (
-  aot,
   backends,
   config_lib,
   config_schema,
   model_config,
-  objectives,
-  optim,
-  train,
 )
 from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax.backends import dropout as dropout_lib
 from bert_jax.backends import fused_norm
 from bert_jax.model import BertForPreTraining
+from lab._cuda_program import lowered_for_cuda
 
 EPS = 1e-12
 GRADS = ("dx", "dh", "dscale", "dbias")
@@ -261,19 +256,8 @@ def test_train_step_lowers_for_cuda_with_the_fused_kernels():
   """BERT-tiny's train step with every backend field 'auto' (bf16, dropout 0.1), resolved for
   a GPU, lowers for CUDA with Triton kernels only: per layer flash attention's three and the
   fused residual LayerNorm's four (two sublayers, forward and backward), none interpreted."""
-  c = _micro_config("auto", dropout=0.1)
-  c.model.update(dtype="bfloat16")
-  cfg = backends.resolve_kernels(train.bert_config(c), "cuda")
+  cfg, text = lowered_for_cuda("auto")
   assert cfg.kernels == "fused"
-  model = BertForPreTraining(cfg)
-  tx = optim.make_optimizer(c.opt)
-  step = train.make_train_step(
-    model, tx, objectives.Objective.from_config(c), aot._masking_tables(c)
-  )
-  state = jax.eval_shape(train.state_init_fn(c, model, tx), jax.random.key(0))
-  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _train_batch(0))
-  lowered = jax.jit(step).trace(nn.meta.unbox(state), batch, jax.random.key(1))
-  text = lowered.lower(lowering_platforms=("cuda",)).as_text()
   assert text.count("__gpu$xla.gpu.triton") == (3 + 4) * cfg.num_layers
 
 
