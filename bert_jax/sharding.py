@@ -11,6 +11,7 @@ latter silently turns every Flax activation constraint into a no-op.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import math
 from collections.abc import Callable, Sequence
@@ -143,6 +144,19 @@ def jit_step(step_fn: Callable[..., Any], mesh: Mesh, state_sh: Any) -> Callable
   )
 
 
+def compile_ahead(jitted: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+  """Lowers `jitted` for `args` (ShapeDtypeStructs with shardings) here and compiles it in a
+  thread; returns the compile's future. XLA's compile releases the GIL, so the caller goes on
+  (a train state's init compiles and runs beside it), and the first call with arrays of those
+  shapes and shardings finds the executable in JAX's compile cache instead of compiling it.
+  Lower under `mesh_context`, as the call will trace; another spec only costs a compile."""
+  lowered = jitted.lower(*args)
+  pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile_ahead")
+  future = pool.submit(lowered.compile)
+  pool.shutdown(wait=False)
+  return future
+
+
 def jit_eval(eval_fn: Callable[..., Any], mesh: Mesh, params_sh: Any) -> Callable[..., Any]:
   """`eval_fn(params, batch) -> outputs` jitted with the params' shardings, the batch over the
   data axes and the outputs replicated (trace it under `mesh_context`)."""
@@ -192,7 +206,11 @@ def abstract_sharded(init_fn: Callable[..., Any], mesh: Mesh, rules: Rules, *arg
 def sharded_init(init_fn: Callable[..., Any], shardings: Any) -> Callable[..., Any]:
   """`nn.meta.unbox(init_fn(*args))` jitted onto `shardings`, not yet run (call it, or lower
   and compile it ahead of time, under `mesh_context`)."""
-  return jax.jit(lambda *a: nn.meta.unbox(init_fn(*a)), out_shardings=shardings)
+
+  def sharded_init(*args):
+    return nn.meta.unbox(init_fn(*args))
+
+  return jax.jit(sharded_init, out_shardings=shardings)
 
 
 def init_sharded(

@@ -197,6 +197,20 @@ def abstract_state(config, model, tx, mesh, rules, rng) -> tuple[Any, Any]:
   return sh.abstract_sharded(state_init_fn(config, model, tx), mesh, rules, rng)
 
 
+def batch_spec(config, metadata: dict[str, Any], mesh) -> dict[str, jax.ShapeDtypeStruct]:
+  """The global training batch as `train_dataset` yields it and `sharding.to_global` places
+  it: the data's example fields (the input pipeline's padding example) for
+  config.data.batch_size rows, over the data axes."""
+  example = input_pipeline.RecordReader([], metadata).padding_example()
+  sharding = sh.batch_sharding(mesh)
+  return {
+    k: jax.ShapeDtypeStruct(
+      (config.data.batch_size, *np.shape(v)), np.asarray(v).dtype, sharding=sharding
+    )
+    for k, v in example.items()
+  }
+
+
 def create_state(config, model, tx, mesh, rules, rng):
   """Train state born sharded; returns (state, shardings, abstract state with shardings)."""
   return sh.init_sharded(state_init_fn(config, model, tx), mesh, rules, rng)
@@ -368,13 +382,19 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
   seq_len = metadata["max_seq_length"]
 
   init_rng, step_rng = jax.random.split(jax.random.key(config.seed))
-  state, state_sh, abstract_state = create_state(config, model, tx, mesh, rules, init_rng)
+  # Shapes and shardings only: a resumed run restores its state without ever initialising one.
+  state_sh, abstract = abstract_state(config, model, tx, mesh, rules, init_rng)
+  with sh.mesh_context(mesh, rules):
+    p_train_step = jit_train_step(
+      model, tx, obj, tables, config.opt.grad_accum_steps, mesh, state_sh
+    )
+    p_eval_step = sh.jit_eval(make_eval_step(model, obj, tables), mesh, state_sh["params"])
   # No checkpoints/ yet: nothing to resume, so init_from is read (or refused) before the
   # Checkpointer makes the directory.
   init_params = None
   if config.init_from and not epath.Path(workdir, "checkpoints").exists():
     init_params = restore_init_from(
-      config.init_from, cfg, abstract_state["params"], tokenizer, config.resume_allow_changes
+      config.init_from, cfg, abstract["params"], tokenizer, config.resume_allow_changes
     )
   ckpt = ckpt_lib.Checkpointer(
     str(epath.Path(workdir, "checkpoints")),
@@ -396,7 +416,7 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
     changes = resume.compare(stored, config_json, metadata)
     ckpt_lib.check_architecture(ckpt_lib.bert_config_from_meta(stored), cfg, ckpt.directory)
 
-  restored = ckpt.restore_latest(abstract_state, train_iter, check=check)
+  restored = ckpt.restore_latest(abstract, train_iter, check=check)
   window: dict[str, float] = {}
   if restored is not None:
     start_step, state, meta = restored
@@ -404,9 +424,14 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
     loop.console(f"Resumed from {ckpt.directory} at step {start_step}")
   else:
     start_step = 0
+    # A new run: the step compiles in a thread while the state's init compiles and runs (on a
+    # GPU each is about a minute for BERT-Large; serial they were a cold start's two halves).
+    with sh.mesh_context(mesh, rules):
+      sh.compile_ahead(p_train_step, abstract, batch_spec(config, metadata, mesh), step_rng)
+      state = sh.sharded_init(state_init_fn(config, model, tx), state_sh)(init_rng)
     if config.init_from:
       params = init_params or restore_init_from(
-        config.init_from, cfg, abstract_state["params"], tokenizer, config.resume_allow_changes
+        config.init_from, cfg, abstract["params"], tokenizer, config.resume_allow_changes
       )
       if "predictions" not in params:
         params = {**state["params"], **params}
@@ -435,12 +460,6 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
       files.write_atomic(config_path, json.dumps(meta_base["config"], indent=2))
     tok_dir = str(epath.Path(workdir, "tokenizer"))
     files.copytree_atomic(os.path.join(data_dir, "tokenizer"), tok_dir)
-
-  with sh.mesh_context(mesh, rules):
-    p_train_step = jit_train_step(
-      model, tx, obj, tables, config.opt.grad_accum_steps, mesh, state_sh
-    )
-    p_eval_step = sh.jit_eval(make_eval_step(model, obj, tables), mesh, state_sh["params"])
 
   logger = loop.MetricLogger(workdir, start_step)
   lm = objectives.lm_name(obj.ltr)
@@ -498,7 +517,9 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
     flops_per_step=flops_per_token * config.data.batch_size * seq_len,
     peak_flops=peak * jax.device_count(),
   )
-  with loop.closing(ckpt, logger):
+  # The steps trace under the mesh and its rules, as they were lowered (and as the benchmark
+  # and the AOT check trace them): the activations' logical constraints are in the program.
+  with loop.closing(ckpt, logger), sh.mesh_context(mesh, rules):
     result = loop.run(job, state, start_step, window)
   total = config.opt.total_steps
   preemption_lib.write_status(workdir, result.step, total, result.preempted)

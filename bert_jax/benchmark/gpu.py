@@ -488,7 +488,7 @@ def format_compile_alone(r: dict[str, Any]) -> str:
   shape = f"{r['size']} {r['seq']} x {r['batch']}"
   ours = (
     f"ours {r['ours_build_s']:.1f} s (lowering {r['ours_lower_s']:.1f}, compile "
-    f"{r['ours_compile_s']:.1f}, state init {r['ours_init_compile_s']:.1f}"
+    f"{r['ours_compile_s']:.1f}, state init {r['ours_init_compile_s']:.1f} beside it"
     f"{', cached' if r.get('ours_cache_hit') else ''})"
     if "ours_build_s" in r
     else "ours not built"

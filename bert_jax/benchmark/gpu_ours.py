@@ -5,7 +5,7 @@ Start: the env record and this process's matmul programs compiled (`_matmuls`), 
 `alone`: the `--compile_alone` plan (Large 128 x 256) lowered against its abstract state and
 compiled with its state's init while nothing else compiles or runs anywhere (the parent keeps
 PyTorch's worker idle), its `built` record with `alone: true` and the whole cold build
-(`build_s`: lowering, compile, init compile); READY. `build`: the other plans in their build
+(`build_s`: lowering, then the compile with the init's beside it); READY. `build`: the other plans in their build
 order (`gpu_plan.build_order`: the shapes longest first, then the variants by priority), each
 lowered here (tracing holds the GIL) when a compile thread is free and compiled, with its
 state's init, in a pool of `compile_threads` (XLA's compile releases the GIL); each `built`
@@ -143,7 +143,7 @@ def _compile(plan: dict[str, Any], prepared: step_lib.Prepared) -> tuple[step_li
     "lower_s": st.lower_s,
     "init_compile_s": st.init_compile_s,
     "init_shared": st.init_shared,
-    "build_s": st.lower_s + st.compile_s + st.init_compile_s,
+    "build_s": st.build_s,
     "compile_cache_hit": st.cache_hit,
     "mem_gib": memory.step_gib(st.compiled),
     "kernels": st.cfg.kernels,

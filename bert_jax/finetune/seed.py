@@ -378,7 +378,9 @@ def run_seed(run: SeedRun, k: int, preempt) -> dict[str, Any]:
     describe=lambda step, _: f"epoch {(step - 1) // plan.per_epoch + 1}/{plan.epochs}",
     label=label,
   )
-  with loop.closing(ckpt, logger):
+  # Traced under the mesh and its rules, as the steps were built (the activations' logical
+  # constraints are in the program).
+  with loop.closing(ckpt, logger), sh.mesh_context(mesh, run.prep.rules):
     result = loop.run(job, state, start_step, window)
   if result.preempted:
     return {"preempted": True}

@@ -64,7 +64,8 @@ def test_gpu_build_phases_keep_every_shape(capsys, tmp_path):
   alone = gpu_ours.build_alone(spec, prepare=_stand_in_prepare)
   (rec,) = _records(capsys.readouterr().out)
   assert [p["id"] for p, _ in alone] == ["ours0"] and rec["alone"] is True
-  assert rec["build_s"] == pytest.approx(rec["compile_s"] + rec["init_compile_s"])
+  # The init compiles beside the step: the build's wall time covers each of them, not their sum.
+  assert rec["build_s"] >= max(rec["compile_s"], rec["lower_s"] + rec["init_compile_s"])
   assert rec["compile_s"] >= rec["lower_s"] > 0
   built = gpu_ours.build(spec, prepare=_stand_in_prepare, done=alone)
   by_id = {r["id"]: r for r in _records(capsys.readouterr().out)}

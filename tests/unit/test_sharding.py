@@ -172,3 +172,38 @@ def test_sharded_matches_one_device(shape):
   for (path, want), got in zip(flat_ref, flat, strict=True):
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=jax.tree_util.keystr(path))
   assert np.abs(flat[0]).max() > 0
+
+
+def _step_compiles(fn, *args) -> list[str]:
+  """The backend compiles (function names) while `fn(*args)` runs."""
+  names = []
+
+  def listen(event, duration, **kw):
+    if event == "/jax/core/compile/backend_compile_duration":
+      names.append(kw.get("fun_name", ""))
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    jax.block_until_ready(fn(*args))
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+  return names
+
+
+def test_compile_ahead_leaves_the_first_call_nothing_to_compile():
+  mesh = sharding.make_mesh((2, 2, 2), jax.devices())
+  rows = NamedSharding(mesh, P(sharding.DATA_AXES))
+
+  def scaled_sum(x, w):
+    return jnp.tanh(x @ w).sum(axis=1) * 3.0
+
+  f = jax.jit(scaled_sum, in_shardings=(rows, None), out_shardings=rows)
+  spec = jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=rows)
+  # Placed as `to_global` places a batch (committed to its sharding, as the spec says).
+  x, w = jax.device_put(jnp.ones((16, 8)), rows), jnp.full((8, 4), 0.5)
+  future = sharding.compile_ahead(f, spec, w)
+  assert future.result() is not None  # compiled in its thread
+  assert _step_compiles(f, x, w) == []
+  np.testing.assert_allclose(f(x, w), np.tanh(np.ones((16, 8)) @ np.full((8, 4), 0.5)).sum(1) * 3)
+  # Another shape is another program: that one compiles at its first call (the listener hears).
+  assert _step_compiles(f, jax.device_put(jnp.ones((8, 8)), rows), w) == ["jit(scaled_sum)"]

@@ -257,3 +257,44 @@ def test_eval_accuracy_at_mask_counts_only_mask_replaced_targets():
   assert float(sums["mlm_at_mask_correct"]) == n_mask
   summary = objectives.summarize({k: float(v) for k, v in sums.items() if k != "target_hist"})
   assert summary["mlm_accuracy_at_mask"] == 1.0
+
+
+def test_batch_spec_is_the_global_batch_the_pipeline_yields(tiny_data_dir):
+  """The train step the trainer compiles ahead (train.batch_spec) is the program its first
+  batch calls: the same fields, shapes, dtypes and sharding."""
+  c = tiny_config(tiny_data_dir)
+  mesh = sh.make_mesh((2, 2, 2), jax.devices())
+  spec = train.batch_spec(c, input_pipeline.read_metadata(tiny_data_dir), mesh)
+  host = next(iter(train.train_dataset(c, tiny_data_dir, worker_count=0)))
+  batch = sh.to_global(host, mesh)
+  assert {k: (v.shape, v.dtype, v.sharding) for k, v in batch.items()} == {
+    k: (s.shape, s.dtype, s.sharding) for k, s in spec.items()
+  }
+  assert spec["input_ids"].shape == (8, 64)
+
+
+def test_a_new_run_compiles_its_train_step_once_ahead_of_the_first_batch(tiny_data_dir, tmp_path):
+  """The step compiled in a thread beside the state's init (sharding.compile_ahead) is the one
+  the first batch runs: the run compiles `train_step` exactly once. A resumed run restores
+  without initialising a state (no `init` compile) and compiles its step at the first batch."""
+  compiles = []
+
+  def listen(event, duration, **kw):
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(kw.get("fun_name", ""))
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    c = tiny_config(tiny_data_dir, **{"opt.total_steps": 3})
+    train.train_and_evaluate(c, str(tmp_path / "w"))
+    first = list(compiles)
+    compiles.clear()
+    c = tiny_config(tiny_data_dir, **{"opt.total_steps": 6})
+    out = train.train_and_evaluate(c, str(tmp_path / "w"))
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+  assert first.count("jit(train_step)") == 1, first
+  assert first.count("jit(sharded_init)") == 1, first
+  assert out["step"] == 6
+  assert compiles.count("jit(train_step)") == 1, compiles
+  assert "jit(sharded_init)" not in compiles, compiles
