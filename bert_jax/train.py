@@ -418,6 +418,7 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
 
   restored = ckpt.restore_latest(abstract, train_iter, check=check)
   window: dict[str, float] = {}
+  compiling = None
   if restored is not None:
     start_step, state, meta = restored
     window = meta.get("pending_metrics", {})
@@ -427,7 +428,8 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
     # A new run: the step compiles in a thread while the state's init compiles and runs (on a
     # GPU each is about a minute for BERT-Large; serial they were a cold start's two halves).
     with sh.mesh_context(mesh, rules):
-      sh.compile_ahead(p_train_step, abstract, batch_spec(config, metadata, mesh), step_rng)
+      spec = batch_spec(config, metadata, mesh)
+      compiling = sh.compile_ahead(p_train_step, abstract, spec, step_rng)
       state = sh.sharded_init(state_init_fn(config, model, tx), state_sh)(init_rng)
     if config.init_from:
       params = init_params or restore_init_from(
@@ -519,6 +521,8 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
   )
   # The steps trace under the mesh and its rules, as they were lowered (and as the benchmark
   # and the AOT check trace them): the activations' logical constraints are in the program.
+  if compiling is not None:
+    compiling.result()  # the first batch finds the step compiled (not a second compile beside)
   with loop.closing(ckpt, logger), sh.mesh_context(mesh, rules):
     result = loop.run(job, state, start_step, window)
   total = config.opt.total_steps
