@@ -21,8 +21,7 @@ CPU scale (tools/replication/replicate_cpu.sh runs it with every other experimen
 
 Hardware and time: full scale, each point is a BERT-Base-sized pretraining run (the paper's 4
 Cloud TPUs for 4 days). CPU scale: the 2-core VM of docs/replication.md, where a tiny MLM
-point takes 13 to 20 minutes beside other work; the whole replication's wall time is
-measured there.
+point takes 13 to 20 minutes; the whole replication's wall time is measured there.
 
 Result: not run at full scale here (no TPU). RoBERTa's Table 1 (BERT-Base size): static
 SQuAD 2.0 F1 78.3, MNLI-m 84.3, SST-2 92.5; dynamic 78.7, 84.0, 92.9 ("comparable or

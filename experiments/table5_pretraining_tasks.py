@@ -25,8 +25,7 @@ CPU scale (tools/replication/replicate_cpu.sh runs it with every other experimen
 
 Hardware and time: full scale, each point is a BERT-Base-sized pretraining run (the paper's 4
 Cloud TPUs for 4 days). CPU scale: the 2-core VM of docs/replication.md, where a tiny MLM
-point takes 13 to 20 minutes beside other work; the whole replication's wall time is
-measured there.
+point takes 13 to 20 minutes; the whole replication's wall time is measured there.
 
 Result: not run at full scale here (no TPU). The paper (dev sets, BERT-Base): MNLI-m
 84.4 / 83.9 / 82.1, QNLI 88.4 / 84.9 / 84.3, SQuAD F1 88.5 / 87.9 / 77.8 for mlm_nsp / mlm /

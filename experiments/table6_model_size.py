@@ -15,8 +15,8 @@ At `scale=gpu` the rows are depth {2, 4} x width {128, 256} at one token budget
 (`seed=`), the others once (an observation, never a verdict). At `scale=cpu` the 2-core budget
 pretrains no bigger row 3 times (L2_H256_A4 costs about 65 minutes a seed alone, L4_H128_A2
 about 45): the claim is tested a step down instead, L1_H128_A2 (1 layer, half tiny's
-non-embedding parameters, 3 minutes a seed on the 2 cores at load 7-10) against tiny, both
-with every seed. Full scale: every row with every seed.
+non-embedding parameters, 3 minutes a seed on the 2 cores) against tiny, both with every
+seed. Full scale: every row with every seed.
 
 Command (full scale; the big rows may want --config.model.scan_layers=True, and
 `python -m bert_jax.aot` tells whether a row fits a slice):
@@ -27,8 +27,8 @@ CPU scale (tools/replication/replicate_cpu.sh runs it with every other experimen
 
 Hardware and time: full scale, each point is a BERT-Base-sized pretraining run (the paper's 4
 Cloud TPUs for 4 days). CPU scale: the 2-core VM of docs/replication.md, where a tiny MLM
-point takes 13 to 20 minutes beside other work; the whole replication's wall time is
-measured there. A 256-wide row costs about 4.7 tiny ones, the 4-deep about 3.3.
+point takes 13 to 20 minutes; the whole replication's wall time is measured there. A 256-wide
+row costs about 4.7 tiny ones, the 4-deep about 3.3.
 
 Result: not run at full scale here (no TPU). The paper's held-out LM perplexity:
 5.84, 5.24, 4.68, 3.99, 3.54, 3.23 for the six rows in order (MNLI-m 77.9 ... 86.6).

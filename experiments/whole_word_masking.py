@@ -20,8 +20,7 @@ CPU scale (tools/replication/replicate_cpu.sh runs it with every other experimen
 
 Hardware and time: full scale, each point is a BERT-Base-sized pretraining run (the paper's 4
 Cloud TPUs for 4 days). CPU scale: the 2-core VM of docs/replication.md, where a tiny MLM
-point takes 13 to 20 minutes beside other work; the whole replication's wall time is
-measured there.
+point takes 13 to 20 minutes; the whole replication's wall time is measured there.
 
 Result: not run at full scale here (no TPU). The BERT repository's table (BERT-Large): MNLI-m
 86.05 -> 87.07, SQuAD 1.1 F1 91.0 -> 92.8 with whole-word masking. Expected at cpu scale: both

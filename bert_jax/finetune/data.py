@@ -8,11 +8,13 @@ or "squad" (tasks.squad: SQuAD JSON, doc-stride windows, and the QAInfo its scor
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import ml_collections
 
+from bert_jax import loop
 from bert_jax import tasks as tasks_lib
 from bert_jax.data import corpus
 from bert_jax.runtime import files
@@ -122,8 +124,19 @@ READERS: dict[str, Callable[[ml_collections.ConfigDict, Any], tuple[tasks_lib.Ta
 
 
 def load_task_data(config: ml_collections.ConfigDict, tokenizer) -> tuple[tasks_lib.Task, Splits]:
-  """Reads and encodes every split of `config.task`: (Task, {split: Split, or None})."""
-  return READERS[kinds.get(config.task.kind).examples](config, tokenizer)
+  """Reads and encodes every split of `config.task`: (Task, {split: Split, or None}), and says
+  what it read in one line: 'custom (tagging): train 96, dev 32 (2 truncated), ...'."""
+  t0 = time.perf_counter()
+  task, splits = READERS[kinds.get(config.task.kind).examples](config, tokenizer)
+  parts = [
+    f"{s} {len(d.examples)}"
+    + (f" ({d.encoded.n_truncated} truncated)" if d.encoded.n_truncated else "")
+    for s, d in splits.items()
+    if d
+  ]
+  seconds = time.perf_counter() - t0
+  loop.console(f"{task.name} ({task.kind}): {', '.join(parts)}; encoded in {seconds:.1f}s")
+  return task, splits
 
 
 def check_task_files(task: ml_collections.ConfigDict) -> None:
@@ -147,17 +160,6 @@ def fingerprints(data: Splits) -> dict[str, dict[str, Any]]:
     for s, d in data.items()
     if d is not None and d.files
   }
-
-
-def describe(task: tasks_lib.Task, data: Splits, seconds: float) -> str:
-  """The line that says what was read: 'custom (tagging): train 96, dev 32 (2 truncated), ...'."""
-  parts = [
-    f"{s} {len(d.examples)}"
-    + (f" ({d.encoded.n_truncated} truncated)" if d.encoded.n_truncated else "")
-    for s, d in data.items()
-    if d
-  ]
-  return f"{task.name} ({task.kind}): {', '.join(parts)}; encoded in {seconds:.1f}s"
 
 
 def offsets(data: Splits) -> dict[str, Any]:

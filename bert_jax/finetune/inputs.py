@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -170,9 +169,7 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
       f"config.data.max_seq_length={config.data.max_seq_length} exceeds the model's "
       f"max_position_embeddings={cfg.max_position_embeddings}"
     )
-  t0 = time.perf_counter()
   task, data = data_lib.load_task_data(config, tokenizer)
-  loop.console(data_lib.describe(task, data, time.perf_counter() - t0))
   if data["train"] is None or not data["train"].rows:
     raise ValueError(f"task {task.name}: the train split is empty")
   if data["dev"] is None:
