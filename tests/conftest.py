@@ -62,6 +62,23 @@ def shared_data():
   return SHARED_DATA
 
 
+@pytest.fixture
+def backend_compiles():
+  """The names of the programs XLA compiles while the test runs ('jit(train_step)', ...); an
+  executable JAX already holds compiles nothing and adds no name."""
+  import jax
+
+  names: list[str] = []
+
+  def listen(event, duration, **kw):
+    if event == "/jax/core/compile/backend_compile_duration":
+      names.append(kw.get("fun_name", ""))
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  yield names
+  jax.monitoring.unregister_event_duration_listener(listen)
+
+
 @pytest.fixture(scope="session")
 def tiny_data_dir(tmp_path_factory):
   """The bundled corpus built once per session at sequence length 64 (a few seconds)."""

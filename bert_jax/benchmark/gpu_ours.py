@@ -5,15 +5,15 @@ Start: the env record and this process's matmul programs compiled (`_matmuls`), 
 `alone`: the `--compile_alone` plan (Large 128 x 256) lowered against its abstract state and
 compiled with its state's init while nothing else compiles or runs anywhere (the parent keeps
 PyTorch's worker idle), its `built` record with `alone: true` and the whole cold build
-(`build_s`: lowering, then the compile with the init's beside it); READY. `build`: the other plans in their build
-order (`gpu_plan.build_order`: the shapes longest first, then the variants by priority), each
-lowered here (tracing holds the GIL) when a compile thread is free and compiled, with its
-state's init, in a pool of `compile_threads` (XLA's compile releases the GIL); each `built`
-record is printed as its compile ends. A shape always builds; a variant, admitted or on
-standby, starts whenever `gpu_plan.BuildGate` says its estimate still fits the deadline less
-the timing still owed. Nothing runs on the device in these phases and no state holds its
-memory (PyTorch's worker builds beside us); READY. `time` (when nothing else runs on the
-device): this process's bf16 matmuls (`_peaks`), then each built step, its state made now,
+(`build_s`: lowering, then the step's compile with the init's beside it); READY. `build`: the
+other plans in their build order (`gpu_plan.build_order`: the shapes longest first, then the
+variants by priority), each lowered here (tracing holds the GIL) when a compile thread is free
+and compiled, with its state's init, in a pool of `compile_threads` (XLA's compile releases the
+GIL); each `built` record is printed as its compile ends. A shape always builds; a variant,
+admitted or on standby, starts whenever `gpu_plan.BuildGate` says its estimate still fits the
+deadline less the timing still owed. Nothing runs on the device in these phases and no state
+holds its memory (PyTorch's worker builds beside us); READY. `time` (when nothing else runs on
+the device): this process's bf16 matmuls (`_peaks`), then each built step, its state made now,
 `warmup` untimed steps and `reps` runs of `steps` back-to-back steps, the profile of its step
 right after where one is planned (`profile.py`), its state freed after it: the shapes smallest
 first, then the variants (those on standby last), each variant only if it still fits before

@@ -199,8 +199,9 @@ def test_gemm_gap_and_compile_alone_summaries():
     "5. cold build of large 128 x 256, each alone: ours 77 s, torch_compile 60 s "
     "(no slower: NOT met)"
   )
-  assert "ours 77.0 s (lowering 7.8, compile 63.7, state init 5.5 beside it)" in gpu.format_compile_alone(
-    alone
+  assert (
+    "ours 77.0 s (lowering 7.8, compile 63.7, state init 5.5 beside it)"
+    in gpu.format_compile_alone(alone)
   )
 
 

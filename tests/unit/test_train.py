@@ -273,28 +273,21 @@ def test_batch_spec_is_the_global_batch_the_pipeline_yields(tiny_data_dir):
   assert spec["input_ids"].shape == (8, 64)
 
 
-def test_a_new_run_compiles_its_train_step_once_ahead_of_the_first_batch(tiny_data_dir, tmp_path):
+def test_a_new_run_compiles_its_train_step_once_ahead_of_the_first_batch(
+  tiny_data_dir, tmp_path, backend_compiles
+):
   """The step compiled in a thread beside the state's init (sharding.compile_ahead) is the one
   the first batch runs: the run compiles `train_step` exactly once. A resumed run restores
-  without initialising a state (no `init` compile) and compiles its step at the first batch."""
-  compiles = []
-
-  def listen(event, duration, **kw):
-    if event == "/jax/core/compile/backend_compile_duration":
-      compiles.append(kw.get("fun_name", ""))
-
-  jax.monitoring.register_event_duration_secs_listener(listen)
-  try:
-    c = tiny_config(tiny_data_dir, **{"opt.total_steps": 3})
-    train.train_and_evaluate(c, str(tmp_path / "w"))
-    first = list(compiles)
-    compiles.clear()
-    c = tiny_config(tiny_data_dir, **{"opt.total_steps": 6})
-    out = train.train_and_evaluate(c, str(tmp_path / "w"))
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listen)
+  without initialising a state (no `sharded_init` compile) and compiles its step at the first
+  batch."""
+  train.train_and_evaluate(tiny_config(tiny_data_dir, **{"opt.total_steps": 3}), str(tmp_path))
+  first = list(backend_compiles)
+  backend_compiles.clear()
+  out = train.train_and_evaluate(
+    tiny_config(tiny_data_dir, **{"opt.total_steps": 6}), str(tmp_path)
+  )
   assert first.count("jit(train_step)") == 1, first
   assert first.count("jit(sharded_init)") == 1, first
   assert out["step"] == 6
-  assert compiles.count("jit(train_step)") == 1, compiles
-  assert "jit(sharded_init)" not in compiles, compiles
+  assert backend_compiles.count("jit(train_step)") == 1, backend_compiles
+  assert "jit(sharded_init)" not in backend_compiles, backend_compiles
