@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -163,6 +164,19 @@ def jit_eval(eval_fn: Callable[..., Any], mesh: Mesh, params_sh: Any) -> Callabl
   return jax.jit(
     eval_fn, in_shardings=(params_sh, batch_sharding(mesh)), out_shardings=replicated(mesh)
   )
+
+
+def under_mesh(fn: Callable[..., Any], mesh: Mesh, rules: Rules) -> Callable[..., Any]:
+  """`fn` called under `mesh_context(mesh, rules)`: a jitted step traces at its first call as it
+  was built and lowered, with the activations' logical constraints in its program (only the
+  call: the host code around it runs outside the mesh)."""
+
+  @functools.wraps(fn)
+  def call(*args: Any) -> Any:
+    with mesh_context(mesh, rules):
+      return fn(*args)
+
+  return call
 
 
 @contextlib.contextmanager

@@ -389,6 +389,9 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
       model, tx, obj, tables, config.opt.grad_accum_steps, mesh, state_sh
     )
     p_eval_step = sh.jit_eval(make_eval_step(model, obj, tables), mesh, state_sh["params"])
+  # Each call traces under the mesh and its rules, as the step is lowered ahead below (and as
+  # the benchmark and the AOT check trace it): the activations' logical constraints are in it.
+  train_step, eval_step = (sh.under_mesh(f, mesh, rules) for f in (p_train_step, p_eval_step))
   # No checkpoints/ yet: nothing to resume, so init_from is read (or refused) before the
   # Checkpointer makes the directory.
   init_params = None
@@ -472,7 +475,7 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
 
   def evaluate_and_log(step: int, state: Any) -> None:
     nonlocal last_eval
-    last_eval = evaluate(p_eval_step, state["params"], config, data_dir, mesh, preempt.interrupts)
+    last_eval = evaluate(eval_step, state["params"], config, data_dir, mesh, preempt.interrupts)
     ref = {}
     if step == config.opt.total_steps:  # the final eval: the count-based reference beside it
       ref = ngram_reference.reference(data_dir, obj, tables, eval_examples(config))
@@ -498,7 +501,7 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
     return out
 
   job = loop.Job(
-    step_fn=p_train_step,
+    step_fn=train_step,
     batches=train_iter,
     preemption=preempt,
     mesh=mesh,
@@ -519,11 +522,9 @@ def _train_and_evaluate(config, workdir: str, mesh, preempt) -> dict[str, Any]:
     flops_per_step=flops_per_token * config.data.batch_size * seq_len,
     peak_flops=peak * jax.device_count(),
   )
-  # The steps trace under the mesh and its rules, as they were lowered (and as the benchmark
-  # and the AOT check trace them): the activations' logical constraints are in the program.
   if compiling is not None:
     compiling.result()  # the first batch finds the step compiled (not a second compile beside)
-  with loop.closing(ckpt, logger), sh.mesh_context(mesh, rules):
+  with loop.closing(ckpt, logger):
     result = loop.run(job, state, start_step, window)
   total = config.opt.total_steps
   preemption_lib.write_status(workdir, result.step, total, result.preempted)

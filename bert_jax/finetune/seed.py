@@ -220,6 +220,9 @@ def seed_run(config: ml_collections.ConfigDict, workdir: str, prep: Prepared) ->
   with sh.mesh_context(mesh, rules):
     p_train = sh.jit_step(train_step, mesh, shardings)
     p_eval = sh.jit_eval(eval_step, mesh, shardings["params"])
+  # Called (and so traced) under the mesh and its rules: the activations' logical constraints
+  # are in the steps' programs.
+  p_train, p_eval = (sh.under_mesh(f, mesh, rules) for f in (p_train, p_eval))
   sharded_init = sh.sharded_init(init_fn, shardings)
 
   def init(rng):
@@ -378,9 +381,7 @@ def run_seed(run: SeedRun, k: int, preempt) -> dict[str, Any]:
     describe=lambda step, _: f"epoch {(step - 1) // plan.per_epoch + 1}/{plan.epochs}",
     label=label,
   )
-  # Traced under the mesh and its rules, as the steps were built (the activations' logical
-  # constraints are in the program).
-  with loop.closing(ckpt, logger), sh.mesh_context(mesh, run.prep.rules):
+  with loop.closing(ckpt, logger):
     result = loop.run(job, state, start_step, window)
   if result.preempted:
     return {"preempted": True}

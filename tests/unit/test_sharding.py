@@ -195,3 +195,26 @@ def test_compile_ahead_leaves_the_first_call_nothing_to_compile(backend_compiles
   x8 = jax.device_put(jnp.ones((8, 8)), rows)
   jax.block_until_ready(f(x8, w))
   assert backend_compiles.count("jit(scaled_sum)") == 1
+
+
+def test_under_mesh_traces_the_logical_constraints_into_the_call(backend_compiles):
+  """A step built under mesh_context but called outside it traces without its activations'
+  constraints (the trainer and fine-tuning did so until 2026-11-28); under_mesh calls it inside:
+  the program that runs is the one lowered under the mesh."""
+  mesh = sharding.make_mesh((2, 2, 2), jax.devices())
+
+  def step(x):
+    return nn.with_logical_constraint(x * 2.0, (sharding.ACT_BATCH, sharding.ACT_EMBED))
+
+  f = jax.jit(step)
+  x = jnp.ones((8, 4))
+  with sharding.mesh_context(mesh, RULES):
+    inside = f.lower(x).as_text()
+  assert "sharding_constraint" not in f.lower(x).as_text() and "sharding_constraint" in inside
+  np.testing.assert_array_equal(sharding.under_mesh(f, mesh, RULES)(x), x * 2.0)
+  assert backend_compiles.count("jit(step)") == 1
+  with sharding.mesh_context(mesh, RULES):
+    f(x)  # the same program: nothing compiles
+  assert backend_compiles.count("jit(step)") == 1
+  f(x)  # outside the mesh: the program without the constraint
+  assert backend_compiles.count("jit(step)") == 2
