@@ -116,6 +116,7 @@ def test_a_lost_process_ends_the_other_in_one_line(tiny_data_dir, tmp_path):
   assert last.startswith("main: error: lost process 1 of 2 (no heartbeat for "), err[-3000:]
   assert last.endswith("process 0 stops; rerun the same command to resume from the last checkpoint")
   assert not (wd / workdir_lock.LOCK_FILE).exists()
+  assert (wd / preemption.STATUS_FILE).exists(), err[-3000:]
   status = _status(wd)
   saved = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit())
   assert status["state"] == "peer_lost" and status["step"] == saved[-1] >= 4
