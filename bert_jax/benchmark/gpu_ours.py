@@ -23,6 +23,7 @@ first, then the variants (those on standby last), each variant only if it still 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import statistics
 import sys
@@ -54,9 +55,30 @@ GEMM_BACKENDS = (
 
 def split_variant(variant: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
   """(model fields, XLA compiler options): `xla_*` keys are options of this plan's executable
-  only (`compile(compiler_options=...)`), the rest are BertConfig fields."""
+  only (`compile(compiler_options=...)`), `jax_*` keys JAX options of its lowering
+  (`jax_options`), the rest are BertConfig fields."""
   opts = {k: v for k, v in variant.items() if k.startswith("xla_")}
-  return {k: v for k, v in variant.items() if k not in opts}, opts
+  fields = {k: v for k, v in variant.items() if k not in opts and not k.startswith("jax_")}
+  return fields, opts
+
+
+@contextlib.contextmanager
+def jax_options(variant: dict[str, Any]):
+  """The variant's `jax_*` keys set while its step and state init are traced and lowered, in
+  this thread only (JAX's context states, e.g. `jax_threefry_gpu_kernel_lowering`, which is
+  part of the program: its threefry draws become calls of JAX's CUDA kernel instead of inline
+  HLO, the same threefry2x32 function)."""
+  from jax._src import config as jax_config  # the per-thread states have no public handle
+
+  with contextlib.ExitStack() as stack:
+    for key, value in variant.items():
+      if not key.startswith("jax_"):
+        continue
+      state = getattr(jax_config, key.removeprefix("jax_"), None)
+      if not callable(state) or getattr(state, "name", None) != key:
+        raise ValueError(f"--variants key {key!r} is not a JAX option of the lowering")
+      stack.enter_context(state(value))
+    yield
 
 
 def prepare_plan(plan: dict[str, Any], delay_s: float = 0.0) -> step_lib.Prepared:
@@ -66,7 +88,8 @@ def prepare_plan(plan: dict[str, Any], delay_s: float = 0.0) -> step_lib.Prepare
     time.sleep(delay_s)
   lib = finetune_step if plan["task"] == "finetune" else step_lib
   fields, _ = split_variant(plan["variant"])
-  return lib.prepare(lib.bench_config(plan["size"], plan["seq"], plan["batch"], DTYPE, fields))
+  with jax_options(plan["variant"]):
+    return lib.prepare(lib.bench_config(plan["size"], plan["seq"], plan["batch"], DTYPE, fields))
 
 
 def _base(plan: dict[str, Any]) -> dict[str, Any]:

@@ -66,6 +66,7 @@ VARIANTS = (
   "dropout_rng=threefry,attention_impl=explicit;"
   "remat_policy=gelu;"
   "size=large,seq=512,batch=64,remat_policy=gelu;"
+  "jax_threefry_gpu_kernel_lowering=True;"
   "kernels=xla;"
   "size=large,kernels=xla;"
   "xla_gpu_enable_triton_gemm=False;"
@@ -216,7 +217,10 @@ def _share_inits(plans: list[dict[str, Any]], smoke: bool) -> None:
   seen = set()
   ours = [p for p in plans if p["side"] == "ours" and p["role"] != "profile"]
   for p in sorted(ours, key=lambda p: (not p.get("alone"), p["priority"])):
+    # A `jax_*` option changes the init's program too (gpu_ours.jax_options): its own init.
+    jax_opts = tuple(sorted((k, str(v)) for k, v in p["variant"].items() if k.startswith("jax_")))
     model = (p["task"], p["size"], str(p["variant"].get("scan_layers", False)).lower() == "true")
+    model += jax_opts
     if model in seen and not smoke:
       p["est_compile_s"] -= EST_INIT_S.get(model[:2], 0)
     seen.add(model)

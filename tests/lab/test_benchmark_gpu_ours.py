@@ -143,3 +143,21 @@ def test_gpu_build_leaves_behind_a_compile_that_would_cost_the_timings(capsys):
       break
     time.sleep(0.1)
   assert _records(capsys.readouterr().out) == []
+
+
+def test_jax_options_of_a_variant_hold_while_its_step_lowers_and_nowhere_else():
+  """`jax_*` keys of a variant are JAX options of its lowering (not BertConfig fields, not XLA
+  options), set in this thread only while `prepare_plan` lowers; an unknown one is one line."""
+  import jax
+
+  variant = {"jax_threefry_gpu_kernel_lowering": True, "remat_policy": "gelu"}
+  assert gpu_ours.split_variant(variant) == ({"remat_policy": "gelu"}, {})
+  assert jax.config.jax_threefry_gpu_kernel_lowering is False
+  with gpu_ours.jax_options(variant):
+    assert jax.config.jax_threefry_gpu_kernel_lowering is True
+  assert jax.config.jax_threefry_gpu_kernel_lowering is False
+  with pytest.raises(ValueError, match="'jax_no_such_option' is not a JAX option of the lowering"):
+    with gpu_ours.jax_options({"jax_no_such_option": 1}):
+      pass
+  prepared = gpu_ours.prepare_plan(_plan(0, "variant", {"jax_threefry_gpu_kernel_lowering": True}))
+  assert prepared.lowered is not None and prepared.init_lowered is not None

@@ -46,13 +46,15 @@ def test_gpu_plans_shapes_profiles_alone_and_variants():
   assert [p["priority"] for p in plans] == list(range(len(plans)))
   assert len({p["id"] for p in plans}) == len(plans)
   # The first GPU default first (every run A/Bs it: the threefry dropout with the explicit
-  # attention), the recomputed GELU at Base and Large 512, XLA's LayerNorm (the previous
-  # default) at Base and Large; then XLA's GEMM options; no variant of a model choice that left
-  # the model; the default model is whatever `auto` resolves to.
-  assert [(p["size"], p["variant"]) for p in variants[:7]] == [
+  # attention), the recomputed GELU at Base and Large 512, JAX's threefry kernel (the compile
+  # times), XLA's LayerNorm (the previous default) at Base and Large; then XLA's GEMM options;
+  # no variant of a model choice that left the model; the default model is whatever `auto`
+  # resolves to.
+  assert [(p["size"], p["variant"]) for p in variants[:8]] == [
     ("base", {"dropout_rng": "threefry", "attention_impl": "explicit"}),
     ("base", {"remat_policy": "gelu"}),
     ("large", {"remat_policy": "gelu"}),
+    ("base", {"jax_threefry_gpu_kernel_lowering": True}),
     ("base", {"kernels": "xla"}),
     ("large", {"kernels": "xla"}),
     ("base", {"xla_gpu_enable_triton_gemm": False}),
@@ -67,7 +69,7 @@ def test_gpu_plans_shapes_profiles_alone_and_variants():
   assert variants[0]["est_compile_s"] == est[("pretrain", "base", 128)] - init[("pretrain", "base")]
   assert (variants[2]["seq"], variants[2]["batch"]) == (512, 64)
   assert (
-    variants[4]["est_compile_s"] == est[("pretrain", "large", 128)] - init[("pretrain", "large")]
+    variants[5]["est_compile_s"] == est[("pretrain", "large", 128)] - init[("pretrain", "large")]
   )
   assert all(p["variant"] == {} for p in ours)
   removed = {("dropout_rng", "rbg"), ("dropout_rng", "hash_redraw"), ("kernels", "lowp")}
@@ -240,7 +242,8 @@ def test_the_previous_gpu_defaults_are_admitted_beside_the_default():
   plan of tools/gpu/device_run.sh admits (not on standby) the first GPU default beside it at
   Base (the threefry dropout with the explicit attention, whose losses are compared with the
   CPU's) and the recomputed GELU at Base, each built before the deadline; the recomputed GELU
-  at Large 512 and XLA's LayerNorm wait on standby, in that order."""
+  at Large 512, JAX's threefry kernel (the programs' compile time) and XLA's LayerNorm wait on
+  standby, in that order."""
   deadline, _ = _device_run_limits()
   plans = gpu_plan.make_plans()
   taken, left, sim = gpu_plan.admit(plans, deadline, steps=10, reps=3, warmup=3, compile_threads=3)
@@ -251,10 +254,16 @@ def test_the_previous_gpu_defaults_are_admitted_beside_the_default():
     (plan,) = [p for p in taken if p["variant"] == variant]
     assert (plan["size"], plan["seq"], plan["batch"]) == shape
     assert sim["at"][plan["id"]][1] < deadline
-  assert [(p["size"], p["variant"]) for p in left][:2] == [
+  assert [(p["size"], p["variant"]) for p in left][:3] == [
     ("large", {"remat_policy": "gelu"}),
+    ("base", {"jax_threefry_gpu_kernel_lowering": True}),
     ("base", {"kernels": "xla"}),
   ]
+  # Its init is another program (the threefry kernel's calls): it compiles its own.
+  (kernel,) = [p for p in left if "jax_threefry_gpu_kernel_lowering" in p["variant"]]
+  (xla_ln,) = [p for p in left if p["variant"] == {"kernels": "xla"} and p["size"] == "base"]
+  init_s = gpu_plan.EST_INIT_S[("pretrain", "base")]
+  assert kernel["est_compile_s"] == xla_ln["est_compile_s"] + init_s
 
 
 def test_builds_of_one_model_share_its_compiled_init():
