@@ -323,6 +323,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       unregister = multihost.on_cleanup(lambda: _peer_lost(workdir, config, lock))
       try:
         return _train_and_evaluate(config, workdir, mesh, preempt)
+      except Exception:
+        # A collective with a dead peer fails at once on CPUs: the watch names the peer and
+        # ends the process here, while its cleanup (the run's record, the lock) is registered.
+        multihost.wait_for_lost_peer()
+        raise
       finally:
         unregister()
   except workdir_lock.ReadOnlyWorkdir as e:  # only taking the lock raises it

@@ -97,5 +97,8 @@ def run_point(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]
         for line in summary:
           loop.console(line)
         return {**out, "preempted": False}
+      except Exception:
+        multihost.wait_for_lost_peer()  # a lost peer ends the process here, its record written
+        raise
       finally:
         unregister()

@@ -32,6 +32,7 @@ TIMEOUT_S = float(os.environ.get("BERT_JAX_PEER_TIMEOUT_S", "30"))
 _KEY = "bert_jax/peer"
 
 _watch: PeerWatch | None = None
+_waited = False  # wait_for_lost_peer has waited once: the error is not a lost peer's
 
 
 def initialize(
@@ -74,12 +75,16 @@ def on_cleanup(fn: Callable[[], None]) -> Callable[[], None]:
 def wait_for_lost_peer() -> None:
   """After an error in a multi-process run: if a peer was lost (a collective with it fails at
   once on CPUs), give the watch the time to name it and end the process; returns if no peer
-  turns out lost, so the error is reported as itself."""
-  if _watch is None:
+  turns out lost, so the error is reported as itself. Call it where the run's cleanups are
+  still registered (inside the workdir lock), so that the lost peer's record is written; a
+  later call, as the error travels up, returns at once."""
+  global _waited
+  if _watch is None or _waited:
     return
   deadline = time.monotonic() + _watch.timeout_s + 2 * INTERVAL_S
   while time.monotonic() < deadline and _watch.thread.is_alive():
     time.sleep(0.1)
+  _waited = True
 
 
 def _client():

@@ -3,6 +3,10 @@ coordination service's interface): a peer whose heartbeat stops, or a coordinato
 answers, ends this process in one line after its cleanups; a peer that finished is never lost.
 The two-process runs are tests/e2e/test_runtime_preemption_e2e.py."""
 
+import threading
+import time
+import types
+
 import pytest
 
 from bert_jax.runtime import multihost, preemption
@@ -99,3 +103,26 @@ def test_cleanups_register_only_with_a_watch(monkeypatch):
   assert watch.cleanups == [fn]
   unregister()
   assert watch.cleanups == []
+
+
+def test_wait_for_lost_peer_waits_once_for_the_watch_then_returns_at_once(monkeypatch):
+  """After an error, the run waits (inside its workdir lock, cleanups registered) for the watch
+  to name a lost peer; when none is lost it returns, and the same error's later call on its way
+  up (the CLI's) does not wait a second time."""
+  stop = threading.Event()
+  alive = threading.Thread(target=stop.wait, daemon=True)
+  alive.start()
+  watch = types.SimpleNamespace(timeout_s=0.2, thread=alive)
+  naps = []
+  monkeypatch.setattr(multihost, "_watch", watch)
+  monkeypatch.setattr(multihost, "_waited", False)
+  monkeypatch.setattr(multihost, "INTERVAL_S", 0.05)
+  real_sleep = time.sleep
+  monkeypatch.setattr(multihost.time, "sleep", lambda s: (naps.append(s), real_sleep(s)))
+  try:
+    multihost.wait_for_lost_peer()
+    first = len(naps)
+    multihost.wait_for_lost_peer()
+  finally:
+    stop.set()
+  assert first >= 2 and len(naps) == first
