@@ -58,8 +58,13 @@ class BlockSizes:
   dkv_k: int = 64
   dq_q: int = 64
   dq_k: int = 32
-  num_warps: int = 4
-  num_stages: int = 2
+  # Triton's launch parameters, per kernel.
+  fwd_warps: int = 4
+  dkv_warps: int = 4
+  dq_warps: int = 4
+  fwd_stages: int = 2
+  dkv_stages: int = 2
+  dq_stages: int = 2
 
 
 DEFAULT_BLOCKS = BlockSizes()
@@ -287,6 +292,7 @@ def _in_specs(q_block: int, k_block: int, k_pad: int, by_q: bool) -> list[pl.Blo
 
 
 def _pallas(kernel, st: _Static, name: str, grid, in_specs, out_specs, out_shape):
+  which = name.removeprefix("flash_attention_")  # fwd, dkv or dq
   return pl.pallas_call(
     functools.partial(kernel, st=st),
     grid=grid,
@@ -295,7 +301,8 @@ def _pallas(kernel, st: _Static, name: str, grid, in_specs, out_specs, out_shape
     out_shape=out_shape,
     # Triton's parameters also pick the Triton lowering (Pallas' default on a GPU is Mosaic).
     compiler_params=plgpu.CompilerParams(
-      num_warps=st.blocks.num_warps, num_stages=st.blocks.num_stages
+      num_warps=getattr(st.blocks, f"{which}_warps"),
+      num_stages=getattr(st.blocks, f"{which}_stages"),
     ),
     interpret=st.interpret,
     name=name,
