@@ -13,6 +13,7 @@ Shape key: B batch, L sequence length, Q positions the last layer computes, D hi
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -31,6 +32,30 @@ def remat(layer_cls: Any, cfg: BertConfig, prevent_cse: bool) -> Any:
   if REMAT_POLICIES[cfg.remat_policy] is None:
     return layer_cls
   return nn.remat(layer_cls, policy=REMAT_POLICIES[cfg.remat_policy], prevent_cse=prevent_cse)
+
+
+@jax.custom_vjp
+def recomputed_gelu(x: Array) -> Array:
+  """BERT's exact GELU (`model.gelu`) for remat_policy='gelu': only its input is kept for the
+  backward, which computes the derivative Phi(x) + x phi(x) from it in float32. As a custom VJP
+  rather than `jax.checkpoint`, whose optimisation barrier kept XLA from fusing the
+  recomputation into its neighbours; the derivative is written with erf, the forward with erfc,
+  so that XLA's CSE cannot merge the two and keep the forward's intermediates alive."""
+  return jax.nn.gelu(x, approximate=False)
+
+
+def _gelu_fwd(x: Array) -> tuple[Array, Array]:
+  return recomputed_gelu(x), x
+
+
+def _gelu_bwd(x: Array, g: Array) -> tuple[Array]:
+  xf = x.astype(jnp.float32)
+  cdf = 0.5 * (1.0 + jax.lax.erf(xf * math.sqrt(0.5)))
+  pdf = jnp.exp(-0.5 * xf * xf) * (1.0 / math.sqrt(2.0 * math.pi))
+  return ((g.astype(jnp.float32) * (cdf + xf * pdf)).astype(g.dtype),)
+
+
+recomputed_gelu.defvjp(_gelu_fwd, _gelu_bwd)
 
 
 class _Step(nn.Module):

@@ -265,7 +265,7 @@ class Layer(nn.Module):
     x_BQD = _constrain(x_BQD, (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_EMBED))
 
     ff_BQF = Dense((cfg.intermediate_size,), (sh.EMBED, sh.MLP), cfg, name="intermediate")(x_BQD)
-    activation = jax.checkpoint(gelu) if cfg.remat_policy == "gelu" else gelu
+    activation = layer_scan.recomputed_gelu if cfg.remat_policy == "gelu" else gelu
     ff_BQF = _constrain(activation(ff_BQF), (sh.ACT_BATCH, sh.ACT_LENGTH, sh.ACT_MLP))
     ff_BQD = Dense((cfg.hidden_size,), (sh.MLP, sh.EMBED), cfg, name="output")(ff_BQF)
     x_BQD = add_norm(cfg, "output_LayerNorm", ff_BQD, x_BQD, self.deterministic)

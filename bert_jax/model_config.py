@@ -121,8 +121,9 @@ REMAT_POLICIES = {
   "dots": jax.checkpoint_policies.checkpoint_dots,
   "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
   "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-  # Only the FFN's GELU recomputed from its input in the backward (`jax.checkpoint` around it),
-  # so its float32 intermediates are not kept: docs/gpu.md, "Model paths and why each stays".
+  # Only the FFN's GELU: its derivative computed from its input in the backward
+  # (`layer_scan.recomputed_gelu`), so autodiff's intermediates (a product, erfc, exp) are not
+  # kept: docs/gpu.md, "Model paths and why each stays".
   "gelu": None,
 }
 
