@@ -3,6 +3,7 @@
 # jax (CUDA), flax, optax, orbax-checkpoint, torch and transformers (docs/gpu.md):
 #   bash tools/gpu/fetch_wheels.sh      # once, where pip reaches PyPI: .whl/
 #   bash tools/gpu/device_run.sh [benchmark flags, e.g. --variants=]
+#   bash tools/gpu/device_run.sh --tune [tune_kernels flags]   # tools/gpu/tune_kernels.py
 # Installs .whl/*.whl into /tmp/site, lets a bare checkout import bert_jax.configs as an install
 # would, and runs `python -m bert_jax.benchmark --gpu`: each side's cold build of Large 128 x 256
 # alone, then the three shapes on both sides, the bf16 matmul on both sides, the profiles of our
@@ -35,6 +36,13 @@ export TORCHINDUCTOR_CACHE_DIR="$SCRATCH/inductor" TRITON_CACHE_DIR="$SCRATCH/tr
   "$PYTHON" -m pip list 2>/dev/null |
     grep -i -E "^(jax|jaxlib|jax-cuda.*|flax|optax|orbax.*|torch|transformers|grain) "
 } >"$OUT/env.txt"
+if [[ "${1:-}" == "--tune" ]]; then  # the kernel-level measurements: $OUT/tune.{jsonl,log}
+  shift
+  timeout 300 "$PYTHON" tools/gpu/tune_kernels.py --out="$OUT" "$@" 2>&1 | tee "$OUT/tune.log"
+  status=${PIPESTATUS[0]}
+  rm -rf "$SCRATCH"
+  exit "$status"
+fi
 timeout 525 "$PYTHON" -m bert_jax.benchmark --gpu --deadline=500 --compilation_cache_dir=none \
   --json_out="$OUT/gpu.jsonl" --profile_dir="$OUT/profile" "$@" 2>&1 | tee "$OUT/gpu.log"
 status=$?
