@@ -46,19 +46,20 @@ def test_gpu_plans_shapes_profiles_alone_and_variants():
   assert [p["priority"] for p in plans] == list(range(len(plans)))
   assert len({p["id"] for p in plans}) == len(plans)
   # The first GPU default first (every run A/Bs it: the threefry dropout with the explicit
-  # attention), the recomputed GELU at Base and Large 512, JAX's threefry kernel (the compile
-  # times), XLA's LayerNorm (the previous default) at Base and Large; then XLA's GEMM options;
-  # no variant of a model choice that left the model; the default model is whatever `auto`
-  # resolves to.
-  assert [(p["size"], p["variant"]) for p in variants[:8]] == [
-    ("base", {"dropout_rng": "threefry", "attention_impl": "explicit"}),
-    ("base", {"remat_policy": "gelu"}),
-    ("large", {"remat_policy": "gelu"}),
-    ("base", {"jax_threefry_gpu_kernel_lowering": True}),
-    ("base", {"kernels": "xla"}),
-    ("large", {"kernels": "xla"}),
-    ("base", {"xla_gpu_enable_triton_gemm": False}),
-    ("base", {"xla_gpu_enable_cublaslt": True}),
+  # attention), the recomputed GELU at Large 512, Large 128 and Base, JAX's threefry kernel
+  # (the compile times), XLA's LayerNorm (the previous default) at Base and Large; then XLA's
+  # GEMM options; no variant of a model choice that left the model; the default model is
+  # whatever `auto` resolves to.
+  assert [(p["size"], p["seq"], p["variant"]) for p in variants[:9]] == [
+    ("base", 128, {"dropout_rng": "threefry", "attention_impl": "explicit"}),
+    ("large", 512, {"remat_policy": "gelu"}),
+    ("large", 128, {"remat_policy": "gelu"}),
+    ("base", 128, {"remat_policy": "gelu"}),
+    ("base", 128, {"jax_threefry_gpu_kernel_lowering": True}),
+    ("base", 128, {"kernels": "xla"}),
+    ("large", 128, {"kernels": "xla"}),
+    ("base", 128, {"xla_gpu_enable_triton_gemm": False}),
+    ("base", 128, {"xla_gpu_enable_cublaslt": True}),
   ]
   # A build after the first of its model waits for that one's init instead of compiling its
   # own: Large 512 after the alone Large 128, Base's variants after Base; scanned layers are
@@ -67,9 +68,9 @@ def test_gpu_plans_shapes_profiles_alone_and_variants():
   assert ours[0]["est_compile_s"] == est[("pretrain", "base", 128)]
   assert ours[2]["est_compile_s"] == est[("pretrain", "large", 512)] - init[("pretrain", "large")]
   assert variants[0]["est_compile_s"] == est[("pretrain", "base", 128)] - init[("pretrain", "base")]
-  assert (variants[2]["seq"], variants[2]["batch"]) == (512, 64)
+  assert (variants[1]["seq"], variants[1]["batch"]) == (512, 64)
   assert (
-    variants[5]["est_compile_s"] == est[("pretrain", "large", 128)] - init[("pretrain", "large")]
+    variants[6]["est_compile_s"] == est[("pretrain", "large", 128)] - init[("pretrain", "large")]
   )
   assert all(p["variant"] == {} for p in ours)
   removed = {("dropout_rng", "rbg"), ("dropout_rng", "hash_redraw"), ("kernels", "lowp")}
@@ -122,18 +123,21 @@ def test_the_h200_plan_fits_nine_minutes_and_takes_every_must_show():
   assert sim["end_s"] <= deadline
   assert all(p["role"] == "variant" for p in left)
   assert {p["id"] for p in plans if p["role"] != "variant"} <= {p["id"] for p in taken}
-  admitted = [p["variant"] for p in taken if p["role"] == "variant" and p["side"] == "ours"]
-  assert admitted[:2] == [{"dropout_rng": "threefry", "attention_impl": "explicit"},
-                          {"remat_policy": "gelu"}]  # fmt: skip
+  admitted = [(p["size"], p["seq"], p["variant"]) for p in taken
+              if p["role"] == "variant" and p["side"] == "ours"]  # fmt: skip
+  assert admitted[:4] == [("base", 128, {"dropout_rng": "threefry", "attention_impl": "explicit"}),
+                          ("large", 512, {"remat_policy": "gelu"}),
+                          ("large", 128, {"remat_policy": "gelu"}),
+                          ("base", 128, {"remat_policy": "gelu"})]  # fmt: skip
   # The alone builds, ours then torch.compile's, each before any other build starts.
   ours_alone, torch_alone = [sim["at"][p["id"]] for p in plans if p.get("alone")]
   assert ours_alone[1] <= torch_alone[0] and torch_alone[1] == sim["alone_end_s"]
   others = [sim["at"][p["id"]] for p in taken if p["role"] != "profile" and not p.get("alone")]
   assert min(start for start, _ in others) >= sim["alone_end_s"]
-  # Then ours start with the longest build (Base, which compiles its init; Large 512 waits for
-  # the alone Large 128's), the variants after the shapes.
+  # Then ours start with the longest build (Large 512, though it waits for the alone Large
+  # 128's init; Base compiles its own), the variants after the shapes.
   order = gpu_plan.build_order(taken)
-  assert [(p["size"], p["seq"]) for p in order[:2]] == [("base", 128), ("large", 512)]
+  assert [(p["size"], p["seq"]) for p in order[:2]] == [("large", 512), ("base", 128)]
   assert all(p["role"] == "variant" for p in order[2:])
   # A tight deadline leaves out variants, never a shape, and a profile only with its step.
   taken, left, _ = gpu_plan.admit(plans, 460, steps=10, reps=3, warmup=3, compile_threads=3)
@@ -241,23 +245,26 @@ def test_the_previous_gpu_defaults_are_admitted_beside_the_default():
   """Issue 44 item 1: the default is the fused LayerNorm with hash + flash ('auto'); the H200
   plan of tools/gpu/device_run.sh admits (not on standby) the first GPU default beside it at
   Base (the threefry dropout with the explicit attention, whose losses are compared with the
-  CPU's) and the recomputed GELU at Base, each built before the deadline; the recomputed GELU
-  at Large 512, JAX's threefry kernel (the programs' compile time) and XLA's LayerNorm wait on
+  CPU's) and the recomputed GELU at Large 512, Large 128 and Base, each built before the
+  deadline; JAX's threefry kernel (the programs' compile time) and XLA's LayerNorm wait on
   standby, in that order."""
   deadline, _ = _device_run_limits()
   plans = gpu_plan.make_plans()
   taken, left, sim = gpu_plan.admit(plans, deadline, steps=10, reps=3, warmup=3, compile_threads=3)
   for variant, shape in (
     ({"dropout_rng": "threefry", "attention_impl": "explicit"}, ("base", 128, 256)),
+    ({"remat_policy": "gelu"}, ("large", 512, 64)),
+    ({"remat_policy": "gelu"}, ("large", 128, 256)),
     ({"remat_policy": "gelu"}, ("base", 128, 256)),
   ):
-    (plan,) = [p for p in taken if p["variant"] == variant]
-    assert (plan["size"], plan["seq"], plan["batch"]) == shape
+    (plan,) = [
+      p for p in taken if p["variant"] == variant and (p["size"], p["seq"], p["batch"]) == shape
+    ]
     assert sim["at"][plan["id"]][1] < deadline
   assert [(p["size"], p["variant"]) for p in left][:3] == [
-    ("large", {"remat_policy": "gelu"}),
     ("base", {"jax_threefry_gpu_kernel_lowering": True}),
     ("base", {"kernels": "xla"}),
+    ("large", {"kernels": "xla"}),
   ]
   # Its init is another program (the threefry kernel's calls): it compiles its own.
   (kernel,) = [p for p in left if "jax_threefry_gpu_kernel_lowering" in p["variant"]]
