@@ -6,7 +6,9 @@ probabilities that explicit attention with `dropout_rng='hash'` drops (same seed
 Forward (FlashAttention-2): one program per (query block, batch, head) runs an online softmax
 over key blocks and saves per-row statistics (max m, in base 2, and 1 / sum) for the backward,
 whose two kernels recompute the probabilities from them: dK/dV per key block (looping over query
-blocks) and dQ per query block (looping over key blocks), each recomputing the same hash bits.
+blocks) and dQ per query block (looping over key blocks), each recomputing the same hash bits;
+or, with `BlockSizes.one_pass_bwd`, the dK/dV kernel alone, writing each key block's float32
+share of dQ for XLA to sum (deterministic, unlike FlashAttention-2's atomic adds).
 Masking is `attention.attention_mask`'s, from the compact inputs: keys where input_mask is 0 are
 never attended, causal rows only attend keys at or before their position; a fully masked row
 attends every key uniformly, as softmax over equal `finfo.min` logits does in the explicit path.
@@ -58,6 +60,10 @@ class BlockSizes:
   dkv_k: int = 64
   dq_q: int = 64
   dq_k: int = 32
+  # One backward kernel: the dK/dV kernel also writes its key block's share of dQ (float32,
+  # [S / dkv_k, B, Q, H, K] summed by XLA) and the dQ kernel does not run, so the backward
+  # computes the probabilities, their dropout bits and dP once per tile instead of twice.
+  one_pass_bwd: bool = False
   # Triton's launch parameters, per kernel.
   fwd_warps: int = 4
   dkv_warps: int = 4
@@ -201,7 +207,7 @@ def _fwd_kernel(hash_ref, q_ref, k_ref, v_ref, valid_ref, qpos_ref, o_ref, m_ref
 
 def _dkv_kernel(
   hash_ref, q_ref, k_ref, v_ref, valid_ref, qpos_ref, do_ref, m_ref, linv_ref, delta_ref,
-  dk_ref, dv_ref, *, st
+  dk_ref, dv_ref, dq_ref=None, *, st
 ):  # fmt: skip
   bk, bq = k_ref.shape[0], st.blocks.dkv_q
   cols = pl.program_id(0) * bk + jnp.arange(bk)
@@ -219,6 +225,8 @@ def _dkv_kernel(
     z, ds = _tile_grads(st, p, allowed, keep, do, v, delta_ref[qs])
     dv = dv + _dot(z.astype(do.dtype), do, ta=True)
     dk = dk + _dot(ds.astype(q.dtype), q, ta=True)
+    if dq_ref is not None:  # one_pass_bwd: this key block's share of dQ
+      dq_ref[qs, :] = _dot(ds.astype(k.dtype), k)
     return dk, dv
 
   zeros = jnp.zeros(k.shape, jnp.float32)
@@ -291,8 +299,9 @@ def _in_specs(q_block: int, k_block: int, k_pad: int, by_q: bool) -> list[pl.Blo
   ]
 
 
-def _pallas(kernel, st: _Static, name: str, grid, in_specs, out_specs, out_shape):
-  which = name.removeprefix("flash_attention_")  # fwd, dkv or dq
+def _pallas(kernel, st: _Static, name: str, which: str, grid, in_specs, out_specs, out_shape):
+  """`kernel` as a Pallas call named `name`, with the launch parameters of `which` kernel
+  (fwd, dkv or dq) from st.blocks."""
   return pl.pallas_call(
     functools.partial(kernel, st=st),
     grid=grid,
@@ -319,6 +328,7 @@ def _forward(st: _Static, hash_w, q, k, v, valid, qpos):
     _fwd_kernel,
     st,
     "flash_attention_fwd",
+    "fwd",
     grid=(q_len_p // bq, b, h),
     in_specs=_in_specs(bq, k_len_p, k_pad, by_q=True)[:6],
     out_specs=[_seq_spec(bq, k_pad, True), _stat_spec(bq, True), _stat_spec(bq, True)],
@@ -336,21 +346,35 @@ def _backward(st: _Static, res, do):
   args = (hash_w, q, k, v, valid, qpos, do, m, linv, delta)
 
   bk, bq = st.blocks.dkv_k, q_len_p  # dK/dV: a key block, every query
-  dk, dv = _pallas(
+  dkv_out = [_seq_spec(bk, k_pad, True)] * 2
+  dkv_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+  if st.blocks.one_pass_bwd:  # and each key block's share of dQ, all queries
+    n_kb = k_len_p // bk
+    dkv_out.append(
+      pl.BlockSpec((None, None, q_len_p, None, k_pad), lambda i, b, h: (i, b, 0, h, 0))
+    )
+    dkv_shape.append(jax.ShapeDtypeStruct((n_kb, *q.shape), jnp.float32))
+  grads = _pallas(
     _dkv_kernel,
     st,
-    "flash_attention_dkv",
+    "flash_attention_bwd" if st.blocks.one_pass_bwd else "flash_attention_dkv",
+    "dkv",
     grid=(k_len_p // bk, b, h),
     in_specs=_in_specs(bq, bk, k_pad, by_q=False),
-    out_specs=[_seq_spec(bk, k_pad, True)] * 2,
-    out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+    out_specs=dkv_out,
+    out_shape=dkv_shape,
   )(*args)
+  if st.blocks.one_pass_bwd:
+    dk, dv, dq_shares = grads
+    return (jnp.sum(dq_shares, axis=0) * st.scale).astype(q.dtype), dk, dv
+  dk, dv = grads
 
   bq, bk = st.blocks.dq_q, k_len_p  # dQ: a query block, every key
   dq = _pallas(
     _dq_kernel,
     st,
     "flash_attention_dq",
+    "dq",
     grid=(q_len_p // bq, b, h),
     in_specs=_in_specs(bq, bk, k_pad, by_q=True),
     out_specs=_seq_spec(bq, k_pad, True),

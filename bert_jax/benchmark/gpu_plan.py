@@ -58,12 +58,12 @@ SMOKE_ALONE = "tiny64"
 # CPU's); the GELU's derivative computed from its input in the backward (`layer_scan.
 # recomputed_gelu`: its intermediates not kept) at Large 512 (issue 44's memory bar), at Large
 # 128 (its speed and MFU bars) and at Base (11.3 GiB against 15.5 as `jax.checkpoint`, 0.97x);
-# JAX's threefry kernel (the init's compile, the longer half of every build); XLA's LayerNorm, the previous
-# default, at Base and at Large (the fused kernels were measured at Base only); XLA's GEMM
-# options (issue 44: our bf16 GEMMs against PyTorch's); the explicit attention with the hash
-# dropout (the fallback where the flash kernel does not apply); cuDNN's fused attention
-# without attention dropout (PyTorch timed at that setting too); compile time against step
-# time (no autotuning; scanned layers at Base and at Large).
+# JAX's threefry kernel (the init's compile, the longer half of every build); XLA's
+# LayerNorm, the previous default, at Base and at Large (the fused kernels were measured at
+# Base only); XLA's GEMM options (issue 44: our bf16 GEMMs against PyTorch's); the explicit
+# attention with the hash dropout (the fallback where the flash kernel does not apply);
+# cuDNN's fused attention without attention dropout (PyTorch timed at that setting too);
+# compile time against step time (no autotuning; scanned layers at Base and at Large).
 VARIANTS = (
   "dropout_rng=threefry,attention_impl=explicit;"
   "size=large,seq=512,batch=64,remat_policy=gelu;"

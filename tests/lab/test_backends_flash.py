@@ -19,6 +19,7 @@ from bert_jax import model as model_lib
 from bert_jax import sharding as sh
 from bert_jax.backends import attention as attention_lib
 from bert_jax.backends import dropout as dropout_lib
+from bert_jax.backends import flash as flash_lib
 from bert_jax.backends.flash import flash_attention
 from bert_jax.model import BertForPreTraining
 from bert_jax.model_config import BertConfig
@@ -128,6 +129,27 @@ def test_equals_explicit_attention_float32(case):
     _assert_close(got[2], jnp.broadcast_to(values[2].mean(0), got[2].shape), "uniform", 1e-5)
 
 
+@pytest.mark.parametrize("case", ["pad", "pruned_causal"])
+def test_one_pass_backward_equals_explicit_attention(case):
+  """BlockSizes.one_pass_bwd: the dK/dV kernel also writes each key block's share of dQ (here
+  3 key blocks of 16 at S=40, 4 at S=64), summed outside; the same gradients as the explicit
+  path and as the two-kernel backward (the dQ shares summed in another order)."""
+  b, q_len, s, h, k, causal, pruned, rate = CASES[case]
+  q, keys, values, g = _inputs(b, q_len, s, h, k)
+  positions = _positions(b, q_len, s) if pruned else None
+  args = (_input_mask(b, s), causal, positions, rate, jax.random.key(11))
+  one_pass = functools.partial(
+    flash, blocks=flash_lib.BlockSizes(dkv_k=16, dkv_q=16, one_pass_bwd=True)
+  )
+  want, want_grads = _out_and_grads(explicit, q, keys, values, g, *args)
+  got, got_grads = _out_and_grads(one_pass, q, keys, values, g, *args)
+  two_pass = _out_and_grads(flash, q, keys, values, g, *args)[1]
+  _assert_close(got, want, "output", atol=2e-6, rtol=1e-5)
+  for name, x, y, z in zip(GRADS, got_grads, want_grads, two_pass, strict=True):
+    _assert_close(x, y, name, atol=5e-6, rtol=1e-5)
+    _assert_close(x, z, name + " against two kernels", atol=2e-6, rtol=1e-5)
+
+
 def test_equals_explicit_attention_bfloat16():
   b, q_len, s, h, k = 3, 64, 64, 2, 32
   q, keys, values, g = _inputs(b, q_len, s, h, k, jnp.bfloat16)
@@ -196,11 +218,13 @@ def test_sharded_equals_unsharded_and_explicit():
     _assert_close(x, z, name, atol=5e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-def test_lowers_for_cuda_with_triton(dtype):
-  """The forward and both backward kernels lower through Pallas' Triton backend for a CUDA
-  device (from this CPU host: an unsupported op in a kernel fails here). Triton's own compile
-  to PTX happens only on a GPU."""
+@pytest.mark.parametrize(
+  "dtype, one_pass", [(jnp.bfloat16, False), (jnp.float32, False), (jnp.bfloat16, True)]
+)
+def test_lowers_for_cuda_with_triton(dtype, one_pass):
+  """The forward and both backward kernels (or, one_pass_bwd, the one) lower through Pallas'
+  Triton backend for a CUDA device (from this CPU host: an unsupported op in a kernel fails
+  here). Triton's own compile to PTX happens only on a GPU."""
   b, q_len, s, h, k = 2, 21, 128, 2, 64
   q, keys, values, g = _inputs(b, q_len, s, h, k, dtype)
   input_mask, positions = _input_mask(b, s), _positions(b, q_len, s)
@@ -209,14 +233,14 @@ def test_lowers_for_cuda_with_triton(dtype):
   def step(q, k, v, g):
     fn = lambda q, k, v: flash_attention(
       q, k, v, input_mask, causal=True, query_positions_BQ=positions, dropout_rate=0.1,
-      dropout_seed=seed,
+      dropout_seed=seed, blocks=flash_lib.BlockSizes(one_pass_bwd=one_pass),
     )  # fmt: skip
     out, vjp = jax.vjp(fn, q, k, v)
     return out, vjp(g)
 
   text = jax.jit(step).trace(q, keys, values, g).lower(lowering_platforms=("cuda",)).as_text()
   triton_calls = text.count("__gpu$xla.gpu.triton")
-  assert triton_calls == 3, triton_calls  # forward, dK/dV, dQ
+  assert triton_calls == (2 if one_pass else 3), triton_calls  # forward, dK/dV (+ dQ), dQ
   assert "mosaic_gpu" not in text
 
 

@@ -1,9 +1,10 @@
 """Kernel-level measurements the full benchmark is too coarse (and too slow to build) for, in one
 GPU call of a few minutes: the flash kernels' tile sizes and launch parameters at BERT-Large's
-attention shapes (`flash.BlockSizes`), the FFN's GELU (autodiff; `jax.checkpoint`; and
-`layer_scan.recomputed_gelu`, remat_policy='gelu') in time and temporaries, the Large state
-init's compile with and without JAX's CUDA threefry kernel, and a cold build of Large 128 with
-that kernel and without XLA's autotuning (`step.compile_step`, then its step time).
+attention shapes (`flash.BlockSizes`, the one-pass backward among them), the FFN's GELU
+(autodiff; `jax.checkpoint`; and `layer_scan.recomputed_gelu`, remat_policy='gelu') in time
+and temporaries, the Large state init's compile with and without JAX's CUDA threefry kernel,
+and a cold build of Large 128 with that kernel and without XLA's autotuning
+(`step.compile_step`, then its step time).
 
   bash tools/gpu/device_run.sh --tune          # on a GPU (the wheels, then this; < 5 minutes)
   python tools/gpu/tune_kernels.py --out=DIR [--deadline_s=240] [--only=flash,gelu,init,build]
@@ -67,6 +68,8 @@ def temp_gib(compiled):
 
 CONFIGS = {  # in the order they run: the likeliest first, a deadline may cut the tail
   "default": {},
+  "kv1p64x32": dict(one_pass_bwd=True),
+  "kv1p128x32w8": dict(one_pass_bwd=True, dkv_k=128, dkv_q=32, dkv_warps=8),
   "f128x64": dict(fwd_q=128, fwd_k=64),
   "kv128x32w8": dict(dkv_k=128, dkv_q=32, dkv_warps=8),
   "q128x32w8": dict(dq_q=128, dq_k=32, dq_warps=8),
@@ -83,12 +86,22 @@ CONFIGS = {  # in the order they run: the likeliest first, a deadline may cut th
   "q64x32s3": dict(dq_stages=3),
   "f128x32": dict(fwd_q=128, fwd_k=32),
   "kv64x16": dict(dkv_q=16),
+  "kv1p128x32": dict(one_pass_bwd=True, dkv_k=128, dkv_q=32),
   "q64x16": dict(dq_k=16),
 }
 
 
 # At 128 tokens a tile of 128 is the whole length: fewer choices.
-SHORT = ("default", "f128x64", "f128x128", "kv128x32", "kv128x32w8", "q128x32", "q128x32w8")
+SHORT = (
+  "default",
+  "kv1p64x32",
+  "f128x64",
+  "f128x128",
+  "kv128x32",
+  "kv128x32w8",
+  "q128x32",
+  "q128x32w8",
+)
 
 
 def best_of(results):
@@ -360,7 +373,7 @@ def main():
   emit(a.out, {"kind": "env", "devices": [d.device_kind for d in jax.devices()],
                "jax": jax.__version__})  # fmt: skip
   if a.smoke:
-    configs = {k: CONFIGS[k] for k in ("default", "f128x64", "kv128x32w8", "q64x16")}
+    configs = {k: CONFIGS[k] for k in ("default", "kv1p64x32", "f128x64", "kv128x32w8", "q64x16")}
     if "flash" in only:
       flash_case(a.out, "smoke", 2, 2, 40, 16, 0.1, configs, 1, True, a.deadline_s)
       attention_refs(a.out, "smoke", 2, 2, 40, 16, 0.1, 1, True, a.deadline_s)
