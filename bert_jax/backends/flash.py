@@ -318,6 +318,7 @@ def _pallas(kernel, st: _Static, name: str, which: str, grid, in_specs, out_spec
   )
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def _forward(st: _Static, hash_w, q, k, v, valid, qpos):
   """(o [B, Qp, H, Kp], base-2 row max m [B, H, Qp], 1 / row sum [B, H, Qp])."""
   b, q_len_p, h, k_pad = q.shape
@@ -336,6 +337,7 @@ def _forward(st: _Static, hash_w, q, k, v, valid, qpos):
   )(hash_w, q, k, v, valid, qpos)
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def _backward(st: _Static, res, do):
   """(dq, dk, dv) on the padded inputs from the forward's residuals."""
   hash_w, q, k, v, valid, qpos, o, m, linv = res

@@ -188,6 +188,7 @@ def _pallas(kernel, st: _Static, name: str, grid: int, in_specs, out_specs, out_
   )
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def _forward(st: _Static, hash_w, x_RD, h_RD, scale_D, bias_D) -> Array:
   return _pallas(
     _fwd_kernel,
@@ -201,6 +202,7 @@ def _forward(st: _Static, hash_w, x_RD, h_RD, scale_D, bias_D) -> Array:
   )(hash_w, x_RD, h_RD, scale_D, bias_D)
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def _backward(st: _Static, hash_w, x_RD, h_RD, scale_D, dy_RD):
   """(dx, dh, dscale, dbias): the scale and bias gradients as float32 sums of the programs'
   partial sums."""

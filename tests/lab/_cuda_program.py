@@ -1,5 +1,9 @@
 """The micro BERT's train step, resolved for a GPU and lowered for CUDA from this CPU host (the
-flash and fused-LayerNorm tests count its Triton kernels)."""
+flash and fused-LayerNorm tests count its Triton kernels), and the counts themselves: the
+kernels' Pallas calls are jitted per kernel (one trace and one lowering for all the layers'
+identical calls), so a program holds each once and calls it at every layer."""
+
+import re
 
 import flax.linen as nn
 import jax
@@ -25,3 +29,38 @@ def lowered_for_cuda(kernels: str) -> tuple:
   batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _train_batch(0))
   lowered = jax.jit(step).trace(nn.meta.unbox(state), batch, jax.random.key(1))
   return cfg, lowered.lower(lowering_platforms=("cuda",)).as_text()
+
+
+def triton_calls(text: str) -> int:
+  """The Triton kernels a StableHLO module runs: the custom calls in `main`, each private
+  function's counted at every call of it (recursively)."""
+  bodies = {}
+  for m in re.finditer(r"func\.func (?:private |public )?@([\w.$-]+)", text):
+    end = text.find("func.func ", m.end())
+    bodies[m.group(1)] = text[m.end() : end if end >= 0 else len(text)]
+
+  def runs(name: str) -> int:
+    body = bodies[name]
+    calls = re.findall(r"(?<!\w)call @([\w.$-]+)\(", body)  # not custom_call
+    return body.count("__gpu$xla.gpu.triton") + sum(runs(c) for c in calls)
+
+  return runs("main")
+
+
+def pallas_calls(closed_jaxpr) -> int:
+  """The pallas_call equations a jaxpr runs, each sub-jaxpr (a jitted kernel's, a custom VJP's,
+  a scan's body) counted wherever it is used."""
+
+  def count(jaxpr) -> int:
+    n = 0
+    for eqn in jaxpr.eqns:
+      n += eqn.primitive.name == "pallas_call"
+      for param in eqn.params.values():
+        for sub in param if isinstance(param, (tuple, list)) else (param,):
+          if hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):  # a ClosedJaxpr
+            n += count(sub.jaxpr)
+          elif hasattr(sub, "eqns"):  # a Jaxpr
+            n += count(sub)
+    return n
+
+  return count(closed_jaxpr.jaxpr)

@@ -23,7 +23,7 @@ from bert_jax.backends import flash as flash_lib
 from bert_jax.backends.flash import flash_attention
 from bert_jax.model import BertForPreTraining
 from bert_jax.model_config import BertConfig
-from lab._cuda_program import lowered_for_cuda
+from lab._cuda_program import lowered_for_cuda, pallas_calls, triton_calls
 
 GRADS = ("dq", "dk", "dv")
 
@@ -244,6 +244,28 @@ def test_lowers_for_cuda_with_triton(dtype, one_pass):
   assert "mosaic_gpu" not in text
 
 
+def test_identical_calls_share_one_trace_and_one_lowering():
+  """Two layers' attention of the same shapes: each kernel is traced and lowered once (the
+  forward and backward are jitted on their static configuration) and called twice, so a
+  deep model's lowering does not grow with its depth (BERT-Large 128 x 256 from this CPU
+  host: 13.1 s to trace and lower for CUDA with a Pallas lowering per call, 5.5 s shared)."""
+  b, s, h, k = 2, 64, 2, 32
+  q, keys, values, g = _inputs(b, s, s, h, k, jnp.bfloat16)
+  input_mask, seed = _input_mask(b, s), dropout_lib.hash_seed(jax.random.key(0))
+  attend = functools.partial(
+    flash_attention, input_mask_BS=input_mask, dropout_rate=0.1, dropout_seed=seed
+  )
+
+  def two_layers(q, k, v, g):
+    out, vjp = jax.vjp(lambda q, k, v: attend(attend(q, k, v), k, v), q, k, v)
+    return out, vjp(g)
+
+  traced = jax.jit(two_layers).trace(q, keys, values, g)
+  assert pallas_calls(traced.jaxpr) == 6  # forward, dK/dV, dQ, for each layer
+  text = traced.lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("__gpu$xla.gpu.triton") == 3 and triton_calls(text) == 6
+
+
 # --- the model ---------------------------------------------------------------------------------
 
 
@@ -329,7 +351,7 @@ def test_train_step_lowers_for_cuda_with_triton():
   kernels a layer (forward, dK/dV, dQ), not interpreted (with the GPU's 'auto' kernels, the
   fused LayerNorm's four more: test_backends_fused_norm)."""
   cfg, text = lowered_for_cuda("xla")
-  assert text.count("__gpu$xla.gpu.triton") == 3 * cfg.num_layers
+  assert triton_calls(text) == 3 * cfg.num_layers
 
 
 def test_flash_config():

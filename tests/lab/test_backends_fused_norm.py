@@ -25,7 +25,7 @@ from bert_jax import sharding as sh
 from bert_jax.backends import dropout as dropout_lib
 from bert_jax.backends import fused_norm
 from bert_jax.model import BertForPreTraining
-from lab._cuda_program import lowered_for_cuda
+from lab._cuda_program import lowered_for_cuda, pallas_calls, triton_calls
 
 EPS = 1e-12
 GRADS = ("dx", "dh", "dscale", "dbias")
@@ -205,7 +205,7 @@ TINY = model_config.config_for_size(
 def test_model_fused_equals_xla_with_hash_dropout(layers):
   """BERT-tiny (float32, dropout 0.1): kernels='fused' has kernels='xla''s parameter tree
   (names, shapes), and its loss and every gradient with the same dropout rng; the program
-  holds the fused kernels (two per sublayer, forward and backward under autodiff). Also with
+  runs the fused kernels (two per sublayer, forward and backward under autodiff). Also with
   scanned layers (per-layer dropout rngs split by nn.scan) under full remat."""
   cfg = TINY
   if layers == "scanned_remat":
@@ -227,14 +227,15 @@ def test_model_fused_equals_xla_with_hash_dropout(layers):
       return jnp.sum(out["mlm_logits"] ** 2) * 1e-3
 
     step = jax.jit(jax.value_and_grad(loss))
-    calls = str(jax.make_jaxpr(step)(params)).count("pallas_call")
+    calls = pallas_calls(jax.make_jaxpr(step)(params))
     results[kernels] = (calls, *step(params))
   (calls_x, loss_x, grads_x), (calls_f, loss_f, grads_f) = results.values()
   # Per traced layer body (nn.scan traces one) 2 sublayers' forward and backward, and under
-  # full remat the forward again in the backward pass.
+  # full remat the attention sublayer's forward again in the backward pass (the output
+  # sublayer's output is the scan's carry, kept: its recomputation is dead code).
   layer_bodies = 1 if cfg.scan_layers else cfg.num_layers
-  per_sublayer = 3 if cfg.remat_policy == "full" else 2
-  assert (calls_x, calls_f) == (0, 2 * per_sublayer * layer_bodies)
+  recomputed = 1 if cfg.remat_policy == "full" else 0
+  assert (calls_x, calls_f) == (0, (2 * 2 + recomputed) * layer_bodies)
   assert float(loss_f) == pytest.approx(float(loss_x), rel=1e-6)
   flat_x = jax.tree_util.tree_leaves_with_path(grads_x)
   for (path, gx), gf in zip(flat_x, jax.tree.leaves(grads_f), strict=True):
@@ -258,7 +259,7 @@ def test_train_step_lowers_for_cuda_with_the_fused_kernels():
   fused residual LayerNorm's four (two sublayers, forward and backward), none interpreted."""
   cfg, text = lowered_for_cuda("auto")
   assert cfg.kernels == "fused"
-  assert text.count("__gpu$xla.gpu.triton") == (3 + 4) * cfg.num_layers
+  assert triton_calls(text) == (3 + 4) * cfg.num_layers
 
 
 def test_fused_config_and_platforms():
