@@ -157,6 +157,8 @@ for stage in $STAGES; do
     report)
       # Each experiment's report covers what finished (the verdicts list what did not).
       for exp in $EXPERIMENTS; do
+        # A call filtered to part of the queue (QUEUE_FILTER) may have run nothing of it yet.
+        [[ -d "$ROOT/$exp" ]] || { stamp "report $exp: no runs under $ROOT/$exp"; continue; }
         paper=$("$PY" -c "import sys; sys.path.insert(0, 'launch'); import sweep
 print(sweep.experiment_paper('$(spec "$exp" | cut -d: -f1)'))")
         "$PY" -m bert_jax.report --root="$ROOT/$exp" --paper="$paper" > "$LOGS/report_$exp.log" \
