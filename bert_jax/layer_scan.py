@@ -37,10 +37,11 @@ def remat(layer_cls: Any, cfg: BertConfig, prevent_cse: bool) -> Any:
 @jax.custom_vjp
 def recomputed_gelu(x: Array) -> Array:
   """BERT's exact GELU (`model.gelu`) for remat_policy='gelu': only its input is kept for the
-  backward, which computes the derivative Phi(x) + x phi(x) from it in float32. As a custom VJP
-  rather than `jax.checkpoint`, whose optimisation barrier kept XLA from fusing the
-  recomputation into its neighbours; the derivative is written with erf, the forward with erfc,
-  so that XLA's CSE cannot merge the two and keep the forward's intermediates alive."""
+  backward, which computes the derivative Phi(x) + x phi(x) from it in float32. A custom VJP
+  rather than `jax.checkpoint`, whose optimisation barrier stands between the recomputation
+  and its neighbours (a likely cause, not measured, of its 0.97x on a GPU: docs/gpu.md); the
+  derivative is written with erf, the forward with erfc, so that XLA's CSE cannot merge the two
+  and keep the forward's intermediates alive."""
   return jax.nn.gelu(x, approximate=False)
 
 
