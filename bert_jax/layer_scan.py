@@ -53,7 +53,7 @@ def _gelu_bwd(x: Array, g: Array) -> tuple[Array]:
   xf = x.astype(jnp.float32)
   cdf = 0.5 * (1.0 + jax.lax.erf(xf * math.sqrt(0.5)))
   pdf = jnp.exp(-0.5 * xf * xf) * (1.0 / math.sqrt(2.0 * math.pi))
-  return ((g.astype(jnp.float32) * (cdf + xf * pdf)).astype(g.dtype),)
+  return ((g.astype(jnp.float32) * (cdf + xf * pdf)).astype(x.dtype),)
 
 
 recomputed_gelu.defvjp(_gelu_fwd, _gelu_bwd)
