@@ -119,11 +119,37 @@ def best_of(results):
   return fields
 
 
-def flash_case(out, name, b, h, length, k, rate, configs, n, interpret, deadline):
+def _attention_inputs(b, h, length, k):
+  """q, k, v and the output's cotangent [B, L, H, K] bf16, the input mask (the last eighth of
+  each row's keys padding) and the dropout key."""
   ks = jax.random.split(jax.random.key(0), 5)
   q, kk, v, do = (jax.random.normal(x, (b, length, h, k), jnp.bfloat16) for x in ks[:4])
   mask = jnp.ones((b, length), jnp.int32).at[:, length - length // 8 :].set(0)
-  seed = dropout.hash_seed(ks[4])
+  return q, kk, v, do, mask, ks[4]
+
+
+def _compiled(fwd, q, kk, v, do):
+  """`fwd` (q, k, v -> o) compiled alone and with its backward: (forward, forward + backward
+  returning (o, dq, dk, dv))."""
+
+  def fwd_bwd(q, kk, v, do):
+    o, vjp = jax.vjp(fwd, q, kk, v)
+    return o, *vjp(do)
+
+  return jax.jit(fwd).lower(q, kk, v).compile(), jax.jit(fwd_bwd).lower(q, kk, v, do).compile()
+
+
+def _ms(t_fwd, t_all):
+  return {
+    "fwd_ms": round(t_fwd * 1e3, 4),
+    "bwd_ms": round((t_all - t_fwd) * 1e3, 4),
+    "total_ms": round(t_all * 1e3, 4),
+  }
+
+
+def flash_case(out, name, b, h, length, k, rate, configs, n, interpret, deadline):
+  q, kk, v, do, mask, key = _attention_inputs(b, h, length, k)
+  seed = dropout.hash_seed(key)
   ref = None
   results = {}
   todo = list(configs.items()) + [("best", None)]
@@ -143,14 +169,9 @@ def flash_case(out, name, b, h, length, k, rate, configs, n, interpret, deadline
         q, kk, v, mask, dropout_rate=rate, dropout_seed=seed, interpret=interpret, blocks=blocks
       )
 
-    def fwd_bwd(q, kk, v, do, fwd=fwd):
-      o, vjp = jax.vjp(fwd, q, kk, v)
-      return o, *vjp(do)
-
     try:
       t = time.perf_counter()
-      f_fwd = jax.jit(fwd).lower(q, kk, v).compile()
-      f_all = jax.jit(fwd_bwd).lower(q, kk, v, do).compile()
+      f_fwd, f_all = _compiled(fwd, q, kk, v, do)
       build_s = time.perf_counter() - t
       res = f_all(q, kk, v, do)
       if ref is None:
@@ -159,15 +180,13 @@ def flash_case(out, name, b, h, length, k, rate, configs, n, interpret, deadline
         float(jnp.max(jnp.abs(a.astype(jnp.float32) - r.astype(jnp.float32))))
         for a, r in zip(res, ref, strict=True)
       )
-      t_fwd = timed(f_fwd, (q, kk, v), n)
-      t_all = timed(f_all, (q, kk, v, do), n)
+      times = timed(f_fwd, (q, kk, v), n), timed(f_all, (q, kk, v, do), n)
     except Exception as e:  # noqa: BLE001 - one configuration's failure is a record
       emit(out, {"kind": "error", "case": name, "config": cname, "error": repr(e)[:400]})
       continue
     rec = {
-      "kind": "flash", "case": name, "config": cname, "fields": fields,
-      "fwd_ms": round(t_fwd * 1e3, 4), "bwd_ms": round((t_all - t_fwd) * 1e3, 4),
-      "total_ms": round(t_all * 1e3, 4), "build_s": round(build_s, 2), "max_diff": diff,
+      "kind": "flash", "case": name, "config": cname, "fields": fields, **_ms(*times),
+      "build_s": round(build_s, 2), "max_diff": diff,
     }  # fmt: skip
     results[cname] = rec
     emit(out, rec)
@@ -181,15 +200,12 @@ def attention_refs(out, name, b, h, length, k, rate, n, interpret, deadline):
   from bert_jax import backends
   from bert_jax.backends import attention
 
-  ks = jax.random.split(jax.random.key(0), 5)
-  q, kk, v, do = (jax.random.normal(x, (b, length, h, k), jnp.bfloat16) for x in ks[:4])
-  mask = jnp.ones((b, length), jnp.int32).at[:, length - length // 8 :].set(0)
-  seed = dropout.hash_seed(ks[4])
+  q, kk, v, do, mask, key = _attention_inputs(b, h, length, k)
   mask_b1qs = attention.attention_mask(mask, False, None)
 
   class _Drop:  # what explicit_attention asks of the model's Dropout: the 'hash' mask
     def __call__(self, x, deterministic):
-      return dropout.dropout(x, dropout._seeded_mask(seed, x.shape, rate), rate)
+      return dropout.dropout(x, dropout.keep_mask(key, x.shape, rate), rate)
 
   refs = {
     "flash, no dropout": lambda q, kk, v: flash.flash_attention(
@@ -204,23 +220,13 @@ def attention_refs(out, name, b, h, length, k, rate, n, interpret, deadline):
     if time.perf_counter() - T0 > deadline:
       emit(out, {"kind": "skipped", "case": name, "config": rname, "why": "deadline"})
       continue
-
-    def fwd_bwd(q, kk, v, do, fwd=fwd):
-      o, vjp = jax.vjp(fwd, q, kk, v)
-      return o, *vjp(do)
-
     try:
-      f_fwd = jax.jit(fwd).lower(q, kk, v).compile()
-      f_all = jax.jit(fwd_bwd).lower(q, kk, v, do).compile()
-      t_fwd = timed(f_fwd, (q, kk, v), n)
-      t_all = timed(f_all, (q, kk, v, do), n)
+      f_fwd, f_all = _compiled(fwd, q, kk, v, do)
+      times = timed(f_fwd, (q, kk, v), n), timed(f_all, (q, kk, v, do), n)
     except Exception as e:  # noqa: BLE001 - cuDNN where it cannot run, say
       emit(out, {"kind": "error", "case": name, "config": rname, "error": repr(e)[:400]})
       continue
-    emit(out, {
-      "kind": "attention_ref", "case": name, "config": rname, "fwd_ms": round(t_fwd * 1e3, 4),
-      "bwd_ms": round((t_all - t_fwd) * 1e3, 4), "total_ms": round(t_all * 1e3, 4),
-    })  # fmt: skip
+    emit(out, {"kind": "attention_ref", "case": name, "config": rname, **_ms(*times)})
 
 
 # ----------------------------------------------------------------------------- GELU
@@ -252,15 +258,13 @@ def gelu_case(out, name, tokens, d, f, layers, n, deadline):
       emit(out, {"kind": "skipped", "case": name, "gelu": gname, "why": "deadline"})
       continue
 
-    def loss(ws, x, act=act):
-      for w1, w2 in ws:
-        x = x + act(x @ w1) @ w2
-      return jnp.sum(x.astype(jnp.float32) ** 2)
-
     def fwd_only(ws, x, act=act):
       for w1, w2 in ws:
         x = x + act(x @ w1) @ w2
       return x
+
+    def loss(ws, x, fwd_only=fwd_only):
+      return jnp.sum(fwd_only(ws, x).astype(jnp.float32) ** 2)
 
     try:
       g = jax.jit(jax.grad(loss)).lower(ws, x).compile()
@@ -285,8 +289,9 @@ def gelu_case(out, name, tokens, d, f, layers, n, deadline):
 
 
 def init_case(out, size, seq, batch, flags, deadline):
-  from bert_jax import sharding as sh
-  from bert_jax import train
+  """The state init the benchmark compiles beside the step (`step.prepare`'s), lowered with and
+  without JAX's CUDA threefry kernel: its compile and run times, and a checksum of the state
+  (the same threefry2x32 values either way)."""
   from bert_jax.benchmark import gpu_ours
   from bert_jax.benchmark import step as step_lib
 
@@ -294,37 +299,23 @@ def init_case(out, size, seq, batch, flags, deadline):
     if time.perf_counter() - T0 > deadline:
       emit(out, {"kind": "skipped", "case": f"init {size}", "flag": flag, "why": "deadline"})
       continue
-    variant = {"jax_threefry_gpu_kernel_lowering": flag}
-    config = step_lib.bench_config(size, seq, batch, "bfloat16", {})
     try:
-      with gpu_ours.jax_options(variant):
-        mesh = sh.make_mesh(tuple(config.mesh.shape), devices=jax.devices()[:1])
-        rules = sh.rules_from_config(config.mesh.rules)
-        _, model, tx, _ = train.model_and_optimizer(config, mesh.devices.flat[0].platform)
-        init_rng = jax.random.split(jax.random.key(config.seed))[0]
-        state_sh, _ = train.abstract_state(config, model, tx, mesh, rules, init_rng)
-        t = time.perf_counter()
-        with sh.mesh_context(mesh, rules):
-          lowered = sh.sharded_init(train.state_init_fn(config, model, tx), state_sh).lower(
-            init_rng
-          )
-        lower_s = time.perf_counter() - t
-        t = time.perf_counter()
-        compiled = lowered.compile()
-        compile_s = time.perf_counter() - t
-        t = time.perf_counter()
-        state = jax.block_until_ready(compiled(init_rng))
-        run_s = time.perf_counter() - t
-      leaves = jax.tree.leaves(state)
-      checksum = float(sum(jnp.sum(jnp.abs(x.astype(jnp.float32))) for x in leaves))
-      del state
+      with gpu_ours.jax_options({"jax_threefry_gpu_kernel_lowering": flag}):
+        p = step_lib.prepare(step_lib.bench_config(size, seq, batch, "bfloat16", {}))
+      t = time.perf_counter()
+      compiled = p.init_lowered.compile()
+      compile_s = time.perf_counter() - t
+      t = time.perf_counter()
+      state = jax.block_until_ready(compiled(p.init_rng))
+      run_s = time.perf_counter() - t
+      checksum = float(sum(jnp.sum(jnp.abs(x.astype(jnp.float32))) for x in jax.tree.leaves(state)))
+      del state, p
     except Exception as e:  # noqa: BLE001
       emit(out, {"kind": "error", "case": f"init {size}", "flag": flag, "error": repr(e)[:400]})
       continue
     emit(out, {
       "kind": "init", "case": f"init {size}", "threefry_gpu_kernel": flag,
-      "lower_s": round(lower_s, 2), "compile_s": round(compile_s, 2), "run_s": round(run_s, 2),
-      "checksum": checksum,
+      "compile_s": round(compile_s, 2), "run_s": round(run_s, 2), "checksum": checksum,
     })  # fmt: skip
 
 
