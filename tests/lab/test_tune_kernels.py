@@ -6,6 +6,7 @@ init's compile and a cold build with its step time."""
 import json
 import math
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -59,3 +60,13 @@ def test_the_tuning_call_measures_every_kernel_choice_at_toy_size(tmp_path):
   assert build["build_s"] >= build["lower_s"] > 0 and build["step_ms"] > 0
   assert math.isfinite(build["loss_last"])
   assert by_kind["env"][0]["devices"] == ["cpu"]
+
+
+def test_an_unknown_case_is_refused_before_anything_runs():
+  proc = subprocess.run(
+    [sys.executable, "tools/gpu/tune_kernels.py", "--smoke", "--only=flash,flsh"],
+    cwd=pathlib.Path(DEVICE_RUN).parents[2], capture_output=True, text=True, timeout=300,
+  )  # fmt: skip
+  assert proc.returncode == 2
+  assert "--only: unknown flsh; choose from build,flash,gelu,init" in proc.stderr
+  assert "tune.jsonl" not in proc.stdout and '"kind"' not in proc.stdout

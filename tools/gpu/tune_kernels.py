@@ -351,6 +351,9 @@ def build_case(out, size, seq, batch, variant, deadline, steps=20):
   })  # fmt: skip
 
 
+CASES = {"flash", "gelu", "init", "build"}
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--out", default="")
@@ -361,6 +364,9 @@ def main():
   if a.out:
     os.makedirs(a.out, exist_ok=True)
   only = set(a.only.split(","))
+  if only - CASES:
+    unknown, known = ",".join(sorted(only - CASES)), ",".join(sorted(CASES))
+    ap.error(f"--only: unknown {unknown}; choose from {known}")
   emit(a.out, {"kind": "env", "devices": [d.device_kind for d in jax.devices()],
                "jax": jax.__version__})  # fmt: skip
   if a.smoke:
