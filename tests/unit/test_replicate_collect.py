@@ -89,6 +89,17 @@ def test_splice_replaces_only_the_marked_block(tmp_path):
     collect.splice(str(tmp_path / "none.md"), "x")
 
 
+def test_a_named_block_leaves_the_verdicts_block_alone(tmp_path):
+  lane_begin, lane_end = collect.markers("qnli lane")
+  assert (lane_begin, lane_end) != (collect.BEGIN, collect.END)
+  doc = tmp_path / "r.md"
+  doc.write_text(f"{collect.BEGIN}\nmain\n{collect.END}\n\n{lane_begin}\nold\n{lane_end}\n")
+  collect.splice(str(doc), "lane", lane_begin, lane_end)
+  assert doc.read_text() == (
+    f"{collect.BEGIN}\nmain\n{collect.END}\n\n{lane_begin}\n\nlane\n\n{lane_end}\n"
+  )
+
+
 walltime = collect.walltime
 
 

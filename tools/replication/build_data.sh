@@ -6,13 +6,15 @@
 #                    drawn from the whole corpus it stays on the unigram plateau for that budget
 #                    (docs/notes/budget.md)
 #   DATA/vocab.txt   a WordPiece vocab of config_lib.SCALED_VOCAB entries trained on it
-#   DATA/nsp         DATA/corpus.txt as sentence pairs (create_data, 5% of documents held out,
-#                    5 passes with their own masks and pairs: 2.3M tokens, so each static mask
-#                    comes back about 5 times in a cpu point's 12.3M tokens, as BERT's 10
-#                    passes over 40 epochs did 4 times). Every point reads it, Table 5's rows
-#                    without NSP too, so that they change only the objective.
+#   DATA/nsp         DATA/corpus.txt as sentence pairs (create_data, EVAL_FRACTION (0.05) of
+#                    documents held out, DUPE (5) passes with their own masks and pairs: 2.3M
+#                    tokens, so each static mask comes back about 5 times in a cpu point's 12.3M
+#                    tokens, as BERT's 10 passes over 40 epochs did 4 times). Every point reads
+#                    it, Table 5's rows without NSP too, so that they change only the objective.
 #
 #   DOCS=127 bash tools/replication/build_data.sh CORPUS DATA
+#   # the QNLI lane's prose (docs/replication.md): books, State of the Union, Hansard
+#   DOCS=2688 DUPE=2 EVAL_FRACTION=0.02 bash tools/replication/build_data.sh CORPUS DATA
 #
 # Each step is skipped when its output is there (a rerun after a kill redoes only the rest).
 set -euo pipefail
@@ -20,6 +22,8 @@ cd "$(dirname "$0")/../.."
 CORPUS="$1"
 DATA="$2"
 DOCS="${DOCS:-127}"
+DUPE="${DUPE:-5}"
+EVAL_FRACTION="${EVAL_FRACTION:-0.05}"
 PY="${PYTHON:-python}"
 mkdir -p "$DATA"
 
@@ -43,7 +47,7 @@ if [[ ! -f "$DATA/vocab.txt" ]]; then
 fi
 if [[ ! -f "$DATA/nsp/metadata.json" ]]; then
   "$PY" -m bert_jax.create_data --input="$DATA/corpus.txt" --output_dir="$DATA/nsp" \
-    --vocab="$DATA/vocab.txt" --eval_fraction=0.05 --dupe_factor=5 \
+    --vocab="$DATA/vocab.txt" --eval_fraction="$EVAL_FRACTION" --dupe_factor="$DUPE" \
     --max_seq_length="$LENGTH" --max_predictions_per_seq="$PREDICTIONS" --nsp=True \
     --noprogress --overwrite
 fi
