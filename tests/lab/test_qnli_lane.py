@@ -64,3 +64,13 @@ def test_the_lane_pretrains_six_points_and_judges_three_lines(tmp_path):
   lines = [ln for ln in verdicts.splitlines() if ln.startswith("| table5 |")]
   assert len(lines) == 3 and all("| 3 vs 3 |" in ln for ln in lines), verdicts
   assert "BERT-Base (MLM + NSP) beats No NSP" in verdicts
+  # The same DATA asked for other passes: refused in one line, nothing rebuilt.
+  r = subprocess.run(
+    ["bash", "tools/replication/build_data.sh", CORPUS, str(data)],
+    cwd=REPO,
+    env={**os.environ, "PYTHON": sys.executable, "DUPE": "5"},
+    capture_output=True,
+    text=True,
+  )
+  assert r.returncode == 1 and "was built with DUPE=2 EVAL_FRACTION=0.02, not 5" in r.stderr
+  assert json.load(open(data / "nsp" / "metadata.json"))["build_id"] == meta["build_id"]

@@ -50,4 +50,13 @@ if [[ ! -f "$DATA/nsp/metadata.json" ]]; then
     --vocab="$DATA/vocab.txt" --eval_fraction="$EVAL_FRACTION" --dupe_factor="$DUPE" \
     --max_seq_length="$LENGTH" --max_predictions_per_seq="$PREDICTIONS" --nsp=True \
     --noprogress --overwrite
+else  # built before: with these passes and held-out share, or say so (nothing is rebuilt)
+  "$PY" - "$DATA/nsp/metadata.json" "$DUPE" "$EVAL_FRACTION" << 'EOF'
+import json, sys
+path, dupe, fraction = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+meta = json.load(open(path))
+if (meta["dupe_factor"], meta["eval_fraction"]) != (dupe, fraction):
+  sys.exit(f"build_data.sh: error: {path} was built with DUPE={meta['dupe_factor']} "
+           f"EVAL_FRACTION={meta['eval_fraction']}, not {dupe} and {fraction}: use another DATA")
+EOF
 fi

@@ -13,8 +13,8 @@
 #
 # Environment: DATA (lane_data), ROOT (lane_runs; with GPU=1 replicate_gpu.sh's gpu_runs),
 # BATCH (16; with GPU=1 64: a tiny model's step on a GPU costs about the same at either, so
-# the GPU reads 4 times the tokens in the same steps; not yet run), GPU, PYTHON, and those of
-# replicate.sh / replicate_gpu.sh (LANES, BUDGET_S, OUT, ...).
+# the GPU reads 4 times the tokens in the same steps, from 8 passes of pairs; not yet run), GPU,
+# PYTHON, and those of replicate.sh / replicate_gpu.sh (LANES, BUDGET_S, OUT, ...).
 #
 # --prepare leaves out the sentence pairs (DATA/nsp, 35 MB): they are rebuilt where the lane
 # runs, in seconds, to the same bytes (create_data is deterministic), so that DATA (corpus,
@@ -22,12 +22,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DATA="${DATA:-lane_data}"
-export DOCS="${DOCS:-2688}" DUPE=2 EVAL_FRACTION=0.02
 STEPS=36000
+BATCH="${BATCH:-$([[ -n ${GPU:-} ]] && echo 64 || echo 16)}"
+# Passes of pairs with their own masks: each static mask comes back about 3 times in a point's
+# STEPS x BATCH x 64 tokens at any BATCH (2 passes at 16).
+export DOCS="${DOCS:-2688}" DUPE=$((2 * BATCH / 16)) EVAL_FRACTION=0.02
 flags=(--config.opt.total_steps=$STEPS --config.opt.warmup_steps=$((STEPS / 20))
   --config.ckpt.every_steps=$((STEPS / 4)) --config.eval.every_steps=$((STEPS / 6))
   --config.log.every_steps=$((STEPS / 60)))
-BATCH="${BATCH:-$([[ -n ${GPU:-} ]] && echo 64 || echo 16)}"
 [[ $BATCH == 16 ]] || flags+=(--config.data.batch_size="$BATCH")
 export QUEUE_FILTER='^table5 task=(mlm_nsp|mlm),seed=[012]$' TASKS=squad_qnli
 
