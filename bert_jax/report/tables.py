@@ -17,13 +17,23 @@ REF = "mlm_reference_accuracy"  # bert_jax/ngram_reference.py's, in a final eval
 _IGNORED_FIELDS = ("data.dir", "init_from", "seed", "data.seed")
 
 
+def _used(config: dict[str, Any], key: str) -> Any:
+  """A config field's value as training used it: a run that reads built data (data.dir) never
+  reads its raw corpus (data.input, a default that moves with the checkout)."""
+  if key == "data.input" and config.get("data.dir"):
+    return None
+  return config.get(key)
+
+
 def ablated_fields(runs: list[Run]) -> list[str]:
   """Config fields whose values differ between the runs, in config order."""
   keys: list[str] = []
   for r in runs:
     keys += [k for k in r.config if k not in keys]
   return [
-    k for k in keys if k not in _IGNORED_FIELDS and len({repr(r.config.get(k)) for r in runs}) > 1
+    k
+    for k in keys
+    if k not in _IGNORED_FIELDS and len({repr(_used(r.config, k)) for r in runs}) > 1
   ]
 
 

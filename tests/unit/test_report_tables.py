@@ -32,6 +32,19 @@ def test_table_values_and_ablated_fields(sweep_root):
   assert ltr["eval LTR acc"] == 0.2 and ltr["eval NSP acc"] is None
 
 
+def test_an_unread_corpus_path_is_not_an_ablation(tmp_path):
+  # Runs that read built data (data.dir) from two checkouts: data.input (never read) differs.
+  for name, checkout in (("task=mlm", "/a"), ("task=mlm_nsp", "/b")):
+    config = _config(True, name.endswith("nsp"), False)
+    config["data"] = {"dir": "/data/nsp", "input": f"{checkout}/bert_jax/data/sample.txt"}
+    _write_run(str(tmp_path), name, config, [{"step": 5, "split": "train", "mlm_loss": 9.0}])
+  runs = runs_lib.find_runs(str(tmp_path))
+  assert tables.ablated_fields(runs) == ["objective.nsp"]
+  for r in runs:  # without data.dir the corpus is what the run read: an ablation
+    del r.config["data.dir"]
+  assert tables.ablated_fields(runs) == ["objective.nsp", "data.input"]
+
+
 def test_single_run_and_missing_metric_columns(tmp_path):
   _write_run(str(tmp_path), "only", _config(True, True, False), [
     {"step": 5, "split": "train", "mlm_loss": 9.0, "nsp_loss": 0.5},
