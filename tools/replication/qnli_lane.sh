@@ -18,7 +18,7 @@
 #
 # --prepare leaves out the sentence pairs (DATA/nsp, 35 MB): they are rebuilt where the lane
 # runs, in seconds, to the same bytes (create_data is deterministic), so that DATA (corpus,
-# vocab and tasks: about 40 MB) travels to a GPU machine with .whl under the 64 MiB it carries.
+# vocab and tasks: 37 MB) travels to a GPU machine with .whl under the 64 MiB it carries.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DATA="${DATA:-lane_data}"
