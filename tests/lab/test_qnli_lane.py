@@ -6,21 +6,12 @@ runs a side."""
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-REPO = str(pathlib.Path(__file__).resolve().parents[2])
-SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
-CORPUS = os.path.join(SHARED, "corpus", "pretrain_corpus.txt.gz")
-TOY = [
-  "--config.opt.total_steps=3", "--config.opt.warmup_steps=1", "--config.eval.every_steps=0",
-  "--config.eval.max_batches=2", "--finetune.seeds=1", "--finetune.grid.lr=(0.001,)",
-  "--finetune.task.max_train_examples=16", "--finetune.task.max_eval_examples=16",
-  "--finetune.opt.epochs=1",
-]  # fmt: skip
+from lab._replication import CORPUS, REPO, TASK_ROOT, TOY
 
 
 def _run(args, env):
@@ -39,7 +30,7 @@ def _run(args, env):
 def test_the_lane_pretrains_six_points_and_judges_three_lines(tmp_path):
   data, root = tmp_path / "lane_data", tmp_path / "runs"
   env = {"DATA": str(data), "ROOT": str(root), "DOCS": "40"}
-  r = _run(["--prepare", CORPUS, os.path.join(SHARED, "tasks")], env)
+  r = _run(["--prepare", CORPUS, TASK_ROOT], env)
   assert r.returncode == 0, r.stdout + r.stderr
   assert (data / "corpus.txt").is_file() and (data / "vocab.txt").is_file()
   assert (data / "tasks" / "squad_qnli" / "dev.jsonl.gz").is_file()
@@ -55,7 +46,7 @@ def test_the_lane_pretrains_six_points_and_judges_three_lines(tmp_path):
     *(f"task=mlm_nsp,seed={s}" for s in range(3)),
   ]
   config = json.load(open(root / "table5" / "task=mlm,seed=2" / "config.json"))
-  assert config["opt"]["total_steps"] == 3 and config["opt"]["lr"] == pytest.approx(1.4e-3)
+  assert config["opt"]["total_steps"] == 4 and config["opt"]["lr"] == pytest.approx(1.4e-3)
   assert config["data"]["dir"] == str(data / "nsp")  # the no-NSP row reads the same pairs
   for point in points:
     tasks = sorted(p.name for p in (root / "table5" / point / "finetune").iterdir())

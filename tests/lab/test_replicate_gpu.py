@@ -5,21 +5,12 @@ checkpoints) to $OUT; a call past its deadline starts nothing."""
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
 
-REPO = str(pathlib.Path(__file__).resolve().parents[2])
-SHARED = os.path.join(os.path.dirname(REPO), "shared", "data")
-CORPUS = os.path.join(SHARED, "corpus", "pretrain_corpus.txt.gz")
-TOY = [
-  "--config.opt.total_steps=4", "--config.opt.warmup_steps=1", "--config.eval.every_steps=0",
-  "--config.eval.max_batches=2", "--finetune.seeds=1", "--finetune.grid.lr=(0.001,)",
-  "--finetune.task.max_train_examples=16", "--finetune.task.max_eval_examples=16",
-  "--finetune.opt.epochs=1",
-]  # fmt: skip
+from lab._replication import CORPUS, REPO, TASK_ROOT, TOY
 
 
 def _run(args, env, timeout=2400):
@@ -38,7 +29,7 @@ def _run(args, env, timeout=2400):
 def test_a_call_trains_fine_tunes_reports_and_copies_the_results(tmp_path):
   data, root, out = tmp_path / "gpu_data", tmp_path / "runs", tmp_path / "out"
   env = {"DATA": str(data), "ROOT": str(root), "OUT": str(out), "DOCS": "12", "LANES": "2"}
-  r = _run(["--prepare", CORPUS, os.path.join(SHARED, "tasks")], env)
+  r = _run(["--prepare", CORPUS, TASK_ROOT], env)
   assert r.returncode == 0, r.stdout + r.stderr
   for f in ("corpus.txt", "vocab.txt", "nsp/metadata.json", "tasks/squad_qnli/test.jsonl.gz",
             "tasks/squad_split/dev.json.gz", "tasks/brown_pos/train.jsonl.gz"):  # fmt: skip
