@@ -12,9 +12,10 @@
 #   GPU=1 bash tools/replication/qnli_lane.sh                           # on a GPU machine
 #
 # Environment: DATA (lane_data), ROOT (lane_runs; with GPU=1 replicate_gpu.sh's gpu_runs),
-# BATCH (16; with GPU=1 64: a tiny model's step on a GPU costs about the same at either, so
-# the GPU reads 4 times the tokens in the same steps, from 8 passes of pairs; not yet run), GPU,
-# PYTHON, and those of replicate.sh / replicate_gpu.sh (LANES, BUDGET_S, OUT, ...).
+# BATCH (16; with GPU=1 64: 4 times the tokens in the same steps, from 8 passes of pairs, on
+# the expectation, not yet measured, that a tiny model's step on a GPU is bound by dispatch at
+# either size), GPU, PYTHON, and those of replicate.sh / replicate_gpu.sh (LANES, BUDGET_S,
+# OUT, ...).
 #
 # --prepare leaves out the sentence pairs (DATA/nsp, 35 MB): they are rebuilt where the lane
 # runs, in seconds, to the same bytes (create_data is deterministic), so that DATA (corpus,
