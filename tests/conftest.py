@@ -110,7 +110,8 @@ def built_replication_data(tmp_path):
   data = tmp_path / "data"
   for kind in ("nsp", "packed"):
     (data / kind).mkdir(parents=True)
-    (data / kind / "metadata.json").write_text("{}")
+    # What build_data.sh checks of pairs built before: its default passes and held-out share.
+    (data / kind / "metadata.json").write_text('{"dupe_factor": 5, "eval_fraction": 0.05}')
   (data / "vocab.txt").write_text("[PAD]\n")
   (data / "corpus.txt").write_text("a b.\n")
   return data
