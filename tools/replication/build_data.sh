@@ -55,8 +55,9 @@ else  # built before: with these passes and held-out share, or say so (nothing i
 import json, sys
 path, dupe, fraction = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 meta = json.load(open(path))
-if (meta["dupe_factor"], meta["eval_fraction"]) != (dupe, fraction):
-  sys.exit(f"build_data.sh: error: {path} was built with DUPE={meta['dupe_factor']} "
-           f"EVAL_FRACTION={meta['eval_fraction']}, not {dupe} and {fraction}: use another DATA")
+built = meta.get("dupe_factor"), meta.get("eval_fraction")
+if built != (dupe, fraction):
+  sys.exit(f"build_data.sh: error: {path} was built with DUPE={built[0]} "
+           f"EVAL_FRACTION={built[1]}, not {dupe} and {fraction}: use another DATA")
 EOF
 fi
