@@ -25,6 +25,10 @@ cd "$(dirname "$0")/../.."
 DATA="${DATA:-lane_data}"
 STEPS=36000
 BATCH="${BATCH:-$([[ -n ${GPU:-} ]] && echo 64 || echo 16)}"
+if ! [[ $BATCH =~ ^[1-9][0-9]*$ ]] || ((BATCH % 8)); then
+  echo "qnli_lane.sh: error: BATCH=$BATCH: a positive multiple of 8 (16 here, 64 on a GPU)" >&2
+  exit 2
+fi
 # Passes of pairs with their own masks: each static mask comes back about 3 times in a point's
 # STEPS x BATCH x 64 tokens at any BATCH (2 passes at 16).
 export DOCS="${DOCS:-2688}" DUPE=$((2 * BATCH / 16)) EVAL_FRACTION=0.02
