@@ -9,7 +9,7 @@
 #
 #   bash tools/replication/qnli_lane.sh --prepare [CORPUS [TASK_ROOT]]  # DATA: corpus, vocab, tasks
 #   bash tools/replication/qnli_lane.sh [-- SWEEP_FLAGS...]             # here, 2 lanes, into ROOT
-#   GPU=1 bash tools/replication/qnli_lane.sh                           # on a GPU machine
+#   GPU=1 EVAL_EXAMPLES=0 bash tools/replication/qnli_lane.sh           # on a GPU machine
 #
 # Environment: DATA (lane_data), ROOT (lane_runs; with GPU=1 replicate_gpu.sh's gpu_runs),
 # BATCH (16; with GPU=1 64: 4 times the tokens in the same steps, from 8 passes of pairs, on
