@@ -1,7 +1,6 @@
 """tools/replication/collect.py: the finished runs' small files of a replication root, copied
 with each fine-tuning run's trivial baselines, and a report regenerated from the copy."""
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -9,13 +8,9 @@ import pathlib
 import pytest
 
 from bert_jax import report
+from unit._collect import collect
 
 REPO = str(pathlib.Path(__file__).resolve().parents[2])
-spec = importlib.util.spec_from_file_location(
-  "collect", os.path.join(REPO, "tools", "replication", "collect.py")
-)
-collect = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(collect)
 
 
 def _write(path, obj):
